@@ -1,0 +1,107 @@
+//! `einmal events show|list`: read the inbox.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use einmal::envelope::InboxKey;
+use einmal::ports::{InboxFilter, InboxItem, InboxState};
+
+use crate::store::StoreArgs;
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// One inbox item.
+    Show {
+        #[arg(long)]
+        provider: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        event_id: String,
+        /// Include the decompressed body (may hold personal data).
+        #[arg(long)]
+        body: bool,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Inbox items, newest first.
+    List {
+        /// received, queued, processing, completed, ignored, retryable, dead_letter
+        #[arg(long, value_parser = parse_state)]
+        state: Option<InboxState>,
+        #[arg(long)]
+        provider: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+fn parse_state(s: &str) -> Result<InboxState, String> {
+    InboxState::parse(s).ok_or_else(|| {
+        let all: Vec<_> = InboxState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("unknown state {s:?}; one of {}", all.join(", "))
+    })
+}
+
+pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
+    match command {
+        EventsCommand::Show { provider, tenant, event_id, body, json, store } => {
+            let stores = store.open().await?;
+            let key = InboxKey::new(&provider, &tenant, &event_id);
+            let item = stores.inbox.get(&key).await.map_err(|e| e.to_string())?;
+            let Some(item) = item else {
+                eprintln!("einmal: no event {key}");
+                return Ok(ExitCode::from(1));
+            };
+            let mut value = item_json(&item);
+            if body {
+                let raw = einmal::body::decompress(&item.body, item.body_len as usize)
+                    .map_err(|e| e.to_string())?;
+                value["body"] = serde_json::Value::String(String::from_utf8_lossy(&raw).into_owned());
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+            } else {
+                println!("{}", line(&item));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EventsCommand::List { state, provider, tenant, limit, json, store } => {
+            let stores = store.open().await?;
+            let filter = InboxFilter { state, provider, tenant, limit };
+            let items = stores.inbox.list(&filter).await.map_err(|e| e.to_string())?;
+            if json {
+                let values: Vec<_> = items.iter().map(item_json).collect();
+                println!("{}", serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?);
+            } else {
+                for item in &items {
+                    println!("{}", line(item));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn item_json(item: &InboxItem) -> serde_json::Value {
+    serde_json::to_value(item).unwrap_or_default()
+}
+
+fn line(item: &InboxItem) -> String {
+    format!(
+        "{}  {:<11} {:<28} attempts={} received_at_ms={}",
+        item.key,
+        item.state.as_str(),
+        item.envelope.event_type,
+        item.attempts,
+        item.received_at_ms
+    )
+}

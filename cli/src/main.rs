@@ -1,0 +1,53 @@
+//! `einmal`: run einmal locally, send signed sample webhooks, inspect the inbox.
+
+mod events;
+mod send;
+mod serve;
+mod store;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "einmal", version, about = "Exactly-once business effects from at-least-once webhooks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the receiver over HTTP on the embedded store.
+    Serve(serve::ServeArgs),
+    /// Sign a sample event with the tenant's configured secret and post it.
+    Send(send::SendArgs),
+    /// Inspect inbox items.
+    Events {
+        #[command(subcommand)]
+        command: events::EventsCommand,
+    },
+}
+
+/// Where the demo configuration lives when `--config` is not given.
+pub fn default_config_path() -> PathBuf {
+    PathBuf::from("einmal.toml")
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Send(args) => send::run(args).await,
+        Command::Events { command } => events::run(command).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("einmal: {err}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! `einmal serve`: the receiver over HTTP on loopback, embedded store.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use clap::Args;
+use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::config::Config;
+use einmal::pipeline::ingest::{IngestResponse, Ingestor};
+use einmal::request::WebhookRequest;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Directory of the embedded store (created if missing).
+    #[arg(long, default_value = ".einmal")]
+    pub data_dir: PathBuf,
+    /// Tenant configuration (TOML).
+    #[arg(long, default_value_os_t = crate::default_config_path())]
+    pub config: PathBuf,
+}
+
+pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
+    einmal::telemetry::init_json_logs();
+    let config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    let store = Arc::new(
+        EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
+            .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
+    );
+    let ingestor = Arc::new(Ingestor::new(Arc::new(config), store.clone(), store));
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
+    let tenants = ingestor.config().tenants().count();
+    tracing::info!(addr = %args.addr, data_dir = %args.data_dir.display(), tenants, "einmal serve listening");
+    eprintln!(
+        "einmal: listening on http://{}/webhooks/{{provider}}/{{tenant}} ({tenants} tenants, store in {})",
+        args.addr,
+        args.data_dir.display()
+    );
+    let metrics = ingestor.metrics().clone();
+    axum::serve(listener, router(ingestor))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!("einmal: stopped; {}", serde_json::to_string(&metrics.snapshot()).unwrap_or_default());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn router(ingestor: Arc<Ingestor>) -> Router {
+    Router::new()
+        .route("/webhooks/{provider}/{tenant}", any(webhook))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { json(&not_found()) })
+        .with_state(ingestor)
+}
+
+async fn webhook(
+    State(ingestor): State<Arc<Ingestor>>,
+    Path((provider, tenant)): Path<(String, String)>,
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Response {
+    // Read one byte past the limit so the ingest path itself reports 413 with the
+    // same rules as on Lambda; anything larger is refused without buffering it.
+    let limit = ingestor.config().ingest.max_body_bytes;
+    let Ok(body) = axum::body::to_bytes(body, limit.saturating_add(1)).await else {
+        return json(&ingestor.oversize(limit));
+    };
+    let request = WebhookRequest { method, headers, query, body };
+    json(&ingestor.ingest(&provider, &tenant, &request).await)
+}
+
+fn not_found() -> IngestResponse {
+    IngestResponse {
+        status: 404,
+        body: serde_json::json!({"error": "not_found", "message": "not found"}),
+    }
+}
+
+fn json(response: &IngestResponse) -> Response {
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(response.body.clone())).into_response()
+}

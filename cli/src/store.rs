@@ -1,0 +1,51 @@
+//! Opening the store the operator asked for: embedded (default) or AWS.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use einmal::adapters::aws::AwsStore;
+use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::ports::{Inbox, Queue};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The SQLite store in --data-dir.
+    Embedded,
+    /// DynamoDB/SQS named by EINMAL_INBOX_TABLE, EINMAL_QUEUE_URL, EINMAL_DLQ_URL.
+    Aws,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// Which store to read.
+    #[arg(long, value_enum, default_value_t = Backend::Embedded)]
+    pub backend: Backend,
+    /// Directory of the embedded store.
+    #[arg(long, default_value = ".einmal")]
+    pub data_dir: PathBuf,
+}
+
+pub struct Stores {
+    pub inbox: Arc<dyn Inbox>,
+    #[allow(dead_code)]
+    pub queue: Arc<dyn Queue>,
+}
+
+impl StoreArgs {
+    pub async fn open(&self) -> Result<Stores, String> {
+        match self.backend {
+            Backend::Embedded => {
+                let store = Arc::new(
+                    EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default())
+                        .map_err(|e| format!("cannot open the store in {}: {e}", self.data_dir.display()))?,
+                );
+                Ok(Stores { inbox: store.clone(), queue: store })
+            }
+            Backend::Aws => {
+                let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
+                Ok(Stores { inbox: store.clone(), queue: store })
+            }
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Receiver Lambda handler: API Gateway (HTTP API, payload v2; REST v1 also parses)
+//! → [`Ingestor::ingest`] → JSON response. Everything else lives in the library.
+
+use einmal::pipeline::ingest::{IngestResponse, Ingestor};
+use einmal::request::WebhookRequest;
+use lambda_http::{Body, Error, Request, RequestExt, Response};
+
+/// Handle one API Gateway event. `lambda_http` has already base64-decoded the body
+/// when `isBase64Encoded` was set, so `req.body()` is the exact raw bytes.
+pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>, Error> {
+    let Some((provider, tenant)) = route(&req) else {
+        return respond(&IngestResponse {
+            status: 404,
+            body: serde_json::json!({"error": "not_found", "message": "not found"}),
+        });
+    };
+    let (parts, body) = req.into_parts();
+    let request = WebhookRequest {
+        method: parts.method,
+        headers: parts.headers,
+        query: parts.uri.query().map(str::to_string),
+        body: match body {
+            Body::Empty => Default::default(),
+            Body::Text(text) => text.into_bytes().into(),
+            Body::Binary(bytes) => bytes.into(),
+            _ => Default::default(),
+        },
+    };
+    let response = ingestor.ingest(&provider, &tenant, &request).await;
+    respond(&response)
+}
+
+/// `{provider}` and `{tenant}` from the route's path parameters, falling back to the
+/// raw path (`…/webhooks/{provider}/{tenant}`) for events without them.
+fn route(req: &Request) -> Option<(String, String)> {
+    let params = req.path_parameters();
+    if let (Some(p), Some(t)) = (params.first("provider"), params.first("tenant")) {
+        return Some((p.to_string(), t.to_string()));
+    }
+    let mut segments = req.uri().path().split('/').skip_while(|s| *s != "webhooks").skip(1);
+    let provider = segments.next().filter(|s| !s.is_empty())?;
+    let tenant = segments.next().filter(|s| !s.is_empty())?;
+    if segments.next().is_some() {
+        return None;
+    }
+    Some((provider.to_string(), tenant.to_string()))
+}
+
+fn respond(response: &IngestResponse) -> Result<Response<Body>, Error> {
+    Ok(Response::builder()
+        .status(response.status)
+        .header("content-type", "application/json")
+        .body(Body::Text(response.body.to_string()))?)
+}

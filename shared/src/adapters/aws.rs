@@ -1,0 +1,1 @@
+//! PLACEHOLDER: DynamoDB + SQS adapter, being written.

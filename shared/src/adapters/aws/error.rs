@@ -1,0 +1,138 @@
+//! AWS call failures, classified once. Every adapter method maps its `SdkError`
+//! through [`describe`], so the wording and the classification live in one place.
+//!
+//! Callers of the ports only need one answer for all of these: the store or queue is
+//! unavailable right now and the provider must retry (`StoreError::Unavailable` /
+//! `QueueError::Unavailable`). The class goes into the message for operators.
+
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+
+/// Why a call failed, coarsely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Throttling or provisioned-throughput errors (HTTP 400/429 with a throttling code).
+    Throttled,
+    /// Our own timeouts (connect, attempt, operation).
+    Timeout,
+    /// No HTTP response at all: connection refused, reset, DNS, TLS.
+    Connection,
+    /// HTTP 5xx.
+    Server,
+    /// A response the SDK could not parse.
+    BadResponse,
+    /// The service refused the call (4xx): missing table, access denied, validation.
+    Rejected,
+    /// The SDK could not build the request.
+    Request,
+}
+
+impl Failure {
+    fn as_str(self) -> &'static str {
+        match self {
+            Failure::Throttled => "throttled",
+            Failure::Timeout => "timed out",
+            Failure::Connection => "connection failed",
+            Failure::Server => "server error",
+            Failure::BadResponse => "unreadable response",
+            Failure::Rejected => "rejected",
+            Failure::Request => "request could not be built",
+        }
+    }
+}
+
+/// Error codes that mean "slow down" across DynamoDB and SQS.
+const THROTTLING_CODES: &[&str] = &[
+    "ThrottlingException",
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "RequestThrottled",
+    "Throttling",
+    "ThrottledException",
+    "TooManyRequestsException",
+    "KMS.ThrottlingException",
+];
+
+/// Service messages are short, but cap them so a log line stays small.
+const MAX_MESSAGE_CHARS: usize = 200;
+
+pub(crate) fn classify<E>(err: &SdkError<E, HttpResponse>) -> Failure
+where
+    E: ProvideErrorMetadata,
+{
+    match err {
+        SdkError::ConstructionFailure(_) => Failure::Request,
+        SdkError::TimeoutError(_) => Failure::Timeout,
+        SdkError::DispatchFailure(d) if d.is_timeout() => Failure::Timeout,
+        SdkError::DispatchFailure(_) => Failure::Connection,
+        SdkError::ResponseError(_) => Failure::BadResponse,
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status();
+            let code = se.err().code().unwrap_or_default();
+            if status.as_u16() == 429 || THROTTLING_CODES.contains(&code) {
+                Failure::Throttled
+            } else if status.is_server_error() {
+                Failure::Server
+            } else {
+                Failure::Rejected
+            }
+        }
+        // `SdkError` is non-exhaustive; anything new is treated as transient.
+        _ => Failure::Connection,
+    }
+}
+
+/// One line for an operator: `"DynamoDB PutItem: throttled (HTTP 400, ThrottlingException): ..."`.
+///
+/// Only error metadata goes in, never request or item contents.
+pub(crate) fn describe<E>(call: &str, err: &SdkError<E, HttpResponse>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let failure = classify(err);
+    match err {
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status().as_u16();
+            let code = se.err().code().unwrap_or("unknown error");
+            match se.err().message() {
+                Some(msg) if !msg.is_empty() => format!(
+                    "{call}: {} (HTTP {status}, {code}): {}",
+                    failure.as_str(),
+                    truncate(msg)
+                ),
+                _ => format!("{call}: {} (HTTP {status}, {code})", failure.as_str()),
+            }
+        }
+        SdkError::ResponseError(re) => format!(
+            "{call}: {} (HTTP {})",
+            failure.as_str(),
+            re.raw().status().as_u16()
+        ),
+        // The context chain names the cause (e.g. "Connection refused (os error 111)").
+        _ => format!(
+            "{call}: {}: {}",
+            failure.as_str(),
+            truncate(&DisplayErrorContext(err).to_string())
+        ),
+    }
+}
+
+fn truncate(s: &str) -> String {
+    match s.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncates_on_char_boundaries() {
+        let long = "ä".repeat(MAX_MESSAGE_CHARS + 5);
+        let t = truncate(&long);
+        assert_eq!(t.chars().count(), MAX_MESSAGE_CHARS + 3);
+        assert_eq!(truncate("short"), "short");
+    }
+}

@@ -1,0 +1,227 @@
+//! Inbox item <-> DynamoDB attribute map.
+//!
+//! One flat item per event; optional envelope fields are omitted when absent
+//! (DynamoDB has no use for NULL placeholders and they cost bytes).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::envelope::{Envelope, InboxKey};
+use crate::ports::{InboxItem, InboxState, Source};
+
+pub(crate) const PK: &str = "pk";
+pub(crate) const PROVIDER: &str = "provider";
+pub(crate) const TENANT: &str = "tenant";
+pub(crate) const EVENT_ID: &str = "event_id";
+pub(crate) const EVENT_TYPE: &str = "event_type";
+pub(crate) const OBJECT_ID: &str = "object_id";
+pub(crate) const OBJECT_VERSION: &str = "object_version";
+pub(crate) const OCCURRED_AT: &str = "occurred_at";
+pub(crate) const DELIVERY_ID: &str = "delivery_id";
+pub(crate) const STATE: &str = "state";
+pub(crate) const SOURCE: &str = "source";
+pub(crate) const ATTEMPTS: &str = "attempts";
+pub(crate) const RECEIVED_AT_MS: &str = "received_at_ms";
+pub(crate) const UPDATED_AT_MS: &str = "updated_at_ms";
+/// The table's TTL attribute (Unix seconds).
+pub(crate) const EXPIRES_AT: &str = "expires_at";
+pub(crate) const ENQUEUE_FAILED: &str = "enqueue_failed";
+pub(crate) const LAST_ERROR: &str = "last_error";
+pub(crate) const BODY_ENCODING: &str = "body_encoding";
+pub(crate) const BODY_LEN: &str = "body_len";
+pub(crate) const BODY: &str = "body";
+
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+pub(crate) fn encode(item: &InboxItem) -> Item {
+    let env = &item.envelope;
+    let mut m = Item::with_capacity(20);
+    let s = |v: &str| AttributeValue::S(v.to_string());
+    let n = |v: String| AttributeValue::N(v);
+    m.insert(PK.into(), s(item.key.as_str()));
+    m.insert(PROVIDER.into(), s(&env.provider));
+    m.insert(TENANT.into(), s(&env.tenant));
+    m.insert(EVENT_ID.into(), s(&env.event_id));
+    m.insert(EVENT_TYPE.into(), s(&env.event_type));
+    if let Some(v) = &env.object_id {
+        m.insert(OBJECT_ID.into(), s(v));
+    }
+    if let Some(v) = &env.object_version {
+        m.insert(OBJECT_VERSION.into(), s(v));
+    }
+    if let Some(v) = env.occurred_at {
+        m.insert(OCCURRED_AT.into(), n(v.to_string()));
+    }
+    if let Some(v) = &env.delivery_id {
+        m.insert(DELIVERY_ID.into(), s(v));
+    }
+    m.insert(STATE.into(), s(item.state.as_str()));
+    m.insert(SOURCE.into(), s(item.source.as_str()));
+    m.insert(ATTEMPTS.into(), n(item.attempts.to_string()));
+    m.insert(RECEIVED_AT_MS.into(), n(item.received_at_ms.to_string()));
+    m.insert(UPDATED_AT_MS.into(), n(item.updated_at_ms.to_string()));
+    m.insert(EXPIRES_AT.into(), n(item.expires_at.to_string()));
+    m.insert(ENQUEUE_FAILED.into(), AttributeValue::Bool(item.enqueue_failed));
+    if let Some(v) = &item.last_error {
+        m.insert(LAST_ERROR.into(), s(v));
+    }
+    m.insert(BODY_ENCODING.into(), s(&item.body_encoding));
+    m.insert(BODY_LEN.into(), n(item.body_len.to_string()));
+    m.insert(BODY.into(), AttributeValue::B(Blob::new(item.body.clone())));
+    m
+}
+
+/// Decode a stored item. The error names the key and the attribute, never values.
+pub(crate) fn decode(mut m: Item) -> Result<InboxItem, String> {
+    let pk = match m.remove(PK) {
+        Some(AttributeValue::S(pk)) => pk,
+        _ => return Err("item without a string pk".to_string()),
+    };
+    let mut d = Decoder { pk: &pk, m: &mut m };
+    let envelope = Envelope {
+        provider: d.string(PROVIDER)?,
+        tenant: d.string(TENANT)?,
+        event_id: d.string(EVENT_ID)?,
+        event_type: d.string(EVENT_TYPE)?,
+        object_id: d.opt_string(OBJECT_ID)?,
+        object_version: d.opt_string(OBJECT_VERSION)?,
+        occurred_at: d.opt_number(OCCURRED_AT)?,
+        delivery_id: d.opt_string(DELIVERY_ID)?,
+    };
+    let state_str = d.string(STATE)?;
+    let state = InboxState::parse(&state_str).ok_or_else(|| d.bad(STATE, "unknown state"))?;
+    let source_str = d.string(SOURCE)?;
+    let source = Source::parse(&source_str).ok_or_else(|| d.bad(SOURCE, "unknown source"))?;
+    let item = InboxItem {
+        envelope,
+        state,
+        source,
+        attempts: d.number(ATTEMPTS)?,
+        received_at_ms: d.number(RECEIVED_AT_MS)?,
+        updated_at_ms: d.number(UPDATED_AT_MS)?,
+        expires_at: d.number(EXPIRES_AT)?,
+        enqueue_failed: d.opt_bool(ENQUEUE_FAILED)?.unwrap_or(false),
+        last_error: d.opt_string(LAST_ERROR)?,
+        body_encoding: d.string(BODY_ENCODING)?,
+        body_len: d.number(BODY_LEN)?,
+        body: d.binary(BODY)?,
+        key: InboxKey::from_stored(pk.clone()),
+    };
+    Ok(item)
+}
+
+struct Decoder<'a> {
+    pk: &'a str,
+    m: &'a mut Item,
+}
+
+impl Decoder<'_> {
+    fn bad(&self, attr: &str, why: &str) -> String {
+        format!("item {}: attribute {attr}: {why}", self.pk)
+    }
+
+    fn string(&mut self, attr: &str) -> Result<String, String> {
+        self.opt_string(attr)?
+            .ok_or_else(|| self.bad(attr, "missing"))
+    }
+
+    fn opt_string(&mut self, attr: &str) -> Result<Option<String>, String> {
+        match self.m.remove(attr) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::S(v)) => Ok(Some(v)),
+            Some(_) => Err(self.bad(attr, "expected a string")),
+        }
+    }
+
+    fn number<T: FromStr>(&mut self, attr: &str) -> Result<T, String> {
+        self.opt_number(attr)?
+            .ok_or_else(|| self.bad(attr, "missing"))
+    }
+
+    fn opt_number<T: FromStr>(&mut self, attr: &str) -> Result<Option<T>, String> {
+        match self.m.remove(attr) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::N(v)) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| self.bad(attr, "number out of range")),
+            Some(_) => Err(self.bad(attr, "expected a number")),
+        }
+    }
+
+    fn opt_bool(&mut self, attr: &str) -> Result<Option<bool>, String> {
+        match self.m.remove(attr) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::Bool(v)) => Ok(Some(v)),
+            Some(_) => Err(self.bad(attr, "expected a boolean")),
+        }
+    }
+
+    fn binary(&mut self, attr: &str) -> Result<Vec<u8>, String> {
+        match self.m.remove(attr) {
+            Some(AttributeValue::B(v)) => Ok(v.into_inner()),
+            None => Err(self.bad(attr, "missing")),
+            Some(_) => Err(self.bad(attr, "expected binary")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> InboxItem {
+        let envelope = Envelope {
+            provider: "stripe".into(),
+            tenant: "shop-1".into(),
+            event_id: "evt_1".into(),
+            event_type: "payment_intent.succeeded".into(),
+            object_id: Some("pi_1".into()),
+            object_version: None,
+            occurred_at: Some(1_700_000_000),
+            delivery_id: None,
+        };
+        InboxItem {
+            key: envelope.key(),
+            envelope,
+            state: InboxState::Received,
+            source: Source::Webhook,
+            attempts: 0,
+            received_at_ms: 1_700_000_000_123,
+            updated_at_ms: 1_700_000_000_123,
+            expires_at: 1_702_592_000,
+            enqueue_failed: false,
+            last_error: None,
+            body_encoding: "zstd".into(),
+            body_len: 42,
+            body: vec![0, 1, 2, 255],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_omits_absent_optionals() {
+        let item = sample();
+        let m = encode(&item);
+        assert!(!m.contains_key(OBJECT_VERSION));
+        assert!(!m.contains_key(DELIVERY_ID));
+        assert!(!m.contains_key(LAST_ERROR));
+        assert_eq!(decode(m).unwrap(), item);
+    }
+
+    #[test]
+    fn corrupt_items_name_the_attribute_not_the_body() {
+        let mut m = encode(&sample());
+        m.insert(STATE.into(), AttributeValue::S("nonsense".into()));
+        let err = decode(m).unwrap_err();
+        assert!(err.contains("state"), "{err}");
+        let mut m = encode(&sample());
+        m.insert(ATTEMPTS.into(), AttributeValue::N("-1".into()));
+        assert!(decode(m).unwrap_err().contains("attempts"));
+        let mut m = encode(&sample());
+        m.remove(BODY);
+        assert!(decode(m).unwrap_err().contains("body"));
+    }
+}

@@ -1,0 +1,318 @@
+//! Wiring around the AWS adapter: resource names and config from the environment,
+//! config from SSM, and table/queue creation for tests and local moto setups
+//! (production resources come from the SAM template in `infra/`).
+
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+    TimeToLiveSpecification, TimeToLiveStatus,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use aws_sdk_ssm::operation::get_parameter::GetParameterError;
+use thiserror::Error;
+
+use super::error::describe;
+use super::item;
+use crate::config::{Config, ConfigError};
+
+/// Inbox table name.
+pub const TABLE_ENV: &str = "EINMAL_INBOX_TABLE";
+/// Main queue URL.
+pub const QUEUE_URL_ENV: &str = "EINMAL_QUEUE_URL";
+/// Dead-letter queue URL (optional; only operator tools read it).
+pub const DLQ_URL_ENV: &str = "EINMAL_DLQ_URL";
+/// Name of an SSM (SecureString) parameter holding the config TOML.
+pub const CONFIG_PARAMETER_ENV: &str = "EINMAL_CONFIG_PARAMETER";
+/// Inline config TOML (tests and small setups).
+pub const CONFIG_ENV: &str = "EINMAL_CONFIG";
+
+/// SQS keeps messages at most 14 days; dead letters should stay that long.
+const DLQ_RETENTION_SECS: u32 = 14 * 24 * 3600;
+/// A new PAY_PER_REQUEST table is usually ACTIVE within seconds.
+const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Error)]
+pub enum AwsSetupError {
+    #[error("environment variable {0} is not set")]
+    MissingEnv(&'static str),
+    #[error("no configuration: set {CONFIG_PARAMETER_ENV} (SSM parameter name) or {CONFIG_ENV} (inline TOML)")]
+    NoConfigSource,
+    #[error("SSM parameter {name}: {reason}")]
+    Ssm { name: String, reason: String },
+    #[error("config from {origin}: {source}")]
+    Config {
+        origin: String,
+        #[source]
+        source: ConfigError,
+    },
+    /// Creating or inspecting tables and queues failed.
+    #[error("{0}")]
+    Resource(String),
+}
+
+/// Where the adapter's resources are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsNames {
+    pub table: String,
+    pub queue_url: String,
+    pub dlq_url: Option<String>,
+}
+
+impl AwsNames {
+    /// Read `EINMAL_INBOX_TABLE`, `EINMAL_QUEUE_URL` and optional `EINMAL_DLQ_URL`.
+    pub fn from_env() -> Result<Self, AwsSetupError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`AwsNames::from_env`] with an injectable lookup (tests). Empty counts as unset.
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, AwsSetupError> {
+        let get = |name: &'static str| env(name).filter(|v| !v.trim().is_empty());
+        Ok(AwsNames {
+            table: get(TABLE_ENV).ok_or(AwsSetupError::MissingEnv(TABLE_ENV))?,
+            queue_url: get(QUEUE_URL_ENV).ok_or(AwsSetupError::MissingEnv(QUEUE_URL_ENV))?,
+            dlq_url: get(DLQ_URL_ENV),
+        })
+    }
+}
+
+/// Read the config TOML from an SSM parameter (decrypted) and parse it.
+pub async fn load_config_from_ssm(
+    client: &aws_sdk_ssm::Client,
+    name: &str,
+) -> Result<Config, AwsSetupError> {
+    let out = client
+        .get_parameter()
+        .name(name)
+        .with_decryption(true)
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Ssm {
+            name: name.to_string(),
+            reason: match e.as_service_error() {
+                Some(GetParameterError::ParameterNotFound(_)) => "not found".to_string(),
+                _ => describe("SSM GetParameter", &e),
+            },
+        })?;
+    let text = out
+        .parameter()
+        .and_then(|p| p.value())
+        .ok_or_else(|| AwsSetupError::Ssm {
+            name: name.to_string(),
+            reason: "parameter has no value".to_string(),
+        })?;
+    Config::from_toml(text).map_err(|source| AwsSetupError::Config {
+        origin: format!("SSM parameter {name}"),
+        source,
+    })
+}
+
+/// The config for a Lambda: `EINMAL_CONFIG_PARAMETER` (SSM name) wins over
+/// `EINMAL_CONFIG` (inline TOML); neither set is an error.
+pub async fn load_config_from_env(
+    sdk_config: &aws_config::SdkConfig,
+) -> Result<Config, AwsSetupError> {
+    load_config_with(sdk_config, |name| std::env::var(name).ok()).await
+}
+
+/// [`load_config_from_env`] with an injectable lookup (tests).
+pub async fn load_config_with(
+    sdk_config: &aws_config::SdkConfig,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Config, AwsSetupError> {
+    let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    if let Some(parameter) = get(CONFIG_PARAMETER_ENV) {
+        let ssm = aws_sdk_ssm::Client::new(sdk_config);
+        return load_config_from_ssm(&ssm, parameter.trim()).await;
+    }
+    if let Some(text) = get(CONFIG_ENV) {
+        return Config::from_toml(&text).map_err(|source| AwsSetupError::Config {
+            origin: CONFIG_ENV.to_string(),
+            source,
+        });
+    }
+    Err(AwsSetupError::NoConfigSource)
+}
+
+/// Create the inbox table (pk hash key, on-demand, TTL on `expires_at`) and wait
+/// until it is ACTIVE. An existing table is accepted, so this is idempotent.
+pub async fn create_tables(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), AwsSetupError> {
+    let created = dynamodb
+        .create_table()
+        .table_name(table)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(item::PK)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?,
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(item::PK)
+                .key_type(KeyType::Hash)
+                .build()
+                .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?,
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await;
+    let active = match created {
+        Ok(out) => out.table_description().and_then(|d| d.table_status()) == Some(&TableStatus::Active),
+        Err(e) if matches!(e.as_service_error(), Some(CreateTableError::ResourceInUseException(_))) => false,
+        Err(e) => return Err(AwsSetupError::Resource(describe("DynamoDB CreateTable", &e))),
+    };
+    if !active {
+        wait_table_active(dynamodb, table).await?;
+    }
+    enable_ttl(dynamodb, table).await
+}
+
+async fn wait_table_active(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), AwsSetupError> {
+    let started = Instant::now();
+    loop {
+        let out = dynamodb
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTable", &e)))?;
+        if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+            return Ok(());
+        }
+        if started.elapsed() > TABLE_ACTIVE_TIMEOUT {
+            return Err(AwsSetupError::Resource(format!(
+                "table {table} is not ACTIVE after {}s",
+                TABLE_ACTIVE_TIMEOUT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Turn TTL on unless it already is (re-enabling is a ValidationException).
+async fn enable_ttl(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
+    let current = dynamodb
+        .describe_time_to_live()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTimeToLive", &e)))?;
+    let status = current
+        .time_to_live_description()
+        .and_then(|d| d.time_to_live_status());
+    if matches!(
+        status,
+        Some(TimeToLiveStatus::Enabled) | Some(TimeToLiveStatus::Enabling)
+    ) {
+        return Ok(());
+    }
+    let spec = TimeToLiveSpecification::builder()
+        .attribute_name(item::EXPIRES_AT)
+        .enabled(true)
+        .build()
+        .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?;
+    dynamodb
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(spec)
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("DynamoDB UpdateTimeToLive", &e)))?;
+    Ok(())
+}
+
+/// Create the queue `name` and its dead-letter queue `name-dlq`, with a redrive
+/// policy after `max_receive_count` receives.
+///
+/// Returns names with `table` set to `name` too: a setup conventionally uses one base
+/// name, so `create_tables(dynamodb, &names.table)` completes it. Idempotent as long
+/// as the attributes match.
+pub async fn create_queues(
+    sqs: &aws_sdk_sqs::Client,
+    name: &str,
+    max_receive_count: u32,
+) -> Result<AwsNames, AwsSetupError> {
+    let dlq_name = format!("{name}-dlq");
+    let dlq = sqs
+        .create_queue()
+        .queue_name(&dlq_name)
+        .attributes(
+            QueueAttributeName::MessageRetentionPeriod,
+            DLQ_RETENTION_SECS.to_string(),
+        )
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("SQS CreateQueue", &e)))?;
+    let dlq_url = dlq
+        .queue_url()
+        .ok_or_else(|| AwsSetupError::Resource(format!("queue {dlq_name}: no URL returned")))?
+        .to_string();
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(&dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("SQS GetQueueAttributes", &e)))?;
+    let dlq_arn = attrs
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+        .ok_or_else(|| AwsSetupError::Resource(format!("queue {dlq_name}: no ARN returned")))?;
+    let redrive = serde_json::json!({
+        "deadLetterTargetArn": dlq_arn,
+        "maxReceiveCount": max_receive_count.max(1).to_string(),
+    });
+    let main = sqs
+        .create_queue()
+        .queue_name(name)
+        .attributes(QueueAttributeName::RedrivePolicy, redrive.to_string())
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("SQS CreateQueue", &e)))?;
+    let queue_url = main
+        .queue_url()
+        .ok_or_else(|| AwsSetupError::Resource(format!("queue {name}: no URL returned")))?
+        .to_string();
+    Ok(AwsNames {
+        table: name.to_string(),
+        queue_url,
+        dlq_url: Some(dlq_url),
+    })
+}
+
+/// Table, queue and dead-letter queue under one base name.
+pub async fn create_all(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    sqs: &aws_sdk_sqs::Client,
+    name: &str,
+    max_receive_count: u32,
+) -> Result<AwsNames, AwsSetupError> {
+    create_tables(dynamodb, name).await?;
+    create_queues(sqs, name, max_receive_count).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_env_require_table_and_queue() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let err = AwsNames::from_lookup(env(&[(QUEUE_URL_ENV, "http://q")])).unwrap_err();
+        assert!(matches!(err, AwsSetupError::MissingEnv(TABLE_ENV)), "{err}");
+        let err = AwsNames::from_lookup(env(&[(TABLE_ENV, "t"), (QUEUE_URL_ENV, " ")])).unwrap_err();
+        assert!(err.to_string().contains(QUEUE_URL_ENV), "{err}");
+        let names = AwsNames::from_lookup(env(&[(TABLE_ENV, "t"), (QUEUE_URL_ENV, "http://q")])).unwrap();
+        assert_eq!(names.dlq_url, None);
+    }
+}

@@ -1,0 +1,4 @@
+//! Adapters for the storage ports: AWS (DynamoDB + SQS) and embedded (SQLite).
+
+pub mod aws;
+pub mod embedded;

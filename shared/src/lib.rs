@@ -1,0 +1,18 @@
+//! einmal: turn at-least-once webhooks into exactly-once business effects.
+//!
+//! The library holds everything that is not transport: provider verification
+//! (`providers`), the envelope every provider is reduced to (`envelope`), the
+//! ingest pipeline (`pipeline`), the storage ports (`ports`) and their two
+//! adapters (`adapters::embedded` on SQLite, `adapters::aws` on DynamoDB + SQS).
+//! Lambda handlers and the `einmal` CLI are thin shells around it.
+
+pub mod adapters;
+pub mod body;
+pub mod config;
+pub mod envelope;
+pub mod pipeline;
+pub mod ports;
+pub mod providers;
+pub mod request;
+pub mod telemetry;
+pub mod time;

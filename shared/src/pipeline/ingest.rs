@@ -1,0 +1,331 @@
+//! The ingest function: verify → validate → conditional put → enqueue → answer.
+//!
+//! The receiver Lambda and `einmal serve` both call [`Ingestor::ingest`]; only the
+//! transport differs. What a provider sees (status code) follows from the
+//! [`IngestError`] variant, decided here and nowhere else.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use thiserror::Error;
+
+use crate::body;
+use crate::config::{Config, TenantConfig};
+use crate::envelope::InboxKey;
+use crate::ports::{Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError};
+use crate::providers::{self, Provider, ProviderError, VerifiedEvent};
+use crate::request::WebhookRequest;
+use crate::telemetry::IngestMetrics;
+use crate::time;
+
+/// How long a `received` item may wait for its original request's queue send before a
+/// duplicate re-enqueues it. Bounded by the receiver's own timeout: after that, the
+/// first request has either sent the message or died.
+pub const DEFAULT_INFLIGHT_GRACE_MS: i64 = 15_000;
+
+#[derive(Debug, Error)]
+pub enum IngestError {
+    /// Unknown provider or tenant: one answer for both, so nothing about tenants leaks.
+    #[error("not found")]
+    NotFound,
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("event body does not fit one inbox item even compressed ({stored} of {limit} bytes)")]
+    StoredBodyTooLarge { stored: usize, limit: usize },
+    #[error("{0}")]
+    Unauthenticated(ProviderError),
+    #[error("{0}")]
+    Malformed(ProviderError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Queue(#[from] QueueError),
+    #[error("{0}")]
+    Body(#[from] body::BodyError),
+}
+
+impl IngestError {
+    pub fn status(&self) -> u16 {
+        match self {
+            IngestError::NotFound => 404,
+            IngestError::MethodNotAllowed => 405,
+            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => 413,
+            IngestError::Unauthenticated(_) => 401,
+            IngestError::Malformed(_) => 400,
+            // Retryable on our side: 503 makes the provider deliver again.
+            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => 503,
+        }
+    }
+
+    /// A stable machine-readable code for the JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IngestError::NotFound => "not_found",
+            IngestError::MethodNotAllowed => "method_not_allowed",
+            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => "payload_too_large",
+            IngestError::Unauthenticated(_) => "invalid_signature",
+            IngestError::Malformed(_) => "malformed_request",
+            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => "unavailable",
+        }
+    }
+
+    /// The message shown to the caller. Storage details stay in our logs.
+    fn public_message(&self) -> String {
+        match self {
+            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
+                "temporarily unable to store the event; please retry".to_string()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn count(&self, metrics: &IngestMetrics) {
+        let counter = match self {
+            IngestError::NotFound | IngestError::MethodNotAllowed => &metrics.not_found,
+            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => &metrics.oversize,
+            IngestError::Unauthenticated(_) => &metrics.signature_failures,
+            IngestError::Malformed(_) => &metrics.malformed,
+            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => &metrics.unavailable,
+        };
+        IngestMetrics::incr(counter);
+    }
+}
+
+/// What happened to one event of an accepted request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventOutcome {
+    pub key: InboxKey,
+    pub event_id: String,
+    pub duplicate: bool,
+    /// A duplicate whose earlier enqueue was not confirmed was sent to the queue again.
+    pub reenqueued: bool,
+}
+
+/// An HTTP-shaped answer every transport can send as is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IngestResponse {
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+impl IngestResponse {
+    fn from_error(err: &IngestError) -> Self {
+        IngestResponse {
+            status: err.status(),
+            body: json!({ "error": err.code(), "message": err.public_message() }),
+        }
+    }
+
+    fn from_outcomes(outcomes: &[EventOutcome]) -> Self {
+        let body = match outcomes {
+            [one] => json!({
+                "status": "accepted",
+                "event_id": one.event_id,
+                "duplicate": one.duplicate,
+            }),
+            many => json!({
+                "status": "accepted",
+                "duplicate": many.iter().all(|o| o.duplicate),
+                "events": many.iter().map(|o| json!({"event_id": o.event_id, "duplicate": o.duplicate})).collect::<Vec<_>>(),
+            }),
+        };
+        IngestResponse { status: 200, body }
+    }
+}
+
+type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+pub struct Ingestor {
+    config: Arc<Config>,
+    inbox: Arc<dyn Inbox>,
+    queue: Arc<dyn Queue>,
+    metrics: Arc<IngestMetrics>,
+    inflight_grace_ms: i64,
+    now_ms: Clock,
+}
+
+impl Ingestor {
+    pub fn new(config: Arc<Config>, inbox: Arc<dyn Inbox>, queue: Arc<dyn Queue>) -> Self {
+        Ingestor {
+            config,
+            inbox,
+            queue,
+            metrics: Arc::new(IngestMetrics::default()),
+            inflight_grace_ms: DEFAULT_INFLIGHT_GRACE_MS,
+            now_ms: Arc::new(time::now_millis),
+        }
+    }
+
+    pub fn with_inflight_grace_ms(mut self, grace_ms: i64) -> Self {
+        self.inflight_grace_ms = grace_ms;
+        self
+    }
+
+    /// Pin the clock (tests of tolerance windows and grace periods).
+    pub fn with_clock(mut self, now_ms: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.now_ms = Arc::new(now_ms);
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<IngestMetrics> {
+        &self.metrics
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The answer for a body the transport refused to buffer because it exceeds `limit`.
+    pub fn oversize(&self, limit: usize) -> IngestResponse {
+        let err = IngestError::BodyTooLarge { limit };
+        err.count(&self.metrics);
+        IngestResponse::from_error(&err)
+    }
+
+    /// Handle one request for `/webhooks/{provider}/{tenant}` and produce the answer.
+    pub async fn ingest(&self, provider: &str, tenant: &str, request: &WebhookRequest) -> IngestResponse {
+        match self.try_ingest(provider, tenant, request).await {
+            Ok(outcomes) => IngestResponse::from_outcomes(&outcomes),
+            Err(err) => {
+                err.count(&self.metrics);
+                match &err {
+                    IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
+                        tracing::error!(provider, tenant, error = %err, "ingest unavailable")
+                    }
+                    _ => tracing::info!(provider, tenant, status = err.status(), reason = err.code(), "webhook rejected"),
+                }
+                IngestResponse::from_error(&err)
+            }
+        }
+    }
+
+    /// The ingest steps with typed errors. Nothing is written before every event of the
+    /// request has been verified and checked against the size limits.
+    pub async fn try_ingest(
+        &self,
+        provider_name: &str,
+        tenant_name: &str,
+        request: &WebhookRequest,
+    ) -> Result<Vec<EventOutcome>, IngestError> {
+        let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
+        let tenant = self.config.tenant(provider_name, tenant_name).ok_or(IngestError::NotFound)?;
+        if request.method != http::Method::POST {
+            return Err(IngestError::MethodNotAllowed);
+        }
+        let limit = self.config.ingest.max_body_bytes;
+        if request.body.len() > limit {
+            return Err(IngestError::BodyTooLarge { limit });
+        }
+        let now_ms = (self.now_ms)();
+        let events = verify(provider, request, tenant, now_ms / 1000)?;
+        let items = events
+            .into_iter()
+            .map(|event| self.inbox_item(event, now_ms))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in &items {
+            outcomes.push(self.store_and_enqueue(item, now_ms).await?);
+        }
+        Ok(outcomes)
+    }
+
+    fn inbox_item(&self, event: VerifiedEvent, now_ms: i64) -> Result<InboxItem, IngestError> {
+        let compressed = body::compress(&event.body)?;
+        let limit = self.config.ingest.max_stored_body_bytes;
+        if compressed.len() > limit {
+            return Err(IngestError::StoredBodyTooLarge { stored: compressed.len(), limit });
+        }
+        let retention_secs = i64::from(self.config.ingest.retention_days) * 86_400;
+        Ok(InboxItem {
+            key: event.envelope.key(),
+            envelope: event.envelope,
+            state: InboxState::Received,
+            source: Source::Webhook,
+            attempts: 0,
+            received_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            expires_at: now_ms / 1000 + retention_secs,
+            enqueue_failed: false,
+            last_error: None,
+            body_encoding: body::BODY_ENCODING.to_string(),
+            body_len: event.body.len() as u64,
+            body: compressed,
+        })
+    }
+
+    /// New event: put + send (two sequential calls). Duplicate: the put alone, plus a
+    /// send when the stored item's enqueue was never confirmed (closes the dual write).
+    async fn store_and_enqueue(&self, item: &InboxItem, now_ms: i64) -> Result<EventOutcome, IngestError> {
+        let env = &item.envelope;
+        let outcome = |duplicate, reenqueued| EventOutcome {
+            key: item.key.clone(),
+            event_id: env.event_id.clone(),
+            duplicate,
+            reenqueued,
+        };
+        match self.inbox.put_new(item).await? {
+            PutOutcome::Inserted => {
+                self.enqueue(&item.key).await?;
+                IngestMetrics::incr(&self.metrics.accepted);
+                tracing::info!(
+                    provider = %env.provider, tenant = %env.tenant, event_id = %env.event_id,
+                    event_type = %env.event_type, object_id = env.object_id.as_deref(),
+                    delivery_id = env.delivery_id.as_deref(), state = "received", "webhook accepted"
+                );
+                Ok(outcome(false, false))
+            }
+            PutOutcome::Duplicate(existing) => {
+                IngestMetrics::incr(&self.metrics.duplicates);
+                let unconfirmed = existing.state == InboxState::Received
+                    && (existing.enqueue_failed || now_ms - existing.received_at_ms >= self.inflight_grace_ms);
+                if unconfirmed {
+                    self.enqueue(&item.key).await?;
+                    IngestMetrics::incr(&self.metrics.reenqueued);
+                }
+                tracing::info!(
+                    provider = %env.provider, tenant = %env.tenant, event_id = %env.event_id,
+                    delivery_id = env.delivery_id.as_deref(), state = %existing.state,
+                    reenqueued = unconfirmed, "duplicate webhook"
+                );
+                Ok(outcome(true, unconfirmed))
+            }
+        }
+    }
+
+    async fn enqueue(&self, key: &InboxKey) -> Result<(), IngestError> {
+        let message = QueueMessage { pk: key.clone() };
+        if let Err(send_err) = self.queue.send(&message).await {
+            // Best effort: lets the provider's retry re-enqueue at once instead of
+            // after the grace period. The 503 goes out either way.
+            if let Err(mark_err) = self.inbox.mark_enqueue_failed(key).await {
+                tracing::warn!(pk = %key, error = %mark_err, "could not record the failed enqueue");
+            }
+            return Err(send_err.into());
+        }
+        Ok(())
+    }
+}
+
+fn verify(
+    provider: &dyn Provider,
+    request: &WebhookRequest,
+    tenant: &TenantConfig,
+    now_secs: i64,
+) -> Result<Vec<VerifiedEvent>, IngestError> {
+    let events = provider.verify_and_extract(request, tenant, now_secs).map_err(|err| {
+        if err.is_authentication_failure() {
+            IngestError::Unauthenticated(err)
+        } else {
+            IngestError::Malformed(err)
+        }
+    })?;
+    if events.is_empty() {
+        return Err(IngestError::Malformed(ProviderError::MalformedPayload(
+            "the request carries no event".to_string(),
+        )));
+    }
+    Ok(events)
+}

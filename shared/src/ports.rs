@@ -1,0 +1,189 @@
+//! Storage ports: the only way the pipeline touches durable state.
+//!
+//! Two adapters implement them: `adapters::aws` (DynamoDB + SQS) and
+//! `adapters::embedded` (one SQLite file). The conformance suite in `tests/`
+//! runs the same scenarios against both.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::envelope::{Envelope, InboxKey};
+
+/// Where an inbox item is in the pipeline.
+///
+/// `received -> queued -> processing -> completed | ignored | retryable -> ... | dead_letter`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InboxState {
+    Received,
+    Queued,
+    Processing,
+    Completed,
+    Ignored,
+    Retryable,
+    DeadLetter,
+}
+
+impl InboxState {
+    pub const ALL: [InboxState; 7] = [
+        InboxState::Received,
+        InboxState::Queued,
+        InboxState::Processing,
+        InboxState::Completed,
+        InboxState::Ignored,
+        InboxState::Retryable,
+        InboxState::DeadLetter,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxState::Received => "received",
+            InboxState::Queued => "queued",
+            InboxState::Processing => "processing",
+            InboxState::Completed => "completed",
+            InboxState::Ignored => "ignored",
+            InboxState::Retryable => "retryable",
+            InboxState::DeadLetter => "dead_letter",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for InboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How an item entered the inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Webhook,
+    Reconcile,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Webhook => "webhook",
+            Source::Reconcile => "reconcile",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "webhook" => Some(Source::Webhook),
+            "reconcile" => Some(Source::Reconcile),
+            _ => None,
+        }
+    }
+}
+
+/// One stored event. The body is kept compressed (`crate::body`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxItem {
+    pub key: InboxKey,
+    pub envelope: Envelope,
+    pub state: InboxState,
+    pub source: Source,
+    /// Processing attempts so far.
+    pub attempts: u32,
+    pub received_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// Retention: Unix seconds after which the store may delete the item (DynamoDB TTL).
+    pub expires_at: i64,
+    /// Set when the receiver knows its queue send failed; the next duplicate re-enqueues.
+    pub enqueue_failed: bool,
+    /// Last error class and message, when processing failed.
+    pub last_error: Option<String>,
+    pub body_encoding: String,
+    /// Size of the raw body before compression.
+    pub body_len: u64,
+    #[serde(skip)]
+    pub body: Vec<u8>,
+}
+
+/// The result of a conditional insert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Inserted,
+    /// The key existed; the stored item comes back in the same call
+    /// (DynamoDB `ReturnValuesOnConditionCheckFailure=ALL_OLD`).
+    Duplicate(Box<InboxItem>),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct InboxFilter {
+    pub state: Option<InboxState>,
+    pub provider: Option<String>,
+    pub tenant: Option<String>,
+    pub limit: usize,
+}
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused the call (throttling, I/O, timeouts):
+    /// the provider should retry.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored item could not be decoded.
+    #[error("stored item is corrupt: {0}")]
+    Corrupt(String),
+}
+
+#[derive(Debug, Error)]
+pub enum QueueError {
+    #[error("queue unavailable: {0}")]
+    Unavailable(String),
+    #[error("queue message is malformed: {0}")]
+    Malformed(String),
+}
+
+/// The inbox: one item per provider + tenant + event id.
+#[async_trait]
+pub trait Inbox: Send + Sync {
+    /// Insert only if no item with this key exists (one conditional write).
+    async fn put_new(&self, item: &InboxItem) -> Result<PutOutcome, StoreError>;
+    /// Strongly consistent read.
+    async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError>;
+    /// Operator listing, newest first.
+    async fn list(&self, filter: &InboxFilter) -> Result<Vec<InboxItem>, StoreError>;
+    /// Record that the receiver's queue send failed, so the next duplicate re-enqueues
+    /// at once. Only applies while the item is still `received`.
+    async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError>;
+}
+
+/// The pointer message: the queue carries the key, never the body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueMessage {
+    pub pk: InboxKey,
+}
+
+/// A received message with its handle for ack / visibility changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub message: QueueMessage,
+    pub receipt: String,
+    /// How many times this message has been received, this time included.
+    pub receive_count: u32,
+}
+
+/// The work queue: SQS semantics (visibility timeout, receive count, redrive to a DLQ).
+#[async_trait]
+pub trait Queue: Send + Sync {
+    async fn send(&self, message: &QueueMessage) -> Result<(), QueueError>;
+    /// Up to `max` visible messages; each becomes invisible for `visibility`.
+    async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;
+    /// Delete a message after it was handled.
+    async fn ack(&self, receipt: &str) -> Result<(), QueueError>;
+    /// Make a received message visible again after `visibility` (0 = now).
+    async fn change_visibility(&self, receipt: &str, visibility: Duration) -> Result<(), QueueError>;
+    /// Up to `max` messages from the dead-letter queue (received, not deleted).
+    async fn receive_dead_letters(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;
+}
