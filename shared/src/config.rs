@@ -26,8 +26,9 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    #[error("invalid config: {0}")]
-    Parse(#[from] toml::de::Error),
+    /// Only the position and the parser's message: the offending line may hold a secret.
+    #[error("invalid config at byte {offset}: {message}")]
+    Parse { offset: usize, message: String },
     #[error("tenant {provider}/{tenant}: secret refers to environment variable {var}, which is not set")]
     MissingEnvSecret {
         provider: String,
@@ -162,7 +163,10 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text)?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            offset: e.span().map(|s| s.start).unwrap_or(0),
+            message: e.message().to_string(),
+        })?;
         let defaults = IngestSettings::default();
         let ingest = IngestSettings {
             retention_days: raw.defaults.retention_days.unwrap_or(defaults.retention_days),

@@ -1,1 +1,4 @@
-pub fn placeholder() {}
+//! Shared support for einmal's integration tests.
+
+pub mod fixtures;
+pub mod moto;

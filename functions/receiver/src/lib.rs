@@ -23,7 +23,6 @@ pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>,
             Body::Empty => Default::default(),
             Body::Text(text) => text.into_bytes().into(),
             Body::Binary(bytes) => bytes.into(),
-            _ => Default::default(),
         },
     };
     let response = ingestor.ingest(&provider, &tenant, &request).await;

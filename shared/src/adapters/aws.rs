@@ -1,1 +1,408 @@
-//! PLACEHOLDER: DynamoDB + SQS adapter, being written.
+//! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
+//!
+//! Round trips are paid for, so each port method is one call where possible:
+//! `put_new` is a single conditional PutItem that returns the existing item on a
+//! duplicate (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), `send` one SendMessage.
+//! Conditional failures are matched on the SDK's service error variants, never on
+//! strings; every other failure is classified once in [`error`].
+
+mod error;
+mod item;
+mod setup;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+
+pub use setup::{
+    create_all, create_queues, create_tables, load_config_from_env, load_config_from_ssm,
+    load_config_with, AwsNames, AwsSetupError, CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV,
+    QUEUE_URL_ENV, TABLE_ENV,
+};
+
+use crate::envelope::InboxKey;
+use crate::ports::{
+    Delivery, Inbox, InboxFilter, InboxItem, PutOutcome, Queue, QueueError, QueueMessage,
+    StoreError,
+};
+use error::describe;
+
+/// `list` with `limit == 0` returns this many items.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// SQS returns at most 10 messages per ReceiveMessage.
+const SQS_MAX_BATCH: u32 = 10;
+/// SQS caps visibility timeouts at 12 hours.
+const SQS_MAX_VISIBILITY_SECS: u64 = 12 * 3600;
+
+/// DynamoDB inbox + SQS queue. Cheap to clone (the SDK clients are `Arc`s inside).
+#[derive(Debug, Clone)]
+pub struct AwsStore {
+    dynamodb: aws_sdk_dynamodb::Client,
+    sqs: aws_sdk_sqs::Client,
+    table: String,
+    queue_url: String,
+    dlq_url: Option<String>,
+}
+
+impl AwsStore {
+    pub fn new(
+        dynamodb: aws_sdk_dynamodb::Client,
+        sqs: aws_sdk_sqs::Client,
+        names: AwsNames,
+    ) -> Self {
+        AwsStore {
+            dynamodb,
+            sqs,
+            table: names.table,
+            queue_url: names.queue_url,
+            dlq_url: names.dlq_url,
+        }
+    }
+
+    /// Clients for both services from one shared SDK config.
+    pub fn from_sdk_config(sdk_config: &aws_config::SdkConfig, names: AwsNames) -> Self {
+        Self::new(
+            aws_sdk_dynamodb::Client::new(sdk_config),
+            aws_sdk_sqs::Client::new(sdk_config),
+            names,
+        )
+    }
+
+    /// Names from `EINMAL_INBOX_TABLE`, `EINMAL_QUEUE_URL`, `EINMAL_DLQ_URL`; clients
+    /// from the default provider chain (which honours `AWS_ENDPOINT_URL`, e.g. for moto).
+    pub async fn from_env() -> Result<Self, AwsSetupError> {
+        // Check the names first: a missing variable should fail before any AWS lookup.
+        let names = AwsNames::from_env()?;
+        let sdk_config = aws_config::load_defaults(BehaviorVersion::latest()).await;
+        Ok(Self::from_sdk_config(&sdk_config, names))
+    }
+
+    pub fn names(&self) -> AwsNames {
+        AwsNames {
+            table: self.table.clone(),
+            queue_url: self.queue_url.clone(),
+            dlq_url: self.dlq_url.clone(),
+        }
+    }
+
+    pub fn dynamodb(&self) -> &aws_sdk_dynamodb::Client {
+        &self.dynamodb
+    }
+
+    pub fn sqs(&self) -> &aws_sdk_sqs::Client {
+        &self.sqs
+    }
+
+    fn key_attr(key: &InboxKey) -> AttributeValue {
+        AttributeValue::S(key.as_str().to_string())
+    }
+
+    /// The existing item of a failed conditional put.
+    async fn duplicate(
+        &self,
+        old: Option<item::Item>,
+        key: &InboxKey,
+    ) -> Result<PutOutcome, StoreError> {
+        match old {
+            Some(old) => item::decode(old)
+                .map(|old| PutOutcome::Duplicate(Box::new(old)))
+                .map_err(StoreError::Corrupt),
+            // A compatible server that ignores ALL_OLD: one extra read.
+            None => match self.get(key).await? {
+                Some(old) => Ok(PutOutcome::Duplicate(Box::new(old))),
+                // Expired or deleted in between; the provider retries and it inserts.
+                None => Err(StoreError::Unavailable(format!(
+                    "DynamoDB PutItem: item {key} vanished after a failed condition"
+                ))),
+            },
+        }
+    }
+
+    async fn receive_from(
+        &self,
+        queue_url: &str,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let out = self
+            .sqs
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(max.min(SQS_MAX_BATCH) as i32)
+            .visibility_timeout(visibility_secs(visibility))
+            // Never long-poll here: callers decide how to wait.
+            .wait_time_seconds(0)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS ReceiveMessage", &e)))?;
+        out.messages
+            .unwrap_or_default()
+            .into_iter()
+            .map(decode_message)
+            .collect()
+    }
+}
+
+/// SQS takes whole seconds; round up so a short non-zero timeout never becomes 0.
+fn visibility_secs(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.min(SQS_MAX_VISIBILITY_SECS) as i32
+}
+
+/// A malformed message names its id, never its body.
+fn decode_message(m: aws_sdk_sqs::types::Message) -> Result<Delivery, QueueError> {
+    let id = m.message_id.as_deref().unwrap_or("?").to_string();
+    let malformed = |why: &str| QueueError::Malformed(format!("message {id}: {why}"));
+    let receipt = m
+        .receipt_handle
+        .ok_or_else(|| malformed("no receipt handle"))?;
+    let body = m.body.ok_or_else(|| malformed("no body"))?;
+    let message: QueueMessage =
+        serde_json::from_str(&body).map_err(|_| malformed("body is not a pointer message"))?;
+    let receive_count = m
+        .attributes
+        .as_ref()
+        .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+        .ok_or_else(|| malformed("no ApproximateReceiveCount"))?
+        .parse::<u32>()
+        .map_err(|_| malformed("ApproximateReceiveCount is not a number"))?;
+    Ok(Delivery {
+        message,
+        receipt,
+        receive_count,
+    })
+}
+
+#[async_trait]
+impl Inbox for AwsStore {
+    async fn put_new(&self, item: &InboxItem) -> Result<PutOutcome, StoreError> {
+        let result = self
+            .dynamodb
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item::encode(item)))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", item::PK)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(PutOutcome::Inserted),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(PutItemError::is_conditional_check_failed_exception) =>
+            {
+                let old = match e.into_service_error() {
+                    PutItemError::ConditionalCheckFailedException(failed) => failed.item,
+                    _ => None,
+                };
+                self.duplicate(old, &item.key).await
+            }
+            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB PutItem", &e))),
+        }
+    }
+
+    async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError> {
+        let out = self
+            .dynamodb
+            .get_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(describe("DynamoDB GetItem", &e)))?;
+        out.item
+            .map(|m| item::decode(m).map_err(StoreError::Corrupt))
+            .transpose()
+    }
+
+    /// A Scan with a filter: an operator tool, not a hot path. It reads the whole
+    /// table to return the true newest items (a GSI on state + received_at_ms would
+    /// make this a Query once listings matter for cost).
+    async fn list(&self, filter: &InboxFilter) -> Result<Vec<InboxItem>, StoreError> {
+        let limit = if filter.limit == 0 {
+            DEFAULT_LIST_LIMIT
+        } else {
+            filter.limit
+        };
+        let mut conditions = Vec::new();
+        let mut request = self.dynamodb.scan().table_name(&self.table);
+        if let Some(state) = filter.state {
+            conditions.push("#state = :state");
+            request = request
+                .expression_attribute_names("#state", item::STATE)
+                .expression_attribute_values(":state", AttributeValue::S(state.as_str().into()));
+        }
+        if let Some(provider) = &filter.provider {
+            conditions.push("#provider = :provider");
+            request = request
+                .expression_attribute_names("#provider", item::PROVIDER)
+                .expression_attribute_values(":provider", AttributeValue::S(provider.clone()));
+        }
+        if let Some(tenant) = &filter.tenant {
+            conditions.push("#tenant = :tenant");
+            request = request
+                .expression_attribute_names("#tenant", item::TENANT)
+                .expression_attribute_values(":tenant", AttributeValue::S(tenant.clone()));
+        }
+        if !conditions.is_empty() {
+            request = request.filter_expression(conditions.join(" AND "));
+        }
+
+        let mut found: Vec<InboxItem> = Vec::new();
+        let mut start = None;
+        loop {
+            let out = request
+                .clone()
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| StoreError::Unavailable(describe("DynamoDB Scan", &e)))?;
+            for m in out.items.unwrap_or_default() {
+                found.push(item::decode(m).map_err(StoreError::Corrupt)?);
+            }
+            // Keep memory bounded by the limit, not by the table.
+            if found.len() > limit.saturating_mul(2) {
+                newest_first(&mut found, limit);
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        newest_first(&mut found, limit);
+        Ok(found)
+    }
+
+    async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError> {
+        let result = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .update_expression("SET #ef = :true")
+            .condition_expression("#state = :received")
+            .expression_attribute_names("#ef", item::ENQUEUE_FAILED)
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_values(":true", AttributeValue::Bool(true))
+            .expression_attribute_values(
+                ":received",
+                AttributeValue::S(crate::ports::InboxState::Received.as_str().into()),
+            )
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Missing or already past `received`: the processor owns it now.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
+        }
+    }
+}
+
+fn newest_first(items: &mut Vec<InboxItem>, limit: usize) {
+    items.sort_by(|a, b| {
+        b.received_at_ms
+            .cmp(&a.received_at_ms)
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    items.truncate(limit);
+}
+
+#[async_trait]
+impl Queue for AwsStore {
+    async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        let body = serde_json::to_string(message)
+            .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
+        self.sqs
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body)
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS SendMessage", &e)))?;
+        Ok(())
+    }
+
+    async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
+        self.receive_from(&self.queue_url, max, visibility).await
+    }
+
+    async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
+        self.sqs
+            .delete_message()
+            .queue_url(&self.queue_url)
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS DeleteMessage", &e)))?;
+        Ok(())
+    }
+
+    async fn change_visibility(
+        &self,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<(), QueueError> {
+        self.sqs
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(receipt)
+            .visibility_timeout(visibility_secs(visibility))
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS ChangeMessageVisibility", &e)))?;
+        Ok(())
+    }
+
+    async fn receive_dead_letters(
+        &self,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let dlq = self.dlq_url.as_deref().ok_or_else(|| {
+            QueueError::Unavailable(format!("no dead-letter queue configured ({DLQ_URL_ENV})"))
+        })?;
+        self.receive_from(dlq, max, visibility).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visibility_rounds_up_and_caps() {
+        assert_eq!(visibility_secs(Duration::ZERO), 0);
+        assert_eq!(visibility_secs(Duration::from_millis(1)), 1);
+        assert_eq!(visibility_secs(Duration::from_secs(30)), 30);
+        assert_eq!(visibility_secs(Duration::from_secs(1 << 40)), 43_200);
+    }
+
+    #[test]
+    fn malformed_messages_name_the_id_not_the_body() {
+        let m = aws_sdk_sqs::types::Message::builder()
+            .message_id("m-1")
+            .receipt_handle("r")
+            .body("secret customer data")
+            .build();
+        let err = decode_message(m).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("m-1") && !text.contains("secret"), "{text}");
+    }
+}

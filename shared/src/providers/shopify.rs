@@ -1,18 +1,398 @@
-//! PLACEHOLDER: being written.
+//! Shopify: `X-Shopify-Hmac-Sha256: <base64>` = HMAC-SHA256(client secret as UTF-8,
+//! raw body). Nothing time-related is signed, so replay protection is the dedup store.
+//! The Events preview sends the same headers without the `X-` prefix; both are read.
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+use super::sig::{self, LooseStr};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
+use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
 
 pub struct Shopify;
+
+const HMAC: [&str; 2] = ["X-Shopify-Hmac-Sha256", "shopify-hmac-sha256"];
+const TOPIC: [&str; 2] = ["X-Shopify-Topic", "shopify-topic"];
+const SHOP: [&str; 2] = ["X-Shopify-Shop-Domain", "shopify-shop-domain"];
+const EVENT_ID: [&str; 2] = ["X-Shopify-Event-Id", "shopify-event-id"];
+const WEBHOOK_ID: [&str; 2] = ["X-Shopify-Webhook-Id", "shopify-webhook-id"];
+const TRIGGERED_AT: [&str; 2] = ["X-Shopify-Triggered-At", "shopify-triggered-at"];
+const DEFAULT_TOPIC: &str = "orders/create";
+
+#[derive(Deserialize)]
+struct Resource<'a> {
+    #[serde(borrow, default)]
+    id: LooseStr<'a>,
+    #[serde(borrow, default)]
+    updated_at: LooseStr<'a>,
+}
+
+/// Signature candidates from both header name sets; API Gateway may comma-join
+/// repeats, and base64 never contains a comma.
+fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
+    let mut out = Vec::with_capacity(1);
+    for name in HMAC {
+        for value in sig::header_values(request, name)? {
+            if value.is_empty() {
+                return Err(ProviderError::MalformedHeader(name, "empty value"));
+            }
+            for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                out.push(sig::decode_base64(name, part)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
+    let shop = sig::single_header_of(request, &SHOP)?;
+    match (tenant.option("shop_domain"), shop) {
+        (Some(want), Some(got)) if want.eq_ignore_ascii_case(got) => {}
+        (Some(_), _) => return Err(ProviderError::TenantMismatch("shop domain")),
+        (None, Some(_)) => {}
+        (None, None) => return Err(sig::payload_error("missing X-Shopify-Shop-Domain header")),
+    }
+    let shop = shop.unwrap_or_default().to_ascii_lowercase();
+    let topic = sig::single_header_of(request, &TOPIC)?
+        .ok_or_else(|| sig::payload_error("missing X-Shopify-Topic header"))?;
+    let event = sig::single_header_of(request, &EVENT_ID)?
+        .ok_or_else(|| sig::payload_error("missing X-Shopify-Event-Id header"))?;
+    // Event-Id is shared by every topic of one merchant action, so scope it.
+    let event_id = format!("{shop}:{topic}:{event}");
+    sig::check_event_id(&event_id)?;
+    let resource: Resource = sig::parse_json_object(&request.body)?;
+    let triggered = sig::single_header_of(request, &TRIGGERED_AT)?;
+    Ok(Envelope {
+        provider: "shopify".into(),
+        tenant: tenant.tenant.clone(),
+        event_id,
+        event_type: topic.to_owned(),
+        object_id: resource.id.into_string(),
+        object_version: resource.updated_at.into_string(),
+        occurred_at: triggered.and_then(sig::parse_rfc3339),
+        delivery_id: sig::single_header_of(request, &WEBHOOK_ID)?.map(str::to_owned),
+    })
+}
 
 impl Provider for Shopify {
     fn name(&self) -> &'static str {
         "shopify"
     }
-    fn verify_and_extract(&self, _r: &WebhookRequest, _t: &TenantConfig, _n: i64) -> Result<Vec<VerifiedEvent>, ProviderError> {
-        Err(ProviderError::NoSecret)
+
+    fn verify_and_extract(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        _now_secs: i64,
+    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        let secrets = sig::secrets(tenant)?;
+        let candidates = candidates(request)?;
+        if candidates.is_empty() {
+            return Err(ProviderError::MissingHeader(HMAC[0]));
+        }
+        let body = &request.body[..];
+        sig::verify_any(secrets, &candidates, |s| {
+            Some(sig::hmac_sha256(s.expose().as_bytes(), &[body]))
+        })?;
+        let envelope = extract(request, tenant)?;
+        Ok(vec![VerifiedEvent {
+            envelope,
+            body: request.body.clone(),
+        }])
     }
-    fn sign(&self, _b: &[u8], _t: &TenantConfig, _e: &str, _n: i64) -> Result<http::HeaderMap, ProviderError> {
-        Err(ProviderError::NoSecret)
+
+    fn sign(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<http::HeaderMap, ProviderError> {
+        let secret = sig::secrets(tenant)?[0].expose();
+        let mac = sig::hmac_sha256(secret.as_bytes(), &[body]);
+        let shop = match tenant.option("shop_domain") {
+            Some(d) => d.to_owned(),
+            None => format!("{}.myshopify.com", tenant.tenant),
+        };
+        let topic = tenant.option("topic").unwrap_or(DEFAULT_TOPIC);
+        let mut h = http::HeaderMap::new();
+        let mut put = |name: &'static str, value: &str| -> Result<(), ProviderError> {
+            h.insert(name, sig::header_value(name, value)?);
+            Ok(())
+        };
+        put("x-shopify-hmac-sha256", &sig::B64.encode(mac))?;
+        put("x-shopify-topic", topic)?;
+        put("x-shopify-shop-domain", &shop)?;
+        put("x-shopify-event-id", event_id)?;
+        put("x-shopify-webhook-id", &format!("{event_id}-{now_secs}"))?;
+        put("x-shopify-triggered-at", &sig::format_rfc3339(now_secs))?;
+        put("content-type", "application/json")?;
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Secret;
+    use http::{HeaderMap, HeaderValue};
+
+    const BODY: &str = r#"{"id":820982911946154508,"email":"jon@example.com","updated_at":"2024-01-01T10:00:00-05:00","line_items":[{"id":1,"updated_at":"x"}]}"#;
+
+    fn tenant(secrets: &[&str]) -> TenantConfig {
+        TenantConfig {
+            provider: "shopify".into(),
+            tenant: "shop-1".into(),
+            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
+            tolerance_secs: 300,
+            options: [(
+                "shop_domain".to_string(),
+                "shop-1.myshopify.com".to_string(),
+            )]
+            .into(),
+        }
+    }
+
+    fn mac(secret: &str, body: &str) -> String {
+        sig::B64.encode(sig::hmac_sha256(secret.as_bytes(), &[body.as_bytes()]))
+    }
+
+    fn headers(hmacs: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in hmacs {
+            h.append("X-Shopify-Hmac-Sha256", HeaderValue::from_str(v).unwrap());
+        }
+        h.insert("X-Shopify-Topic", HeaderValue::from_static("orders/create"));
+        h.insert(
+            "X-Shopify-Shop-Domain",
+            HeaderValue::from_static("shop-1.myshopify.com"),
+        );
+        h.insert(
+            "X-Shopify-Event-Id",
+            HeaderValue::from_static("98880550-7158-44d4-b7cd-2c97c8a091b5"),
+        );
+        h.insert(
+            "X-Shopify-Webhook-Id",
+            HeaderValue::from_static("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"),
+        );
+        h.insert(
+            "X-Shopify-Triggered-At",
+            HeaderValue::from_static("2023-03-29T18:00:27.877041743Z"),
+        );
+        h
+    }
+
+    fn verify(h: HeaderMap, body: &str, t: &TenantConfig) -> Result<Envelope, ProviderError> {
+        let r = WebhookRequest::post(h, body.to_owned());
+        let mut v = Shopify.verify_and_extract(&r, t, 0)?;
+        assert_eq!(v.len(), 1);
+        Ok(v.remove(0).envelope)
+    }
+
+    #[test]
+    fn v11_vector() {
+        let want = "UFwgrGBPZilFtmKh8TqcovA78LGYb1BdWu9I4Q2oyRg=";
+        assert_eq!(mac("hush", "{}"), want);
+        let env = verify(headers(&[want]), "{}", &tenant(&["hush"])).unwrap();
+        assert_eq!(env.object_id, None);
+        assert_eq!(env.object_version, None);
+        assert_eq!(
+            verify(headers(&[want]), "{} ", &tenant(&["hush"])),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn extracts_envelope() {
+        let env = verify(headers(&[&mac("hush", BODY)]), BODY, &tenant(&["hush"])).unwrap();
+        assert_eq!(
+            env,
+            Envelope {
+                provider: "shopify".into(),
+                tenant: "shop-1".into(),
+                event_id: "shop-1.myshopify.com:orders/create:98880550-7158-44d4-b7cd-2c97c8a091b5"
+                    .into(),
+                event_type: "orders/create".into(),
+                object_id: Some("820982911946154508".into()),
+                object_version: Some("2024-01-01T10:00:00-05:00".into()),
+                occurred_at: Some(1_680_112_827),
+                delivery_id: Some("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043".into()),
+            }
+        );
+        let body = r#"{"id":"gid://shopify/Order/1","updated_at":null}"#;
+        let env = verify(headers(&[&mac("hush", body)]), body, &tenant(&["hush"])).unwrap();
+        assert_eq!(env.object_id.as_deref(), Some("gid://shopify/Order/1"));
+        assert_eq!(env.object_version, None);
+    }
+
+    #[test]
+    fn preview_header_names() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "shopify-hmac-sha256",
+            HeaderValue::from_str(&mac("hush", BODY)).unwrap(),
+        );
+        h.insert("shopify-topic", HeaderValue::from_static("orders/paid"));
+        h.insert(
+            "shopify-shop-domain",
+            HeaderValue::from_static("SHOP-1.myshopify.com"),
+        );
+        h.insert("shopify-event-id", HeaderValue::from_static("e1"));
+        let env = verify(h, BODY, &tenant(&["hush"])).unwrap();
+        assert_eq!(env.event_id, "shop-1.myshopify.com:orders/paid:e1");
+        assert_eq!((env.delivery_id, env.occurred_at), (None, None));
+    }
+
+    #[test]
+    fn tampered_body_and_wrong_secret() {
+        let h = headers(&[&mac("hush", BODY)]);
+        assert_eq!(
+            verify(h.clone(), &BODY.replace("jon", "eve"), &tenant(&["hush"])),
+            Err(ProviderError::SignatureMismatch)
+        );
+        assert_eq!(
+            verify(h, BODY, &tenant(&["other"])),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn rotation() {
+        let both = tenant(&["new", "old"]);
+        assert!(verify(headers(&[&mac("old", BODY)]), BODY, &both).is_ok());
+        assert!(verify(headers(&[&mac("new", BODY)]), BODY, &both).is_ok());
+        // Two signatures: as separate header values and comma-joined by API Gateway.
+        let (o, n) = (mac("old", BODY), mac("new", BODY));
+        assert!(verify(headers(&[&o, &n]), BODY, &tenant(&["new"])).is_ok());
+        assert!(verify(headers(&[&format!("{o},{n}")]), BODY, &tenant(&["old"])).is_ok());
+        assert!(verify(headers(&[&format!("{o}, {o}")]), BODY, &tenant(&["old"])).is_ok());
+        assert_eq!(
+            verify(headers(&[&o, &n]), BODY, &tenant(&["x"])),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn missing_and_garbled_headers() {
+        let t = tenant(&["hush"]);
+        assert_eq!(
+            verify(headers(&[]), BODY, &t),
+            Err(ProviderError::MissingHeader("X-Shopify-Hmac-Sha256"))
+        );
+        assert_eq!(
+            verify(headers(&[""]), BODY, &t),
+            Err(ProviderError::MalformedHeader(
+                "X-Shopify-Hmac-Sha256",
+                "empty value"
+            ))
+        );
+        let garbled = ProviderError::MalformedHeader(
+            "X-Shopify-Hmac-Sha256",
+            "signature is not valid base64",
+        );
+        assert_eq!(verify(headers(&["%%%"]), BODY, &t), Err(garbled));
+        // Hex where base64 is expected decodes to the wrong length: a mismatch, not a panic.
+        let hex_sig = hex::encode(sig::hmac_sha256(b"hush", &[BODY.as_bytes()]));
+        assert_eq!(
+            verify(headers(&[&hex_sig]), BODY, &t),
+            Err(ProviderError::SignatureMismatch)
+        );
+        let mut h = headers(&[]);
+        h.insert(
+            "x-shopify-hmac-sha256",
+            HeaderValue::from_bytes(b"\xfe\xff").unwrap(),
+        );
+        assert_eq!(
+            verify(h, BODY, &t),
+            Err(ProviderError::MalformedHeader(
+                "X-Shopify-Hmac-Sha256",
+                "value is not visible ASCII"
+            ))
+        );
+        assert_eq!(
+            verify(headers(&[&mac("hush", BODY)]), BODY, &tenant(&[])),
+            Err(ProviderError::NoSecret)
+        );
+    }
+
+    #[test]
+    fn shop_domain_must_match() {
+        let h = headers(&[&mac("hush", BODY)]);
+        let mut t = tenant(&["hush"]);
+        t.options
+            .insert("shop_domain".into(), "other.myshopify.com".into());
+        assert_eq!(
+            verify(h.clone(), BODY, &t),
+            Err(ProviderError::TenantMismatch("shop domain"))
+        );
+        let mut no_domain = h.clone();
+        no_domain.remove("x-shopify-shop-domain");
+        assert_eq!(
+            verify(no_domain.clone(), BODY, &tenant(&["hush"])),
+            Err(ProviderError::TenantMismatch("shop domain"))
+        );
+        t.options.clear();
+        assert!(verify(h, BODY, &t).is_ok());
+        assert_eq!(
+            verify(no_domain, BODY, &t),
+            Err(ProviderError::MalformedPayload(
+                "missing X-Shopify-Shop-Domain header".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn authentic_but_malformed() {
+        let t = tenant(&["hush"]);
+        let mut h = headers(&[&mac("hush", BODY)]);
+        h.remove("x-shopify-event-id");
+        assert_eq!(
+            verify(h, BODY, &t),
+            Err(sig::payload_error("missing X-Shopify-Event-Id header"))
+        );
+        let mut h = headers(&[&mac("hush", BODY)]);
+        h.remove("x-shopify-topic");
+        assert_eq!(
+            verify(h, BODY, &t),
+            Err(sig::payload_error("missing X-Shopify-Topic header"))
+        );
+        let mut h = headers(&[&mac("hush", BODY)]);
+        h.append("x-shopify-event-id", HeaderValue::from_static("other"));
+        assert_eq!(
+            verify(h, BODY, &t),
+            Err(ProviderError::MalformedHeader(
+                "X-Shopify-Event-Id",
+                "repeated with different values"
+            ))
+        );
+        let body = "id=1&updated_at=2";
+        let got = verify(headers(&[&mac("hush", body)]), body, &t);
+        assert_eq!(got, Err(sig::payload_error("body is not a JSON object")));
+        assert!(!got.unwrap_err().is_authentication_failure());
+    }
+
+    #[test]
+    fn sign_round_trip() {
+        let mut t = tenant(&["new", "old"]);
+        t.options.insert("topic".into(), "orders/paid".into());
+        let h = Shopify
+            .sign(BODY.as_bytes(), &t, "ev-1", 1_700_000_000)
+            .unwrap();
+        let env = verify(h.clone(), BODY, &t).unwrap();
+        assert_eq!(env.event_id, "shop-1.myshopify.com:orders/paid:ev-1");
+        assert_eq!(env.occurred_at, Some(1_700_000_000));
+        assert_eq!(env.delivery_id.as_deref(), Some("ev-1-1700000000"));
+        assert_eq!(
+            verify(h, BODY, &tenant(&["old"])),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // Defaults: topic orders/create, shop domain from the tenant name.
+        t.options.clear();
+        let h = Shopify.sign(b"{}", &t, "ev-2", 0).unwrap();
+        assert_eq!(h["x-shopify-topic"], "orders/create");
+        assert_eq!(h["x-shopify-shop-domain"], "shop-1.myshopify.com");
+        assert!(Shopify.sign(b"{}", &t, "bad\nid", 0).is_err());
     }
 }

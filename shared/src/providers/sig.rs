@@ -105,7 +105,9 @@ pub fn verify_any<M: AsRef<[u8]>>(
 ) -> Result<(), ProviderError> {
     let mut usable = false;
     for secret in secrets {
-        let Some(expected) = mac(secret) else { continue };
+        let Some(expected) = mac(secret) else {
+            continue;
+        };
         usable = true;
         if candidates.iter().any(|c| ct_eq(expected.as_ref(), c)) {
             return Ok(());
@@ -145,13 +147,20 @@ pub fn single_header<'a>(
     for raw in header_values(req, name)? {
         let mut parts = raw.split(',').map(str::trim);
         let first = parts.next().unwrap_or_default();
-        let value = if parts.all(|p| p == first) { first } else { raw };
+        let value = if parts.all(|p| p == first) {
+            first
+        } else {
+            raw
+        };
         if value.is_empty() {
             return Err(ProviderError::MalformedHeader(name, "empty value"));
         }
         match found {
             Some(prev) if prev != value => {
-                return Err(ProviderError::MalformedHeader(name, "repeated with different values"))
+                return Err(ProviderError::MalformedHeader(
+                    name,
+                    "repeated with different values",
+                ))
             }
             _ => found = Some(value),
         }
@@ -325,7 +334,8 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
     let num = |r: std::ops::Range<usize>| -> Option<u32> {
         let part = b.get(r)?;
         part.iter().all(u8::is_ascii_digit).then(|| {
-            part.iter().fold(0u32, |acc, d| acc * 10 + u32::from(d - b'0'))
+            part.iter()
+                .fold(0u32, |acc, d| acc * 10 + u32::from(d - b'0'))
         })
     };
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
@@ -337,7 +347,20 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, min, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
     let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let month_days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
     if !(1..=12).contains(&month) || day == 0 || day > month_days[month as usize - 1] {
         return None;
     }
@@ -410,11 +433,17 @@ mod tests {
 
     #[test]
     fn hmac_over_parts_equals_hmac_over_concatenation() {
-        assert_eq!(hmac_sha256(b"k", &[b"ab", b"", b"c"]), hmac_sha256(b"k", &[b"abc"]));
+        assert_eq!(
+            hmac_sha256(b"k", &[b"ab", b"", b"c"]),
+            hmac_sha256(b"k", &[b"abc"])
+        );
         assert_eq!(hmac_sha1(b"k", &[b"a", b"bc"]), hmac_sha1(b"k", &[b"abc"]));
         // RFC 4231 test case 2.
         assert_eq!(
-            hex::encode(hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"])),
+            hex::encode(hmac_sha256(
+                b"Jefe",
+                &[b"what do ya want ", b"for nothing?"]
+            )),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         // RFC 2202 test case 2.
@@ -437,13 +466,19 @@ mod tests {
         assert_eq!(decode_hex("h", "0a0b").unwrap(), vec![10, 11]);
         assert_eq!(
             decode_hex("h", "zz"),
-            Err(ProviderError::MalformedHeader("h", "signature is not valid hex"))
+            Err(ProviderError::MalformedHeader(
+                "h",
+                "signature is not valid hex"
+            ))
         );
         assert_eq!(decode_base64("h", "AQI=").unwrap(), vec![1, 2]);
         assert_eq!(decode_base64("h", "AQI").unwrap(), vec![1, 2]);
         assert_eq!(
             decode_base64("h", "A!=="),
-            Err(ProviderError::MalformedHeader("h", "signature is not valid base64"))
+            Err(ProviderError::MalformedHeader(
+                "h",
+                "signature is not valid base64"
+            ))
         );
         // Non-canonical trailing bits: a second spelling of the same bytes is refused.
         assert!(decode_base64("h", "AQJ=").is_err());
@@ -477,7 +512,10 @@ mod tests {
         let mac = |s: &Secret| Some(hmac_sha256(s.expose().as_bytes(), &[b"body"]));
         let new = hmac_sha256(b"new", &[b"body"]).to_vec();
         let old = hmac_sha256(b"old", &[b"body"]).to_vec();
-        assert_eq!(verify_any(&t.secrets, &[vec![0; 32], new.clone()], mac), Ok(()));
+        assert_eq!(
+            verify_any(&t.secrets, &[vec![0; 32], new.clone()], mac),
+            Ok(())
+        );
         assert_eq!(verify_any(&t.secrets, &[old], mac), Ok(()));
         assert_eq!(
             verify_any(&t.secrets, &[vec![0; 32]], mac),
@@ -506,10 +544,16 @@ mod tests {
         assert_eq!(single_header(&r, "x-j"), Ok(Some("abc")));
         assert_eq!(single_header(&r, "x-k"), Ok(Some("a,b")));
         assert_eq!(single_header(&r, "x-missing"), Ok(None));
-        assert_eq!(single_header_of(&r, &["x-missing", "x-id"]), Ok(Some("abc")));
+        assert_eq!(
+            single_header_of(&r, &["x-missing", "x-id"]),
+            Ok(Some("abc"))
+        );
         assert_eq!(
             single_header(&r, "x-l"),
-            Err(ProviderError::MalformedHeader("x-l", "repeated with different values"))
+            Err(ProviderError::MalformedHeader(
+                "x-l",
+                "repeated with different values"
+            ))
         );
         assert_eq!(
             single_header(&r, "x-e"),
@@ -517,7 +561,10 @@ mod tests {
         );
         assert_eq!(
             single_header(&r, "x-u"),
-            Err(ProviderError::MalformedHeader("x-u", "value is not visible ASCII"))
+            Err(ProviderError::MalformedHeader(
+                "x-u",
+                "value is not visible ASCII"
+            ))
         );
     }
 
@@ -530,7 +577,7 @@ mod tests {
         assert!(check_event_id("a\nb").is_err());
     }
 
-    #[derive(Deserialize)]
+    #[derive(Debug, Deserialize)]
     struct Probe<'a> {
         #[serde(borrow, default)]
         id: LooseStr<'a>,
@@ -540,7 +587,9 @@ mod tests {
 
     #[test]
     fn json_extraction_is_loose_about_optional_fields_and_strict_about_json() {
-        let p: Probe = parse_json_object(br#" {"id":"a\"b","at":"2024-01-01T00:00:00Z","x":[1,{"y":2}]}"#).unwrap();
+        let p: Probe =
+            parse_json_object(br#" {"id":"a\"b","at":"2024-01-01T00:00:00Z","x":[1,{"y":2}]}"#)
+                .unwrap();
         assert_eq!(p.id.into_string().as_deref(), Some("a\"b"));
         assert_eq!(p.at, LooseTime(Some(1_704_067_200)));
         let p: Probe = parse_json_object(br#"{"id":12,"at":1700000000}"#).unwrap();
@@ -548,9 +597,18 @@ mod tests {
         assert_eq!(p.at, LooseTime(Some(1_700_000_000)));
         let p: Probe = parse_json_object(br#"{"id":{"nested":true},"at":"soon"}"#).unwrap();
         assert_eq!((p.id, p.at), (LooseStr(None), LooseTime(None)));
-        for bad in [&b"[\"a\"]"[..], b"not json", b"{\"id\":", b"{} trailing", b""] {
+        for bad in [
+            &b"[\"a\"]"[..],
+            b"not json",
+            b"{\"id\":",
+            b"{} trailing",
+            b"",
+        ] {
             assert!(
-                matches!(parse_json_object::<Probe>(bad), Err(ProviderError::MalformedPayload(_))),
+                matches!(
+                    parse_json_object::<Probe>(bad),
+                    Err(ProviderError::MalformedPayload(_))
+                ),
                 "{bad:?}"
             );
         }
@@ -564,9 +622,18 @@ mod tests {
     #[test]
     fn rfc3339_parse_and_format() {
         assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339("2023-03-29T18:00:27.877041743Z"), Some(1_680_112_827));
-        assert_eq!(parse_rfc3339("2024-01-01T10:00:00-05:00"), Some(1_704_121_200));
-        assert_eq!(parse_rfc3339("2024-02-29T00:00:00+00:00"), Some(1_709_164_800));
+        assert_eq!(
+            parse_rfc3339("2023-03-29T18:00:27.877041743Z"),
+            Some(1_680_112_827)
+        );
+        assert_eq!(
+            parse_rfc3339("2024-01-01T10:00:00-05:00"),
+            Some(1_704_121_200)
+        );
+        assert_eq!(
+            parse_rfc3339("2024-02-29T00:00:00+00:00"),
+            Some(1_709_164_800)
+        );
         for bad in [
             "2023-02-29T00:00:00Z",
             "2024-13-01T00:00:00Z",

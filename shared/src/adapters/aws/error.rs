@@ -6,7 +6,7 @@
 //! `QueueError::Unavailable`). The class goes into the message for operators.
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 
 /// Why a call failed, coarsely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,13 +108,25 @@ where
             failure.as_str(),
             re.raw().status().as_u16()
         ),
-        // The context chain names the cause (e.g. "Connection refused (os error 111)").
-        _ => format!(
-            "{call}: {}: {}",
-            failure.as_str(),
-            truncate(&DisplayErrorContext(err).to_string())
-        ),
+        // The source chain names the cause (e.g. "Connection refused (os error 111)").
+        _ => format!("{call}: {}: {}", failure.as_str(), truncate(&chain(err))),
     }
+}
+
+/// `outer: inner: root`, each level's Display once (unlike `DisplayErrorContext`,
+/// which appends a Debug dump).
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        // Some layers repeat their source's message; print it once.
+        if parts.last() != Some(&text) && !text.is_empty() {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
 }
 
 fn truncate(s: &str) -> String {

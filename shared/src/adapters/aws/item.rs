@@ -64,7 +64,10 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
     m.insert(RECEIVED_AT_MS.into(), n(item.received_at_ms.to_string()));
     m.insert(UPDATED_AT_MS.into(), n(item.updated_at_ms.to_string()));
     m.insert(EXPIRES_AT.into(), n(item.expires_at.to_string()));
-    m.insert(ENQUEUE_FAILED.into(), AttributeValue::Bool(item.enqueue_failed));
+    m.insert(
+        ENQUEUE_FAILED.into(),
+        AttributeValue::Bool(item.enqueue_failed),
+    );
     if let Some(v) = &item.last_error {
         m.insert(LAST_ERROR.into(), s(v));
     }

@@ -162,9 +162,23 @@ pub async fn create_tables(
         .send()
         .await;
     let active = match created {
-        Ok(out) => out.table_description().and_then(|d| d.table_status()) == Some(&TableStatus::Active),
-        Err(e) if matches!(e.as_service_error(), Some(CreateTableError::ResourceInUseException(_))) => false,
-        Err(e) => return Err(AwsSetupError::Resource(describe("DynamoDB CreateTable", &e))),
+        Ok(out) => {
+            out.table_description().and_then(|d| d.table_status()) == Some(&TableStatus::Active)
+        }
+        Err(e)
+            if matches!(
+                e.as_service_error(),
+                Some(CreateTableError::ResourceInUseException(_))
+            ) =>
+        {
+            false
+        }
+        Err(e) => {
+            return Err(AwsSetupError::Resource(describe(
+                "DynamoDB CreateTable",
+                &e,
+            )))
+        }
     };
     if !active {
         wait_table_active(dynamodb, table).await?;
@@ -306,13 +320,20 @@ mod tests {
     #[test]
     fn names_from_env_require_table_and_queue() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
         let err = AwsNames::from_lookup(env(&[(QUEUE_URL_ENV, "http://q")])).unwrap_err();
         assert!(matches!(err, AwsSetupError::MissingEnv(TABLE_ENV)), "{err}");
-        let err = AwsNames::from_lookup(env(&[(TABLE_ENV, "t"), (QUEUE_URL_ENV, " ")])).unwrap_err();
+        let err =
+            AwsNames::from_lookup(env(&[(TABLE_ENV, "t"), (QUEUE_URL_ENV, " ")])).unwrap_err();
         assert!(err.to_string().contains(QUEUE_URL_ENV), "{err}");
-        let names = AwsNames::from_lookup(env(&[(TABLE_ENV, "t"), (QUEUE_URL_ENV, "http://q")])).unwrap();
+        let names =
+            AwsNames::from_lookup(env(&[(TABLE_ENV, "t"), (QUEUE_URL_ENV, "http://q")])).unwrap();
         assert_eq!(names.dlq_url, None);
     }
 }

@@ -1,0 +1,296 @@
+//! The ingest conformance suite: the same scenarios on the embedded store (a real
+//! SQLite file in a temp dir) and on the AWS adapter (DynamoDB + SQS in moto).
+
+use std::sync::Arc;
+
+use einmal::envelope::InboxKey;
+use einmal::pipeline::ingest::Ingestor;
+use einmal::ports::{Inbox, InboxItem, InboxState, PutOutcome, Queue, Source};
+use einmal_tests::fixtures::{all_items, config, drain, signed, stripe_body, FailingQueue};
+
+/// One backend under test: both ports plus whatever keeps it alive.
+pub struct Backend {
+    pub inbox: Arc<dyn Inbox>,
+    pub queue: Arc<dyn Queue>,
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+async fn embedded() -> Backend {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(
+        einmal::adapters::embedded::EmbeddedStore::open(dir.path(), Default::default())
+            .expect("embedded store opens"),
+    );
+    Backend { inbox: store.clone(), queue: store, _keep: Box::new(dir) }
+}
+
+async fn aws() -> Backend {
+    let moto = einmal_tests::moto::shared();
+    let (store, _names) = einmal_tests::moto::aws_store(moto, None).await;
+    let store = Arc::new(store);
+    Backend { inbox: store.clone(), queue: store, _keep: Box::new(()) }
+}
+
+fn ingestor(b: &Backend) -> Ingestor {
+    Ingestor::new(config(), b.inbox.clone(), b.queue.clone())
+}
+
+async fn assert_nothing_stored(b: &Backend) {
+    assert!(all_items(&*b.inbox).await.is_empty(), "inbox must stay empty");
+    assert!(drain(&*b.queue).await.is_empty(), "queue must stay empty");
+}
+
+async fn new_event_is_stored_once_and_enqueued(b: Backend) {
+    let ingest = ingestor(&b);
+    let cfg = config();
+    let body = stripe_body("evt_new_1", 100);
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(resp.body["duplicate"], false);
+    assert_eq!(resp.body["event_id"], "evt_new_1");
+
+    let key = InboxKey::new("stripe", "t1", "evt_new_1");
+    let item = b.inbox.get(&key).await.unwrap().expect("stored");
+    assert!(matches!(item.state, InboxState::Received | InboxState::Queued));
+    assert_eq!(item.source, Source::Webhook);
+    assert_eq!(item.envelope.event_type, "payment_intent.succeeded");
+    assert_eq!(item.envelope.object_id.as_deref(), Some("pi_1"));
+    assert_eq!(item.body_len as usize, body.len());
+    assert_eq!(einmal::body::decompress(&item.body, body.len()).unwrap(), body);
+    let retention = 30 * 86_400;
+    assert!((item.expires_at - item.received_at_ms / 1000 - retention).abs() <= 1);
+
+    let messages = drain(&*b.queue).await;
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].message.pk, key);
+}
+
+async fn duplicate_is_acknowledged_without_a_second_message(b: Backend) {
+    let ingest = ingestor(&b);
+    let cfg = config();
+    let body = stripe_body("evt_dup_1", 10);
+    for attempt in 0..3 {
+        let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.body["duplicate"], attempt > 0, "attempt {attempt}");
+    }
+    assert_eq!(all_items(&*b.inbox).await.len(), 1);
+    assert_eq!(drain(&*b.queue).await.len(), 1);
+    let counts = ingest.metrics().snapshot();
+    assert_eq!((counts.accepted, counts.duplicates, counts.reenqueued), (1, 2, 0));
+}
+
+async fn fifty_concurrent_identical_deliveries_store_one_item_and_one_message(b: Backend) {
+    let ingest = Arc::new(ingestor(&b));
+    let cfg = config();
+    let body = stripe_body("evt_race_1", 500);
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let ingest = ingest.clone();
+        let request = signed(&cfg, "stripe", "t1", "", &body);
+        tasks.push(tokio::spawn(async move { ingest.ingest("stripe", "t1", &request).await }));
+    }
+    let mut fresh = 0;
+    for task in tasks {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        if resp.body["duplicate"] == false {
+            fresh += 1;
+        }
+    }
+    assert_eq!(fresh, 1, "exactly one delivery is new");
+    assert_eq!(all_items(&*b.inbox).await.len(), 1);
+    assert_eq!(drain(&*b.queue).await.len(), 1);
+}
+
+async fn enqueue_failure_answers_503_and_the_retry_enqueues(b: Backend) {
+    let failing: Arc<dyn Queue> = Arc::new(FailingQueue::new(b.queue.clone(), vec![1]));
+    let ingest = Ingestor::new(config(), b.inbox.clone(), failing);
+    let cfg = config();
+    let body = stripe_body("evt_sendfail_1", 10);
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    assert_eq!(resp.status, 503, "{}", resp.body);
+    assert_eq!(resp.body["error"], "unavailable");
+
+    let key = InboxKey::new("stripe", "t1", "evt_sendfail_1");
+    let item = b.inbox.get(&key).await.unwrap().expect("the put happened");
+    assert_eq!(item.state, InboxState::Received);
+    assert!(item.enqueue_failed, "the failed send is recorded");
+    assert!(drain(&*b.queue).await.is_empty());
+
+    // The provider retries (well within the in-flight grace period).
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body["duplicate"], true);
+    let messages = drain(&*b.queue).await;
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].message.pk, key);
+    assert_eq!(ingest.metrics().snapshot().reenqueued, 1);
+}
+
+async fn stored_but_never_sent_is_reenqueued_by_the_next_retry_after_the_grace(b: Backend) {
+    // A receiver crashed between the put and the send long ago: nothing was marked.
+    let cfg = config();
+    let body = stripe_body("evt_crash_1", 10);
+    let ingest = ingestor(&b).with_inflight_grace_ms(15_000);
+    let key = InboxKey::new("stripe", "t1", "evt_crash_1");
+    let old = einmal::time::now_millis() - 60_000;
+    let item = InboxItem {
+        key: key.clone(),
+        envelope: einmal::envelope::Envelope {
+            provider: "stripe".into(),
+            tenant: "t1".into(),
+            event_id: "evt_crash_1".into(),
+            event_type: "payment_intent.succeeded".into(),
+            object_id: Some("pi_1".into()),
+            object_version: None,
+            occurred_at: None,
+            delivery_id: None,
+        },
+        state: InboxState::Received,
+        source: Source::Webhook,
+        attempts: 0,
+        received_at_ms: old,
+        updated_at_ms: old,
+        expires_at: old / 1000 + 86_400,
+        enqueue_failed: false,
+        last_error: None,
+        body_encoding: einmal::body::BODY_ENCODING.into(),
+        body_len: body.len() as u64,
+        body: einmal::body::compress(&body).unwrap(),
+    };
+    assert_eq!(b.inbox.put_new(&item).await.unwrap(), PutOutcome::Inserted);
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.body["duplicate"], true);
+    assert_eq!(drain(&*b.queue).await.len(), 1, "re-enqueued once");
+}
+
+async fn every_rejected_request_leaves_inbox_and_queue_empty(b: Backend) {
+    let ingest = ingestor(&b);
+    let cfg = config();
+    let body = stripe_body("evt_reject_1", 10);
+
+    // Bad signature: signed for the other tenant's secret.
+    let other = signed(&cfg, "stripe", "t2", "", &body);
+    let resp = ingest.ingest("stripe", "t1", &other).await;
+    assert_eq!((resp.status, resp.body["error"].as_str()), (401, Some("invalid_signature")));
+
+    // Tampered body, original signature.
+    let mut tampered = signed(&cfg, "stripe", "t1", "", &body);
+    tampered.body = stripe_body("evt_reject_1", 11).into();
+    assert_eq!(ingest.ingest("stripe", "t1", &tampered).await.status, 401);
+
+    // No signature header at all.
+    let unsigned = einmal::request::WebhookRequest::post(http::HeaderMap::new(), body.clone());
+    assert_eq!(ingest.ingest("stripe", "t1", &unsigned).await.status, 401);
+
+    // Authentic but not JSON.
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", b"not json")).await;
+    assert_eq!((resp.status, resp.body["error"].as_str()), (400, Some("malformed_request")));
+
+    // Authentic JSON without an event id.
+    let no_id = br#"{"object":"event","type":"payment_intent.succeeded"}"#;
+    assert_eq!(ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", no_id)).await.status, 400);
+
+    // Over the body limit (64 KiB in the fixture config).
+    let big = stripe_body("evt_big", 70_000);
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &big)).await;
+    assert_eq!((resp.status, resp.body["error"].as_str()), (413, Some("payload_too_large")));
+
+    // Unknown tenant and unknown provider: the same 404, no detail.
+    let r1 = ingest.ingest("stripe", "nobody", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let r2 = ingest.ingest("paypalx", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    assert_eq!((r1.status, r2.status), (404, 404));
+    assert_eq!(r1.body, r2.body);
+
+    let counts = ingest.metrics().snapshot();
+    assert_eq!(counts.signature_failures, 3);
+    assert_eq!(counts.malformed, 2);
+    assert_eq!(counts.oversize, 1);
+    assert_eq!(counts.not_found, 2);
+    assert_eq!(counts.accepted, 0);
+    assert_nothing_stored(&b).await;
+}
+
+async fn body_that_cannot_fit_one_item_compressed_is_refused(b: Backend) {
+    let mut cfg = (*config()).clone();
+    cfg.ingest.max_body_bytes = 1024 * 1024;
+    cfg.ingest.max_stored_body_bytes = 2048;
+    let cfg = Arc::new(cfg);
+    let ingest = Ingestor::new(cfg.clone(), b.inbox.clone(), b.queue.clone());
+    // Pseudo-random letters (xorshift) barely compress.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let noise: String = (0..20_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    let body = stripe_body("evt_incompressible", 0);
+    let mut value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    value["data"]["object"]["metadata"]["note"] = noise.into();
+    let body = value.to_string().into_bytes();
+    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    assert_eq!(resp.status, 413, "{}", resp.body);
+    assert_eq!(ingest.metrics().snapshot().oversize, 1);
+    assert_nothing_stored(&b).await;
+}
+
+async fn tenants_are_isolated_and_each_provider_ingests(b: Backend) {
+    let ingest = ingestor(&b);
+    let cfg = config();
+    let cases = [
+        ("stripe", "evt_iso_1".to_string(), stripe_body("evt_iso_1", 10)),
+        ("shopify", "1001".to_string(), br#"{"id":450789469,"updated_at":"2026-11-29T10:00:00Z"}"#.to_vec()),
+        ("github", "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(), br#"{"action":"opened"}"#.to_vec()),
+        ("standard-webhooks", "msg_iso_1".to_string(), br#"{"type":"invoice.paid","data":{"id":"inv_1"}}"#.to_vec()),
+    ];
+    for (provider, id, body) in &cases {
+        let resp = ingest.ingest(provider, "t1", &signed(&cfg, provider, "t1", id, body)).await;
+        assert_eq!(resp.status, 200, "{provider}: {}", resp.body);
+    }
+    // Tenant t2 has its own secret: t1's signature does not open it.
+    let resp = ingest
+        .ingest("stripe", "t2", &signed(&cfg, "stripe", "t1", "", &stripe_body("evt_iso_2", 1)))
+        .await;
+    assert_eq!(resp.status, 401);
+    let items = all_items(&*b.inbox).await;
+    assert_eq!(items.len(), cases.len());
+    assert!(items.iter().all(|i| i.envelope.tenant == "t1"));
+    assert_eq!(drain(&*b.queue).await.len(), cases.len());
+}
+
+macro_rules! conformance {
+    ($($scenario:ident),* $(,)?) => {
+        mod embedded_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(super::embedded().await).await
+                }
+            )*
+        }
+        mod aws_moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(super::aws().await).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    new_event_is_stored_once_and_enqueued,
+    duplicate_is_acknowledged_without_a_second_message,
+    fifty_concurrent_identical_deliveries_store_one_item_and_one_message,
+    enqueue_failure_answers_503_and_the_retry_enqueues,
+    stored_but_never_sent_is_reenqueued_by_the_next_retry_after_the_grace,
+    every_rejected_request_leaves_inbox_and_queue_empty,
+    body_that_cannot_fit_one_item_compressed_is_refused,
+    tenants_are_isolated_and_each_provider_ingests,
+);
