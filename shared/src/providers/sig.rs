@@ -9,8 +9,6 @@ use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer};
 use sha1::Sha1;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
@@ -200,109 +198,304 @@ pub fn payload_error(msg: impl Into<String>) -> ProviderError {
     ProviderError::MalformedPayload(msg.into())
 }
 
-/// Deserialize the fields a provider needs from a JSON object body. The whole body is
-/// still validated, but unknown fields are skipped without building values. The error
-/// names only the position and class, never body content.
-pub fn parse_json_object<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ProviderError> {
-    // Structs also deserialize from JSON arrays; only objects are meaningful here.
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+// ---- Targeted JSON extraction ------------------------------------------------------
+//
+// Providers need three to six fields of a body that is already authenticated. Building
+// a serde value, or even deserializing with `IgnoredAny`, costs more than the HMAC, so
+// we walk only the objects on the wanted paths and skip every other value by its
+// structure (strings, escapes and bracket depth), 64 bytes at a time.
+
+/// One JSON value exactly as it appears in the body (a string keeps its quotes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(pub &'a [u8]);
+
+impl<'a> Raw<'a> {
+    /// A JSON string, unescaped; borrowed when it holds no escapes. Other types: `None`.
+    pub fn str(self) -> Option<Cow<'a, str>> {
+        let inner = self.0.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+        if inner.contains(&b'\\') {
+            return serde_json::from_slice::<String>(self.0).ok().map(Cow::Owned);
+        }
+        std::str::from_utf8(inner).ok().map(Cow::Borrowed)
+    }
+
+    /// An integer token (`-?[0-9]+`) as written.
+    fn int_token(self) -> Option<&'a str> {
+        let digits = self.0.strip_prefix(b"-").unwrap_or(self.0);
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(self.0).ok()
+    }
+
+    /// A string or an integer as text (ids, versions); other types give `None`, since
+    /// such optional facts must not reject an authentic event.
+    pub fn text(self) -> Option<Cow<'a, str>> {
+        self.str().or_else(|| self.int_token().map(Cow::Borrowed))
+    }
+
+    /// Integer Unix seconds or an RFC 3339 string.
+    pub fn time(self) -> Option<i64> {
+        match self.int_token() {
+            Some(t) => t.parse().ok(),
+            None => parse_rfc3339(&self.str()?),
+        }
+    }
+}
+
+fn not_json(at: usize) -> ProviderError {
+    payload_error(format!("body is not valid JSON (byte {at})"))
+}
+
+/// Find the values at `paths` (e.g. `&["data", "object", "id"]`) in a JSON object body.
+/// Objects on the paths are walked exactly; everything else is skipped structurally,
+/// so literals inside skipped values are not validated. Errors name a byte offset or a
+/// path, never body content. A key repeated on a wanted path is an error (ambiguous).
+pub fn json_fields<'a, const N: usize>(
+    body: &'a [u8],
+    paths: [&[&str]; N],
+) -> Result<[Option<Raw<'a>>; N], ProviderError> {
+    let mut cur = Cursor { b: body, i: 0 };
+    cur.ws();
+    if cur.peek() != Some(b'{') {
         return Err(payload_error("body is not a JSON object"));
     }
-    serde_json::from_slice(body).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Data => "unexpected JSON field types",
-            _ => "body is not valid JSON",
-        };
-        payload_error(format!("{what} (line {}, column {})", e.line(), e.column()))
-    })
+    let mut out = [None; N];
+    let all = if N >= 32 { u32::MAX } else { (1u32 << N) - 1 };
+    cur.object(&paths, 0, all, &mut out)?;
+    cur.ws();
+    if cur.i != body.len() {
+        return Err(not_json(cur.i));
+    }
+    Ok(out)
 }
 
-/// A JSON scalar as found: strings borrowed when unescaped, integers as numbers; `null`,
-/// booleans, floats, objects and arrays give `Other` (object ids, versions and times
-/// are optional facts, so an odd type must not reject an authentic event).
-enum Scalar<'a> {
-    Str(Cow<'a, str>),
-    Int(i128),
-    Other,
+struct Cursor<'a> {
+    b: &'a [u8],
+    i: usize,
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Scalar<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Scalar::Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Scalar::Str(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Scalar::Str(Cow::Owned(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(Scalar::Int(v.into()))
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(Scalar::Int(v.into()))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Scalar::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Scalar::Other)
-            }
-            fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                Ok(Scalar::Other)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-                while a.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Scalar::Other)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Scalar::Other)
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Result<(), ProviderError> {
+        self.ws();
+        if self.peek() != Some(c) {
+            return Err(not_json(self.i));
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    /// The string token at the cursor, quotes included.
+    fn string(&mut self) -> Result<&'a [u8], ProviderError> {
+        let start = self.i;
+        let mut j = start + 1;
+        loop {
+            match self.b.get(j) {
+                Some(b'"') => break,
+                Some(b'\\') => j += 2,
+                Some(_) => j += 1,
+                None => return Err(not_json(start)),
             }
         }
-        d.deserialize_any(V(std::marker::PhantomData))
+        self.i = j + 1;
+        Ok(&self.b[start..self.i])
+    }
+
+    fn value(&mut self) -> Result<&'a [u8], ProviderError> {
+        self.ws();
+        let start = self.i;
+        match self.peek() {
+            Some(b'"') => return self.string(),
+            Some(b'{' | b'[') => self.i = skip_container(self.b, start).ok_or(not_json(start))?,
+            Some(b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
+                while matches!(self.peek(), Some(b'-' | b'+' | b'.' | b'0'..=b'9' | b'a'..=b'z' | b'E')) {
+                    self.i += 1;
+                }
+            }
+            _ => return Err(not_json(start)),
+        }
+        Ok(&self.b[start..self.i])
+    }
+
+    /// Walk the object at the cursor; `active` has a bit per path still matching at `depth`.
+    fn object<const N: usize>(
+        &mut self,
+        paths: &[&[&str]; N],
+        depth: usize,
+        active: u32,
+        out: &mut [Option<Raw<'a>>; N],
+    ) -> Result<(), ProviderError> {
+        self.eat(b'{')?;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            self.ws();
+            if self.peek() != Some(b'"') {
+                return Err(not_json(self.i));
+            }
+            let key = self.string()?;
+            let key = &key[1..key.len() - 1];
+            self.eat(b':')?;
+            let (mut here, mut deeper) = (0u32, 0u32);
+            for (n, path) in paths.iter().enumerate() {
+                if active & (1 << n) != 0 && path.get(depth).is_some_and(|k| k.as_bytes() == key) {
+                    if path.len() == depth + 1 {
+                        here |= 1 << n;
+                    } else {
+                        deeper |= 1 << n;
+                    }
+                }
+            }
+            self.ws();
+            if deeper != 0 && here == 0 && self.peek() == Some(b'{') {
+                self.object(paths, depth + 1, deeper, out)?;
+            } else {
+                let v = self.value()?;
+                for (n, slot) in out.iter_mut().enumerate() {
+                    if here & (1 << n) != 0 && slot.replace(Raw(v)).is_some() {
+                        return Err(payload_error(format!("duplicate field `{}`", paths[n].join("."))));
+                    }
+                }
+            }
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(not_json(self.i)),
+            }
+        }
     }
 }
 
-/// A JSON string or integer as text (ids, versions); any other type is `None`.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct LooseStr<'a>(pub Option<Cow<'a, str>>);
-
-impl LooseStr<'_> {
-    pub fn into_string(self) -> Option<String> {
-        self.0.map(Cow::into_owned)
+/// Bit masks of one 64-byte block: quotes, backslashes, `{`/`[`, `}`/`]`.
+#[cfg(target_arch = "x86_64")]
+fn masks(block: &[u8; 64]) -> [u64; 4] {
+    use std::arch::x86_64::*;
+    let mut m = [0u64; 4];
+    for (k, chunk) in block.chunks_exact(16).enumerate() {
+        // SAFETY: SSE2 is part of the x86_64 baseline; the load is unaligned and reads
+        // exactly the 16 bytes of `chunk`.
+        unsafe {
+            let v = _mm_loadu_si128(chunk.as_ptr().cast());
+            // `[`|0x20 == `{` and `]`|0x20 == `}`; no other byte maps onto those.
+            let folded = _mm_or_si128(v, _mm_set1_epi8(0x20));
+            let hits = [
+                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8)),
+                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8)),
+                _mm_cmpeq_epi8(folded, _mm_set1_epi8(b'{' as i8)),
+                _mm_cmpeq_epi8(folded, _mm_set1_epi8(b'}' as i8)),
+            ];
+            for (mask, hit) in m.iter_mut().zip(hits) {
+                *mask |= u64::from(_mm_movemask_epi8(hit) as u16) << (16 * k);
+            }
+        }
     }
+    m
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for LooseStr<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(LooseStr(match Scalar::deserialize(d)? {
-            Scalar::Str(s) => Some(s),
-            Scalar::Int(i) => Some(Cow::Owned(i.to_string())),
-            Scalar::Other => None,
-        }))
+#[cfg(not(target_arch = "x86_64"))]
+fn masks(block: &[u8; 64]) -> [u64; 4] {
+    let mut m = [0u64; 4];
+    for (i, &c) in block.iter().enumerate() {
+        let folded = c | 0x20;
+        m[0] |= u64::from(c == b'"') << i;
+        m[1] |= u64::from(c == b'\\') << i;
+        m[2] |= u64::from(folded == b'{') << i;
+        m[3] |= u64::from(folded == b'}') << i;
     }
+    m
 }
 
-/// A JSON timestamp: integer Unix seconds or an RFC 3339 string; anything else is `None`.
-#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
-pub struct LooseTime(pub Option<i64>);
-
-impl<'de> Deserialize<'de> for LooseTime {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(LooseTime(match Scalar::deserialize(d)? {
-            Scalar::Int(i) => i64::try_from(i).ok(),
-            Scalar::Str(s) => parse_rfc3339(&s),
-            Scalar::Other => None,
-        }))
+/// Bit i set when an odd number of bits at or below i are set in `x`.
+fn prefix_xor(mut x: u64) -> u64 {
+    for shift in [1, 2, 4, 8, 16, 32] {
+        x ^= x << shift;
     }
+    x
+}
+
+/// Index just past the object or array that opens at `start`, or `None` if it never
+/// closes. Blocks without backslashes are classified with bit tricks; blocks with
+/// escapes (rare) or starting after a pending backslash go byte by byte.
+fn skip_container(b: &[u8], start: usize) -> Option<usize> {
+    let (mut depth, mut in_str, mut escaped) = (0u32, false, false);
+    let mut pos = start;
+    let mut tail = [0u8; 64];
+    while pos < b.len() {
+        let block: &[u8; 64] = match b.get(pos..pos + 64) {
+            Some(s) => s.try_into().ok()?,
+            None => {
+                // Zero padding is neither quote, backslash nor bracket.
+                tail[..b.len() - pos].copy_from_slice(&b[pos..]);
+                &tail
+            }
+        };
+        let [quote, backslash, open, close] = masks(block);
+        if backslash != 0 || escaped {
+            for (k, &c) in block.iter().enumerate() {
+                if escaped {
+                    escaped = false;
+                } else if in_str {
+                    match c {
+                        b'\\' => escaped = true,
+                        b'"' => in_str = false,
+                        _ => {}
+                    }
+                } else {
+                    match c | 0x20 {
+                        _ if c == b'"' => in_str = true,
+                        b'{' => depth += 1,
+                        b'}' => {
+                            depth = depth.checked_sub(1)?;
+                            if depth == 0 {
+                                return Some(pos + k + 1);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        } else {
+            let inside = prefix_xor(quote) ^ if in_str { u64::MAX } else { 0 };
+            let (open, close) = (open & !inside, close & !inside);
+            if close.count_ones() < depth {
+                depth = depth + open.count_ones() - close.count_ones();
+            } else {
+                let mut brackets = open | close;
+                while brackets != 0 {
+                    let k = brackets.trailing_zeros();
+                    brackets &= brackets - 1;
+                    if open & (1 << k) != 0 {
+                        depth += 1;
+                    } else {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(pos + k as usize + 1);
+                        }
+                    }
+                }
+            }
+            in_str = inside >> 63 == 1;
+        }
+        pos += 64;
+    }
+    None
 }
 
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {

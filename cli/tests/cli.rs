@@ -1,0 +1,157 @@
+//! End-to-end through the real binary: `einmal serve` on a free port with a temp
+//! store, `einmal send` signing the demo samples, `einmal events` reading the store.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn einmal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("einmal runs")
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    data_dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let data_dir = tempfile::tempdir().unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_einmal"))
+            .args(["serve", "--addr", &addr, "--data-dir"])
+            .arg(data_dir.path())
+            .current_dir(repo())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "einmal serve did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child, url: format!("http://{addr}"), data_dir }
+    }
+
+    fn dir(&self) -> &str {
+        self.data_dir.path().to_str().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn post(url: &str, body: &[u8], content_type: &str) -> (u16, serde_json::Value) {
+    // A raw HTTP/1.1 request keeps the test free of client crates.
+    use std::io::{Read, Write};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        s,
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let _ = s.write_all(body);
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp);
+    let status: u16 = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let json = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(json).unwrap_or(serde_json::Value::Null))
+}
+
+#[test]
+fn send_accepts_then_deduplicates_and_events_show_the_item() {
+    let server = Server::start();
+    for provider in ["stripe", "shopify", "github", "standard-webhooks"] {
+        let first = einmal(&["send", "--provider", provider, "--tenant", "demo", "--url", &server.url]);
+        assert!(first.status.success(), "{provider}: {}", String::from_utf8_lossy(&first.stderr));
+        assert!(stdout(&first).starts_with("200 "), "{}", stdout(&first));
+        assert!(stdout(&first).contains("\"duplicate\":false"));
+        let again = einmal(&["send", "--provider", provider, "--tenant", "demo", "--url", &server.url]);
+        assert!(stdout(&again).contains("\"duplicate\":true"), "{}", stdout(&again));
+    }
+    let other = einmal(&[
+        "send", "--provider", "stripe", "--tenant", "demo", "--event-id", "evt_cli_2", "--url", &server.url,
+    ]);
+    assert!(stdout(&other).contains("\"event_id\":\"evt_cli_2\""));
+
+    let show = einmal(&[
+        "events", "show", "--provider", "stripe", "--tenant", "demo", "--event-id", "evt_demo_1", "--json",
+        "--data-dir", server.dir(),
+    ]);
+    assert!(show.status.success(), "{}", String::from_utf8_lossy(&show.stderr));
+    let item: serde_json::Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(item["key"], "stripe#demo#evt_demo_1");
+    assert_eq!(item["envelope"]["event_type"], "payment_intent.succeeded");
+    assert_eq!(item["envelope"]["object_id"], "pi_demo_1");
+    assert!(item.get("body").is_none(), "bodies only with --body");
+
+    let list = einmal(&["events", "list", "--json", "--data-dir", server.dir()]);
+    let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
+    assert_eq!(items.len(), 5);
+    let list = einmal(&["events", "list", "--state", "completed", "--json", "--data-dir", server.dir()]);
+    let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
+    assert!(items.is_empty());
+}
+
+#[test]
+fn bad_http_input_gets_json_errors_and_nothing_is_stored() {
+    let server = Server::start();
+    let (status, json) = post(&format!("{}/webhooks/stripe/demo", server.url), b"{}", "application/json");
+    assert_eq!((status, json["error"].as_str()), (401, Some("invalid_signature")));
+    let (status, json) = post(&format!("{}/webhooks/nope/demo", server.url), b"{}", "application/json");
+    assert_eq!((status, json["error"].as_str()), (404, Some("not_found")));
+    let (status, json) = post(&format!("{}/elsewhere", server.url), b"{}", "application/json");
+    assert_eq!((status, json["error"].as_str()), (404, Some("not_found")));
+    let big = vec![b'x'; 2 * 1024 * 1024];
+    let (status, json) = post(&format!("{}/webhooks/stripe/demo", server.url), &big, "application/json");
+    assert_eq!((status, json["error"].as_str()), (413, Some("payload_too_large")));
+
+    let list = einmal(&["events", "list", "--json", "--data-dir", server.dir()]);
+    let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
+    assert!(items.is_empty());
+}
+
+#[test]
+fn bad_cli_input_is_a_message_and_a_non_zero_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["events", "list", "--state", "bogus", "--data-dir", d], "unknown state"),
+        (vec!["send", "--provider", "nope", "--tenant", "demo"], "unknown provider"),
+        (vec!["send", "--provider", "stripe", "--tenant", "nobody"], "not configured"),
+        (vec!["send", "--provider", "stripe", "--tenant", "demo", "--event", "/no/such/file"], "cannot read"),
+        (vec!["serve", "--config", "/no/such/config.toml", "--data-dir", d], "cannot read config"),
+        (vec!["events", "show", "--provider", "stripe", "--tenant", "demo", "--event-id", "evt_missing", "--data-dir", d], "no event"),
+    ];
+    for (args, message) in cases {
+        let out = einmal(&args);
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(message), "{args:?}: {err}");
+    }
+}
