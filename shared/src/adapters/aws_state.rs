@@ -1,0 +1,1 @@
+//! PLACEHOLDER: DynamoDB StateStore adapter, being written.

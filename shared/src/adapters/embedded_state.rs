@@ -1,0 +1,1 @@
+//! PLACEHOLDER: SQLite StateStore adapter, being written.

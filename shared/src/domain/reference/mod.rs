@@ -1,0 +1,1 @@
+//! PLACEHOLDER: the reference e-commerce domain, being written.
