@@ -1,5 +1,6 @@
 //! `einmal`: run einmal locally, send signed sample webhooks, inspect the inbox.
 
+mod business;
 mod events;
 mod send;
 mod serve;
@@ -28,6 +29,16 @@ enum Command {
         #[command(subcommand)]
         command: events::EventsCommand,
     },
+    /// Inspect orders of the reference domain.
+    Orders {
+        #[command(subcommand)]
+        command: business::OrdersCommand,
+    },
+    /// Inspect and seed stock per SKU.
+    Inventory {
+        #[command(subcommand)]
+        command: business::InventoryCommand,
+    },
 }
 
 /// Where the demo configuration lives when `--config` is not given.
@@ -42,6 +53,8 @@ async fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args).await,
         Command::Send(args) => send::run(args).await,
         Command::Events { command } => events::run(command).await,
+        Command::Orders { command } => business::run_orders(command).await,
+        Command::Inventory { command } => business::run_inventory(command).await,
     };
     match result {
         Ok(code) => code,

@@ -26,6 +26,10 @@ pub struct SendArgs {
     /// Sending the same id twice shows deduplication.
     #[arg(long)]
     pub event_id: Option<String>,
+    /// The topic header for providers that carry the event type in a header
+    /// (Shopify `X-Shopify-Topic`, GitHub `X-GitHub-Event`), e.g. `orders/paid`.
+    #[arg(long)]
+    pub topic: Option<String>,
     /// Tenant configuration holding the secret (TOML).
     #[arg(long, default_value_os_t = crate::default_config_path())]
     pub config: PathBuf,
@@ -40,7 +44,7 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
         let known: Vec<_> = providers::all().iter().map(|p| p.name()).collect();
         format!("unknown provider {:?}; known: {}", args.provider, known.join(", "))
     })?;
-    let tenant = config.tenant(&args.provider, &args.tenant).ok_or_else(|| {
+    let mut tenant = config.tenant(&args.provider, &args.tenant).cloned().ok_or_else(|| {
         format!(
             "tenant {:?} is not configured for {} in {}",
             args.tenant,
@@ -48,6 +52,10 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
             args.config.display()
         )
     })?;
+    if let Some(topic) = &args.topic {
+        tenant.options.insert("topic".into(), topic.clone());
+        tenant.options.insert("event".into(), topic.clone());
+    }
     let path = args
         .event
         .clone()
@@ -64,7 +72,7 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
     }
     let now = einmal::time::now_secs();
     let headers = provider
-        .sign(&body, tenant, &event_id, now)
+        .sign(&body, &tenant, &event_id, now)
         .map_err(|e| format!("cannot sign for {}: {e}", args.provider))?;
 
     let url = format!(

@@ -13,6 +13,9 @@ use axum::routing::{any, get};
 use axum::Router;
 use clap::Args;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::adapters::embedded_state::EmbeddedStateStore;
+use einmal::domain::reference::ReferenceDomain;
+use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::config::Config;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::request::WebhookRequest;
@@ -37,6 +40,22 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
             .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
     );
+    let state = Arc::new(
+        EmbeddedStateStore::open(&args.data_dir)
+            .map_err(|e| format!("cannot open the state store in {}: {e}", args.data_dir.display()))?,
+    );
+    let settings = ProcessSettings {
+        max_receive_count: EmbeddedOptions::default().max_receive_count,
+        ..ProcessSettings::default()
+    };
+    let processor = Processor::new(
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        state,
+        Arc::new(ReferenceDomain::new()),
+    )
+    .with_settings(settings);
     let ingestor = Arc::new(Ingestor::new(Arc::new(config), store.clone(), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -49,12 +68,25 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         args.data_dir.display()
     );
     let metrics = ingestor.metrics().clone();
-    axum::serve(listener, router(ingestor))
+    // The processor loop runs beside the HTTP server and stops with it.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(async move {
+        let mut stop = stop_rx;
+        processor
+            .run_local("serve", async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            })
+            .await;
+    });
+    let served = axum::serve(listener, router(ingestor))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string());
+    let _ = stop_tx.send(true);
+    let _ = worker.await;
+    served?;
     eprintln!("einmal: stopped; {}", serde_json::to_string(&metrics.snapshot()).unwrap_or_default());
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,9 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use einmal::adapters::aws::AwsStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::adapters::aws_state::DynamoStateStore;
+use einmal::adapters::embedded_state::EmbeddedStateStore;
+use einmal::domain::state::StateStore;
 use einmal::ports::{Inbox, Queue};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -33,6 +36,17 @@ pub struct Stores {
 }
 
 impl StoreArgs {
+    /// The business-state store next to the inbox.
+    pub async fn open_state(&self) -> Result<Arc<dyn StateStore>, String> {
+        match self.backend {
+            Backend::Embedded => Ok(Arc::new(
+                EmbeddedStateStore::open(&self.data_dir)
+                    .map_err(|e| format!("cannot open the state store in {}: {e}", self.data_dir.display()))?,
+            )),
+            Backend::Aws => Ok(Arc::new(DynamoStateStore::from_env().await.map_err(|e| e.to_string())?)),
+        }
+    }
+
     pub async fn open(&self) -> Result<Stores, String> {
         match self.backend {
             Backend::Embedded => {

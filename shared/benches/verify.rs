@@ -119,6 +119,19 @@ fn bench(c: &mut Criterion) {
         group.bench_function("verify_and_extract", |b| {
             b.iter(|| provider.verify_and_extract(black_box(&request), &t, NOW))
         });
+        if std::env::var("PROF").is_ok() {
+            group.bench_function("json_fields", |b| {
+                b.iter(|| match name {
+                    "stripe" => sig::json_fields(black_box(body.as_bytes()), [&["id"], &["type"], &["created"], &["account"], &["data", "object", "id"], &["related_object", "id"]]).map(|_| ()),
+                    "shopify" => sig::json_fields(black_box(body.as_bytes()), [&["id"], &["updated_at"]]).map(|_| ()),
+                    "github" => sig::json_fields(black_box(body.as_bytes()), [&["action"], &["repository", "full_name"], &["installation", "id"]]).map(|_| ()),
+                    _ => sig::json_fields(black_box(body.as_bytes()), [&["type"], &["timestamp"], &["data", "id"]]).map(|_| ()),
+                })
+            });
+            group.bench_function("serde ignored", |b| {
+                b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(body.as_bytes())))
+            });
+        }
         group.finish();
     }
 }

@@ -53,6 +53,14 @@ impl InboxState {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
+
+    /// `completed`, `ignored` and `dead_letter`: processing is over.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            InboxState::Completed | InboxState::Ignored | InboxState::DeadLetter
+        )
+    }
 }
 
 impl std::fmt::Display for InboxState {
@@ -100,8 +108,17 @@ pub struct InboxItem {
     pub expires_at: i64,
     /// Set when the receiver knows its queue send failed; the next duplicate re-enqueues.
     pub enqueue_failed: bool,
-    /// Last error class and message, when processing failed.
+    /// Last error message, when processing failed (kept after a later success, so
+    /// support can tell why an event needed several attempts).
     pub last_error: Option<String>,
+    /// Class of the last error: `"transient"` or `"permanent"`.
+    pub last_error_class: Option<String>,
+    /// While `processing`: the lease end (Unix ms) and the worker holding it. A lease
+    /// that has run out means the worker died; another may claim the item.
+    pub lease_until_ms: Option<i64>,
+    pub lease_owner: Option<String>,
+    /// What processing produced: a result reference, or why the event was ignored.
+    pub result: Option<String>,
     pub body_encoding: String,
     /// Size of the raw body before compression.
     pub body_len: u64,
@@ -137,6 +154,10 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// Error classes stored in [`InboxItem::last_error_class`].
+pub const ERROR_CLASS_TRANSIENT: &str = "transient";
+pub const ERROR_CLASS_PERMANENT: &str = "permanent";
+
 #[derive(Debug, Error)]
 pub enum QueueError {
     #[error("queue unavailable: {0}")]
@@ -157,6 +178,71 @@ pub trait Inbox: Send + Sync {
     /// Record that the receiver's queue send failed, so the next duplicate re-enqueues
     /// at once. Only applies while the item is still `received`.
     async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError>;
+}
+
+/// Why a [`InboxProcessing::claim`] did not hand out the item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Now `processing` with our lease; `attempts` already counts this attempt. The
+    /// item comes back whole (body included) from the same call.
+    Claimed(Box<InboxItem>),
+    /// Already `completed`, `ignored` or `dead_letter`: nothing to do (a duplicate message).
+    Finished(InboxState),
+    /// Another worker holds a live lease until this time (Unix ms).
+    Leased { until_ms: i64 },
+    /// No such item (expired by TTL, or never stored).
+    Missing,
+}
+
+/// The end of one processing attempt, written by [`InboxProcessing::finish`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    /// `completed`, `ignored`, `dead_letter` or `retryable`.
+    pub state: InboxState,
+    /// `Some` overwrites the stored value; `None` leaves it as it is.
+    pub error_class: Option<String>,
+    /// `Some` overwrites the stored value; `None` leaves it as it is.
+    pub error: Option<String>,
+    /// `Some` overwrites the stored value; `None` leaves it as it is.
+    pub result: Option<String>,
+    pub now_ms: i64,
+}
+
+/// The processor's side of the inbox: claim an item under a lease, finish it.
+/// Every method is one conditional write.
+#[async_trait]
+pub trait InboxProcessing: Send + Sync {
+    /// Conditional update to `processing` with a lease until `now_ms + lease_ms`,
+    /// `attempts += 1`. Allowed from `received`, `queued`, `retryable`, or `processing`
+    /// whose lease has run out (a crashed worker). Returns the claimed item with its
+    /// body in the same call; otherwise says why not (from the same call too).
+    async fn claim(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Only while still `processing` and leased by `owner` (else `Ok(false)`): set the
+    /// final or retry state, error class and message, result, `updated_at_ms`, and
+    /// release the lease.
+    async fn finish(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        finish: &Finish,
+    ) -> Result<bool, StoreError>;
+
+    /// Redrive bookkeeping: mark the item `dead_letter` with `reason` unless it is
+    /// already terminal or a live lease holds it (that worker finishes it). A missing
+    /// item is not an error.
+    async fn mark_dead_letter(
+        &self,
+        key: &InboxKey,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError>;
 }
 
 /// The pointer message: the queue carries the key, never the body.
@@ -183,7 +269,19 @@ pub trait Queue: Send + Sync {
     /// Delete a message after it was handled.
     async fn ack(&self, receipt: &str) -> Result<(), QueueError>;
     /// Make a received message visible again after `visibility` (0 = now).
-    async fn change_visibility(&self, receipt: &str, visibility: Duration) -> Result<(), QueueError>;
+    async fn change_visibility(
+        &self,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<(), QueueError>;
+    /// Put a message straight into the dead-letter queue (a permanent failure does not
+    /// wait for `maxReceiveCount` receives). SQS has no move: the caller sends the
+    /// pointer here, then deletes the original.
+    async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError>;
     /// Up to `max` messages from the dead-letter queue (received, not deleted).
-    async fn receive_dead_letters(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;
+    async fn receive_dead_letters(
+        &self,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, QueueError>;
 }

@@ -133,6 +133,9 @@ impl Queue for FailingQueue {
     async fn change_visibility(&self, receipt: &str, visibility: Duration) -> Result<(), QueueError> {
         self.inner.change_visibility(receipt, visibility).await
     }
+    async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        self.inner.send_dead_letter(message).await
+    }
     async fn receive_dead_letters(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
         self.inner.receive_dead_letters(max, visibility).await
     }

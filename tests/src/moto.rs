@@ -19,6 +19,7 @@ use aws_sdk_dynamodb::config::{
     RuntimeComponents,
 };
 use einmal::adapters::aws::{create_queues, create_tables, AwsNames, AwsStore};
+use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
 
 /// Overrides the moto executable (a path or a name on PATH).
 pub const MOTO_BIN_ENV: &str = "EINMAL_MOTO_BIN";
@@ -270,4 +271,80 @@ pub async fn aws_store(moto: &Moto, counter: Option<CallCounter>) -> (AwsStore, 
         names.clone(),
     );
     (store, names)
+}
+
+/// Records the DynamoDB operation of every HTTP attempt (from `X-Amz-Target`,
+/// e.g. `PutItem`), so tests can check which call a port method made.
+#[derive(Debug, Clone, Default)]
+pub struct OperationLog(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl OperationLog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The operations so far, oldest first.
+    pub fn operations(&self) -> Vec<String> {
+        self.0.lock().map(|ops| ops.clone()).unwrap_or_default()
+    }
+
+    /// Forget what was recorded; returns it.
+    pub fn take(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|mut ops| std::mem::take(&mut *ops))
+            .unwrap_or_default()
+    }
+}
+
+impl Intercept for OperationLog {
+    fn name(&self) -> &'static str {
+        "einmal-operation-log"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let target = context
+            .request()
+            .headers()
+            .get("x-amz-target")
+            .unwrap_or("?");
+        // `DynamoDB_20120810.PutItem` -> `PutItem`
+        let operation = target.rsplit('.').next().unwrap_or(target).to_string();
+        if let Ok(mut ops) = self.0.lock() {
+            ops.push(operation);
+        }
+        Ok(())
+    }
+}
+
+/// A fresh state table (unique name, with its GSI) on `moto`, and a store on it.
+/// Setup calls are not counted; every call the store makes is.
+pub async fn state_store(moto: &Moto, counter: Option<CallCounter>) -> DynamoStateStore {
+    state_store_logged(moto, counter, None).await
+}
+
+/// [`state_store`] that also records each call's operation name in `operations`.
+pub async fn state_store_logged(
+    moto: &Moto,
+    counter: Option<CallCounter>,
+    operations: Option<OperationLog>,
+) -> DynamoStateStore {
+    let sdk = moto.sdk_config().await;
+    let table = unique_name("einmal-state");
+    create_state_table(&aws_sdk_dynamodb::Client::new(&sdk), &table)
+        .await
+        .expect("create state table on moto");
+    let mut dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk);
+    if let Some(counter) = counter {
+        dynamodb = dynamodb.interceptor(counter);
+    }
+    if let Some(operations) = operations {
+        dynamodb = dynamodb.interceptor(operations);
+    }
+    DynamoStateStore::new(aws_sdk_dynamodb::Client::from_conf(dynamodb.build()), table)
 }

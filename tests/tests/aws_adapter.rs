@@ -47,6 +47,10 @@ fn item(tenant: &str, event_id: &str, received_at_ms: i64) -> InboxItem {
         expires_at: received_at_ms / 1000 + 30 * 86_400,
         enqueue_failed: false,
         last_error: None,
+        last_error_class: None,
+        lease_until_ms: None,
+        lease_owner: None,
+        result: None,
         body_encoding: "zstd".into(),
         body_len: 1234,
         // Not UTF-8 on purpose: the body is a binary attribute.

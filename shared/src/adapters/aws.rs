@@ -5,8 +5,14 @@
 //! duplicate (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), `send` one SendMessage.
 //! Conditional failures are matched on the SDK's service error variants, never on
 //! strings; every other failure is classified once in [`error`].
+//!
+//! The processor's inbox writes ([`InboxProcessing`]) are one UpdateItem each, with
+//! the allowed transitions in the condition expression: a claim returns the claimed
+//! item (body included) with `ReturnValues=ALL_NEW`, and on a failed condition the
+//! stored item (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), which tells a finished
+//! item from one leased by a live worker without a second read.
 
-mod error;
+pub(crate) mod error;
 mod item;
 mod setup;
 
@@ -16,7 +22,7 @@ use async_trait::async_trait;
 use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 
 pub use setup::{
@@ -27,8 +33,8 @@ pub use setup::{
 
 use crate::envelope::InboxKey;
 use crate::ports::{
-    Delivery, Inbox, InboxFilter, InboxItem, PutOutcome, Queue, QueueError, QueueMessage,
-    StoreError,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
+    PutOutcome, Queue, QueueError, QueueMessage, StoreError,
 };
 use error::describe;
 
@@ -121,6 +127,37 @@ impl AwsStore {
                 ))),
             },
         }
+    }
+
+    /// Why a claim's condition failed, from the ALL_OLD item.
+    async fn claim_refused(
+        &self,
+        old: Option<item::Item>,
+        key: &InboxKey,
+        now_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let old = match old {
+            Some(old) => Some(item::decode(old).map_err(StoreError::Corrupt)?),
+            // A compatible server that ignores ALL_OLD (or no item at all): one read.
+            None => self.get(key).await?,
+        };
+        Ok(match old {
+            None => ClaimOutcome::Missing,
+            Some(old) if old.state.is_terminal() => ClaimOutcome::Finished(old.state),
+            Some(old) => match (old.state, old.lease_until_ms) {
+                (InboxState::Processing, Some(until_ms)) if until_ms > now_ms => {
+                    ClaimOutcome::Leased { until_ms }
+                }
+                // Claimable after all: only a read that raced a concurrent change
+                // (the fallback path) gets here. The caller retries later.
+                _ => {
+                    return Err(StoreError::Unavailable(format!(
+                        "DynamoDB UpdateItem: claim of {key} refused in state {}",
+                        old.state
+                    )))
+                }
+            },
+        })
     }
 
     async fn receive_from(
@@ -315,6 +352,180 @@ impl Inbox for AwsStore {
     }
 }
 
+/// The claim condition, shared with `mark_dead_letter`: the item exists and is
+/// waiting (`received`, `queued`, `retryable`) or held by a lease that ran out.
+const CLAIMABLE: &str = "attribute_exists(#pk) AND (#state IN (:received, :queued, :retryable) \
+     OR (#state = :processing AND (attribute_not_exists(#lease_until) OR #lease_until <= :now)))";
+
+fn s_attr(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_string())
+}
+
+fn n_attr(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+#[async_trait]
+impl InboxProcessing for AwsStore {
+    async fn claim(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let result = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .update_expression(
+                "SET #state = :processing, #lease_owner = :owner, #lease_until = :until, \
+                 #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one",
+            )
+            .condition_expression(CLAIMABLE)
+            .expression_attribute_names("#pk", item::PK)
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
+            .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
+            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#attempts", item::ATTEMPTS)
+            .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
+            .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
+            .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
+            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
+            .expression_attribute_values(":owner", s_attr(owner))
+            .expression_attribute_values(":until", n_attr(now_ms.saturating_add(lease_ms)))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .expression_attribute_values(":zero", n_attr(0))
+            .expression_attribute_values(":one", n_attr(1))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                let claimed = out.attributes.ok_or_else(|| {
+                    StoreError::Unavailable(format!(
+                        "DynamoDB UpdateItem: claim of {key} returned no item"
+                    ))
+                })?;
+                let claimed = item::decode(claimed).map_err(StoreError::Corrupt)?;
+                Ok(ClaimOutcome::Claimed(Box::new(claimed)))
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
+            {
+                let old = match e.into_service_error() {
+                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
+                    _ => None,
+                };
+                self.claim_refused(old, key, now_ms).await
+            }
+            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
+        }
+    }
+
+    async fn finish(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        let mut set = vec!["#state = :state".to_string(), "#updated = :now".to_string()];
+        let mut request = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .condition_expression("#state = :processing AND #lease_owner = :owner")
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
+            .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
+            .expression_attribute_values(":state", s_attr(finish.state.as_str()))
+            .expression_attribute_values(":now", n_attr(finish.now_ms))
+            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
+            .expression_attribute_values(":owner", s_attr(owner));
+        // Optional fields: set when given, left alone otherwise. The attribute names
+        // are plain identifiers, so they serve as their own placeholders.
+        for (attr, value) in [
+            (item::LAST_ERROR_CLASS, &finish.error_class),
+            (item::LAST_ERROR, &finish.error),
+            (item::RESULT, &finish.result),
+        ] {
+            if let Some(value) = value {
+                set.push(format!("#{attr} = :{attr}"));
+                request = request
+                    .expression_attribute_names(format!("#{attr}"), attr)
+                    .expression_attribute_values(format!(":{attr}"), s_attr(value));
+            }
+        }
+        let result = request
+            .update_expression(format!(
+                "SET {} REMOVE #lease_owner, #lease_until",
+                set.join(", ")
+            ))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
+        }
+    }
+
+    async fn mark_dead_letter(
+        &self,
+        key: &InboxKey,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let result = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .update_expression(
+                "SET #state = :dead, #error = :reason, #updated = :now \
+                 REMOVE #lease_owner, #lease_until",
+            )
+            .condition_expression(CLAIMABLE)
+            .expression_attribute_names("#pk", item::PK)
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_names("#error", item::LAST_ERROR)
+            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
+            .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
+            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
+            .expression_attribute_values(":reason", s_attr(reason))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
+            .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
+            .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
+            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Missing, already terminal, or a live worker will finish it.
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
+        }
+    }
+}
+
 fn newest_first(items: &mut Vec<InboxItem>, limit: usize) {
     items.sort_by(|a, b| {
         b.received_at_ms
@@ -341,6 +552,22 @@ impl Queue for AwsStore {
 
     async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
         self.receive_from(&self.queue_url, max, visibility).await
+    }
+
+    async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        let dlq = self.dlq_url.as_deref().ok_or_else(|| {
+            QueueError::Unavailable(format!("no dead-letter queue configured ({DLQ_URL_ENV})"))
+        })?;
+        let body = serde_json::to_string(message)
+            .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
+        self.sqs
+            .send_message()
+            .queue_url(dlq)
+            .message_body(body)
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS SendMessage (DLQ)", &e)))?;
+        Ok(())
     }
 
     async fn ack(&self, receipt: &str) -> Result<(), QueueError> {

@@ -37,13 +37,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{params, Connection, OpenFlags, Row};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use tokio::sync::oneshot;
 
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
-    Delivery, Inbox, InboxFilter, InboxItem, InboxState, PutOutcome, Queue, QueueError,
-    QueueMessage, Source, StoreError,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
+    PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
 };
 use crate::time::now_millis;
 
@@ -240,8 +240,17 @@ impl From<DbError> for QueueError {
 // ---------------------------------------------------------------------------
 // Connections and schema
 
-/// Stored in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+/// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
+/// error class, result); a version 1 file is upgraded in place on open.
+const SCHEMA_VERSION: i64 = 2;
+
+/// Version 1 -> 2.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE inbox ADD COLUMN last_error_class TEXT;
+ALTER TABLE inbox ADD COLUMN lease_until_ms INTEGER;
+ALTER TABLE inbox ADD COLUMN lease_owner TEXT;
+ALTER TABLE inbox ADD COLUMN result TEXT;
+";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS inbox (
@@ -264,7 +273,11 @@ CREATE TABLE IF NOT EXISTS inbox (
     last_error     TEXT,
     body_encoding  TEXT NOT NULL,
     body_len       INTEGER NOT NULL,
-    body           BLOB NOT NULL
+    body           BLOB NOT NULL,
+    last_error_class TEXT,
+    lease_until_ms INTEGER,
+    lease_owner    TEXT,
+    result         TEXT
 );
 CREATE INDEX IF NOT EXISTS inbox_by_state ON inbox(state, received_at_ms);
 CREATE INDEX IF NOT EXISTS inbox_by_received ON inbox(received_at_ms);
@@ -323,6 +336,9 @@ fn open_writer(path: &Path) -> Result<Connection, DbError> {
         SCHEMA_VERSION => {}
         0 => conn.execute_batch(&format!(
             "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))?,
+        1 => conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {MIGRATE_1_TO_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))?,
         other => {
             return Err(DbError::Unavailable(format!(
@@ -528,12 +544,15 @@ fn exec(conn: &Connection, sql: &str) -> Result<(), DbError> {
 const ITEM_COLUMNS: &str =
     "pk, provider, tenant, event_id, event_type, object_id, object_version, \
      occurred_at, delivery_id, state, source, attempts, received_at_ms, updated_at_ms, expires_at, \
-     enqueue_failed, last_error, body_encoding, body_len, body";
+     enqueue_failed, last_error, body_encoding, body_len, body, last_error_class, lease_until_ms, \
+     lease_owner, result";
 
 const INSERT_ITEM: &str = "INSERT INTO inbox (pk, provider, tenant, event_id, event_type, object_id, \
      object_version, occurred_at, delivery_id, state, source, attempts, received_at_ms, updated_at_ms, \
-     expires_at, enqueue_failed, last_error, body_encoding, body_len, body) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) \
+     expires_at, enqueue_failed, last_error, body_encoding, body_len, body, last_error_class, \
+     lease_until_ms, lease_owner, result) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, \
+     ?21, ?22, ?23, ?24) \
      ON CONFLICT(pk) DO NOTHING";
 
 fn get_item(conn: &Connection, pk: &str) -> Result<Option<InboxItem>, DbError> {
@@ -581,6 +600,10 @@ fn item_from_row(row: &Row<'_>) -> Result<InboxItem, DbError> {
             DbError::Corrupt(format!("inbox item {pk}: body_len {body_len} out of range"))
         })?,
         body: row.get(19)?,
+        last_error_class: row.get(20)?,
+        lease_until_ms: row.get(21)?,
+        lease_owner: row.get(22)?,
+        result: row.get(23)?,
         key: InboxKey::from_stored(pk),
     })
 }
@@ -610,6 +633,10 @@ fn put_item(conn: &Connection, item: &InboxItem) -> Result<PutOutcome, DbError> 
         item.body_encoding,
         body_len,
         item.body,
+        item.last_error_class,
+        item.lease_until_ms,
+        item.lease_owner,
+        item.result,
     ])?;
     if inserted == 1 {
         return Ok(PutOutcome::Inserted);
@@ -689,6 +716,126 @@ impl Inbox for EmbeddedStore {
                 "UPDATE inbox SET enqueue_failed = 1 WHERE pk = ?1 AND state = 'received'",
             )?
             .execute([&pk])?;
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Processing (claim / finish under a lease)
+
+/// Claim: the item is waiting, or held by a lease that ran out (`?4` = now). The
+/// condition sits in the WHERE clause and the row comes back through RETURNING: one
+/// statement, inside the writer's transaction.
+const CLAIM_ITEM: &str = "UPDATE inbox SET state = 'processing', lease_owner = ?2, \
+     lease_until_ms = ?3, updated_at_ms = ?4, attempts = attempts + 1 \
+     WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable') \
+     OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?4)))";
+
+const FINISH_ITEM: &str = "UPDATE inbox SET state = ?3, updated_at_ms = ?4, \
+     last_error_class = COALESCE(?5, last_error_class), last_error = COALESCE(?6, last_error), \
+     result = COALESCE(?7, result), lease_owner = NULL, lease_until_ms = NULL \
+     WHERE pk = ?1 AND state = 'processing' AND lease_owner = ?2";
+
+const MARK_DEAD_LETTER: &str = "UPDATE inbox SET state = 'dead_letter', last_error = ?2, \
+     updated_at_ms = ?3, lease_owner = NULL, lease_until_ms = NULL \
+     WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable') \
+     OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?3)))";
+
+fn claim_item(
+    conn: &Connection,
+    pk: &str,
+    owner: &str,
+    now_ms: i64,
+    lease_ms: i64,
+) -> Result<ClaimOutcome, DbError> {
+    let sql = format!("{CLAIM_ITEM} RETURNING {ITEM_COLUMNS}");
+    let claimed = {
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query(params![pk, owner, now_ms.saturating_add(lease_ms), now_ms])?;
+        match rows.next()? {
+            Some(row) => Some(item_from_row(row)?),
+            None => None,
+        }
+    };
+    if let Some(item) = claimed {
+        return Ok(ClaimOutcome::Claimed(Box::new(item)));
+    }
+    // Why not, read in the same transaction.
+    let found: Option<(String, Option<i64>)> = conn
+        .prepare_cached("SELECT state, lease_until_ms FROM inbox WHERE pk = ?1")?
+        .query_row([pk], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((state, lease_until_ms)) = found else {
+        return Ok(ClaimOutcome::Missing);
+    };
+    let state = InboxState::parse(&state)
+        .ok_or_else(|| DbError::Corrupt(format!("inbox item {pk}: unknown state {state:?}")))?;
+    match (state, lease_until_ms) {
+        (s, _) if s.is_terminal() => Ok(ClaimOutcome::Finished(s)),
+        (InboxState::Processing, Some(until_ms)) => Ok(ClaimOutcome::Leased { until_ms }),
+        (s, _) => Err(DbError::Corrupt(format!(
+            "inbox item {pk}: claim refused in state {s}"
+        ))),
+    }
+}
+
+fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<bool, DbError> {
+    let changed = conn.prepare_cached(FINISH_ITEM)?.execute(params![
+        pk,
+        owner,
+        f.state.as_str(),
+        f.now_ms,
+        f.error_class,
+        f.error,
+        f.result,
+    ])?;
+    Ok(changed == 1)
+}
+
+#[async_trait]
+impl InboxProcessing for EmbeddedStore {
+    async fn claim(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let pk = key.as_str().to_string();
+        let owner = owner.to_string();
+        Ok(self
+            .write(move |conn| claim_item(conn, &pk, &owner, now_ms, lease_ms))
+            .await?)
+    }
+
+    async fn finish(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        let pk = key.as_str().to_string();
+        let owner = owner.to_string();
+        let finish = finish.clone();
+        Ok(self
+            .write(move |conn| finish_item(conn, &pk, &owner, &finish))
+            .await?)
+    }
+
+    async fn mark_dead_letter(
+        &self,
+        key: &InboxKey,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let pk = key.as_str().to_string();
+        let reason = reason.to_string();
+        self.write(move |conn| {
+            conn.prepare_cached(MARK_DEAD_LETTER)?
+                .execute(params![pk, reason, now_ms])?;
             Ok(())
         })
         .await?;
@@ -932,6 +1079,22 @@ impl Queue for EmbeddedStore {
         self.receive_from(Table::Queue, max, visibility).await
     }
 
+    /// Straight into the dead-letter table, visible there at once.
+    async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        let body =
+            serde_json::to_string(message).map_err(|e| QueueError::Malformed(e.to_string()))?;
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO dead_letter (body, visible_at_ms, receive_count, receipt, sent_at_ms) \
+                 VALUES (?1, ?2, 0, NULL, ?2)",
+            )?
+            .execute(params![body, now_millis()])?;
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
+
     /// A stale receipt (the message was received again since) deletes nothing.
     async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
         let parsed = parse_receipt(receipt)?;
@@ -1000,6 +1163,10 @@ mod tests {
             expires_at: received_at_ms / 1000 + 86_400,
             enqueue_failed: false,
             last_error: None,
+            last_error_class: None,
+            lease_until_ms: None,
+            lease_owner: None,
+            result: None,
             body_encoding: "zstd".into(),
             body_len: 42,
             body: format!("body of {event_id}").into_bytes(),
@@ -1099,6 +1266,239 @@ mod tests {
             matches!(err, StoreError::Unavailable(ref m) if m.contains("schema version 99")),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_version_1_file_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1_schema = SCHEMA.replace(
+            ",\n    last_error_class TEXT,\n    lease_until_ms INTEGER,\n    lease_owner    TEXT,\n    result         TEXT",
+            "",
+        );
+        assert_ne!(v1_schema, SCHEMA);
+        let a = item("p", "t", "old", 1);
+        {
+            let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+            raw.execute_batch(&format!("{v1_schema} PRAGMA user_version = 1;"))
+                .unwrap();
+            raw.execute(
+                "INSERT INTO inbox (pk, provider, tenant, event_id, event_type, state, source, \
+                 attempts, received_at_ms, updated_at_ms, expires_at, enqueue_failed, \
+                 body_encoding, body_len, body) \
+                 VALUES (?1, 'p', 't', 'old', ?2, 'queued', 'webhook', 0, 1, 1, 86400, 0, 'zstd', 42, ?3)",
+                params![a.key.as_str(), a.envelope.event_type, a.body],
+            )
+            .unwrap();
+        }
+        let store = open(dir.path());
+        let stored = store.get(&a.key).await.unwrap().unwrap();
+        assert_eq!(stored.state, InboxState::Queued);
+        assert_eq!((stored.lease_owner, stored.result), (None, None));
+        assert!(matches!(
+            store.claim(&a.key, "w1", 10, 1_000).await.unwrap(),
+            ClaimOutcome::Claimed(_)
+        ));
+        let raw = Connection::open(store.path()).unwrap();
+        let version: i64 = raw
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    fn finish(state: InboxState, now_ms: i64) -> Finish {
+        Finish {
+            state,
+            error_class: None,
+            error: None,
+            result: None,
+            now_ms,
+        }
+    }
+
+    #[tokio::test]
+    async fn claim_leases_and_finish_releases() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let a = item("stripe", "acme", "evt_claim", 1_000);
+        store.put_new(&a).await.unwrap();
+        store.send(&msg(&a)).await.unwrap();
+
+        // Fresh: claimed with the body, attempts 1, leased to w1.
+        let claimed = match store.claim(&a.key, "w1", 10_000, 30_000).await.unwrap() {
+            ClaimOutcome::Claimed(item) => item,
+            other => panic!("expected a claim, got {other:?}"),
+        };
+        assert_eq!(claimed.body, a.body);
+        assert_eq!(claimed.state, InboxState::Processing);
+        assert_eq!(claimed.attempts, 1);
+        assert_eq!(claimed.lease_owner.as_deref(), Some("w1"));
+        assert_eq!(claimed.lease_until_ms, Some(40_000));
+        assert_eq!(claimed.updated_at_ms, 10_000);
+
+        // Leased: another worker (or the same one again) is refused until it runs out.
+        for (owner, now) in [("w2", 10_001), ("w1", 39_999)] {
+            assert_eq!(
+                store.claim(&a.key, owner, now, 30_000).await.unwrap(),
+                ClaimOutcome::Leased { until_ms: 40_000 }
+            );
+        }
+        // Expired (w1 crashed): w2 claims, attempts 2.
+        let again = match store.claim(&a.key, "w2", 40_000, 30_000).await.unwrap() {
+            ClaimOutcome::Claimed(item) => item,
+            other => panic!("expected a claim, got {other:?}"),
+        };
+        assert_eq!(again.attempts, 2);
+        assert_eq!(again.lease_owner.as_deref(), Some("w2"));
+
+        // The old owner can no longer finish.
+        assert!(!store
+            .finish(&a.key, "w1", &finish(InboxState::Completed, 41_000))
+            .await
+            .unwrap());
+        let mut done = finish(InboxState::Completed, 41_000);
+        done.result = Some("counter +1".into());
+        assert!(store.finish(&a.key, "w2", &done).await.unwrap());
+        let stored = store.get(&a.key).await.unwrap().unwrap();
+        assert_eq!(stored.state, InboxState::Completed);
+        assert_eq!(stored.result.as_deref(), Some("counter +1"));
+        assert_eq!((stored.lease_owner, stored.lease_until_ms), (None, None));
+        assert_eq!(stored.updated_at_ms, 41_000);
+        // Finished twice: the lease is gone.
+        assert!(!store.finish(&a.key, "w2", &done).await.unwrap());
+
+        assert_eq!(
+            store.claim(&a.key, "w3", 99_000, 30_000).await.unwrap(),
+            ClaimOutcome::Finished(InboxState::Completed)
+        );
+        let missing = InboxKey::new("stripe", "acme", "nope");
+        assert_eq!(
+            store.claim(&missing, "w3", 99_000, 30_000).await.unwrap(),
+            ClaimOutcome::Missing
+        );
+    }
+
+    #[tokio::test]
+    async fn retryable_keeps_errors_and_is_claimable_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let a = item("p", "t", "evt_retry", 1);
+        store.put_new(&a).await.unwrap();
+        assert!(matches!(
+            store.claim(&a.key, "w1", 100, 1_000).await.unwrap(),
+            ClaimOutcome::Claimed(_)
+        ));
+        let retry = Finish {
+            state: InboxState::Retryable,
+            error_class: Some("transient".into()),
+            error: Some("waiting: payment first".into()),
+            result: None,
+            now_ms: 200,
+        };
+        assert!(store.finish(&a.key, "w1", &retry).await.unwrap());
+        let claimed = match store.claim(&a.key, "w2", 300, 1_000).await.unwrap() {
+            ClaimOutcome::Claimed(item) => item,
+            other => panic!("expected a claim, got {other:?}"),
+        };
+        assert_eq!(claimed.attempts, 2);
+        assert_eq!(claimed.last_error_class.as_deref(), Some("transient"));
+        // Completing without an error keeps the last one for support.
+        assert!(store
+            .finish(&a.key, "w2", &finish(InboxState::Completed, 400))
+            .await
+            .unwrap());
+        let stored = store.get(&a.key).await.unwrap().unwrap();
+        assert_eq!(stored.state, InboxState::Completed);
+        assert_eq!(stored.last_error.as_deref(), Some("waiting: payment first"));
+    }
+
+    #[tokio::test]
+    async fn mark_dead_letter_spares_terminal_and_live_items() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let waiting = item("p", "t", "waiting", 1);
+        let live = item("p", "t", "live", 2);
+        let done = item("p", "t", "done", 3);
+        for it in [&waiting, &live, &done] {
+            store.put_new(it).await.unwrap();
+        }
+        store.claim(&live.key, "w1", 100, 10_000).await.unwrap();
+        store.claim(&done.key, "w1", 100, 10_000).await.unwrap();
+        assert!(store
+            .finish(&done.key, "w1", &finish(InboxState::Completed, 150))
+            .await
+            .unwrap());
+        for it in [&waiting, &live, &done] {
+            store
+                .mark_dead_letter(&it.key, "redriven after 5 receives", 200)
+                .await
+                .unwrap();
+        }
+        store
+            .mark_dead_letter(&InboxKey::new("p", "t", "missing"), "x", 200)
+            .await
+            .unwrap();
+        let state = |it: &InboxItem| {
+            let key = it.key.clone();
+            let store = &store;
+            async move { store.get(&key).await.unwrap().unwrap() }
+        };
+        let w = state(&waiting).await;
+        assert_eq!(w.state, InboxState::DeadLetter);
+        assert_eq!(w.last_error.as_deref(), Some("redriven after 5 receives"));
+        assert_eq!(state(&live).await.state, InboxState::Processing);
+        assert_eq!(state(&done).await.state, InboxState::Completed);
+        // Once the lease ran out, the stuck item is marked too.
+        store
+            .mark_dead_letter(&live.key, "redriven", 20_000)
+            .await
+            .unwrap();
+        let l = state(&live).await;
+        assert_eq!(l.state, InboxState::DeadLetter);
+        assert_eq!(l.lease_owner, None);
+    }
+
+    #[tokio::test]
+    async fn send_dead_letter_goes_straight_to_the_dlq() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let a = item("p", "t", "dead", 1);
+        store.send_dead_letter(&msg(&a)).await.unwrap();
+        assert!(store.receive(10, Duration::ZERO).await.unwrap().is_empty());
+        let dead = store
+            .receive_dead_letters(10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].message, msg(&a));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_claims_hand_out_one_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open(dir.path()));
+        let a = item("p", "t", "race", 1);
+        store.put_new(&a).await.unwrap();
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let store = store.clone();
+                let key = a.key.clone();
+                tokio::spawn(async move {
+                    store
+                        .claim(&key, &format!("w{i}"), 1_000, 30_000)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut claimed = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                ClaimOutcome::Claimed(_) => claimed += 1,
+                ClaimOutcome::Leased { until_ms } => assert_eq!(until_ms, 31_000),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(claimed, 1);
     }
 
     #[tokio::test]

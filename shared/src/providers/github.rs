@@ -2,11 +2,9 @@
 //! The legacy SHA-1 `X-Hub-Signature` is never accepted on its own (downgrade
 //! protection). Nothing time-related is signed; `X-GitHub-Delivery` is the stable id.
 
-use std::borrow::Cow;
+use http::HeaderName;
 
-use serde::Deserialize;
-
-use super::sig::{self, LooseStr};
+use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -14,35 +12,16 @@ use crate::request::WebhookRequest;
 
 pub struct GitHub;
 
-const SIGNATURE: &str = "X-Hub-Signature-256";
-const DELIVERY: &str = "X-GitHub-Delivery";
-const EVENT: &str = "X-GitHub-Event";
-
-#[derive(Deserialize)]
-struct Payload<'a> {
-    #[serde(borrow)]
-    action: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    repository: Option<Repository<'a>>,
-    #[serde(borrow)]
-    installation: Option<Installation<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Repository<'a> {
-    #[serde(borrow, default)]
-    full_name: LooseStr<'a>,
-}
-
-#[derive(Deserialize)]
-struct Installation<'a> {
-    #[serde(borrow, default)]
-    id: LooseStr<'a>,
-}
+const SIGNATURE: &str = "x-hub-signature-256";
+static SIGNATURE_256: HeaderName = HeaderName::from_static(SIGNATURE);
+static SIGNATURE_SHA1: HeaderName = HeaderName::from_static("x-hub-signature");
+static DELIVERY: HeaderName = HeaderName::from_static("x-github-delivery");
+static EVENT: HeaderName = HeaderName::from_static("x-github-event");
 
 fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
     let mut out = Vec::with_capacity(1);
-    for value in sig::header_values(request, SIGNATURE)? {
+    for value in sig::header_values(request, &SIGNATURE_256) {
+        let value = value?;
         if value.is_empty() {
             return Err(ProviderError::MalformedHeader(SIGNATURE, "empty value"));
         }
@@ -64,9 +43,10 @@ fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
 }
 
 fn is_form_encoded(request: &WebhookRequest) -> bool {
-    let ct = request.header("content-type").unwrap_or_default();
-    ct.to_ascii_lowercase()
-        .contains("application/x-www-form-urlencoded")
+    const FORM: &[u8] = b"application/x-www-form-urlencoded";
+    let ct = request.headers.get(http::header::CONTENT_TYPE);
+    let ct = ct.map(|v| v.as_bytes()).unwrap_or_default();
+    ct.windows(FORM.len()).any(|w| w.eq_ignore_ascii_case(FORM))
         || request.body.starts_with(b"payload=")
 }
 
@@ -76,26 +56,32 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
             "form-encoded GitHub payloads are not supported; configure content type application/json",
         ));
     }
-    let delivery = sig::single_header(request, DELIVERY)?
+    let delivery = sig::single_header(request, &DELIVERY)?
         .ok_or_else(|| sig::payload_error("missing X-GitHub-Delivery header"))?;
     sig::check_event_id(delivery)?;
-    let event = sig::single_header(request, EVENT)?
+    let event = sig::single_header(request, &EVENT)?
         .ok_or_else(|| sig::payload_error("missing X-GitHub-Event header"))?;
-    let p: Payload = sig::parse_json_object(&request.body)?;
-    let event_type = match p.action.as_deref() {
+    let [action, repo, installation] = sig::json_fields(
+        &request.body,
+        [
+            &["action"],
+            &["repository", "full_name"],
+            &["installation", "id"],
+        ],
+    )?;
+    let event_type = match action.and_then(Raw::str).as_deref() {
         Some(action) if !action.is_empty() => format!("{event}.{action}"),
         _ => event.to_owned(),
     };
-    let object_id = p
-        .repository
-        .and_then(|r| r.full_name.into_string())
-        .or_else(|| p.installation.and_then(|i| i.id.into_string()));
+    let object_id = repo
+        .and_then(Raw::text)
+        .or_else(|| installation.and_then(Raw::text));
     Ok(Envelope {
         provider: "github".into(),
         tenant: tenant.tenant.clone(),
         event_id: delivery.to_owned(),
         event_type,
-        object_id,
+        object_id: object_id.map(String::from),
         object_version: None,
         occurred_at: None,
         delivery_id: Some(delivery.to_owned()),
@@ -139,20 +125,14 @@ impl Provider for GitHub {
     ) -> Result<http::HeaderMap, ProviderError> {
         let key = sig::secrets(tenant)?[0].expose().as_bytes();
         let mut h = http::HeaderMap::new();
-        let mut put = |name: &'static str, value: &str| -> Result<(), ProviderError> {
-            h.insert(name, sig::header_value(name, value)?);
-            Ok(())
-        };
         let sha256 = hex::encode(sig::hmac_sha256(key, &[body]));
-        put("x-hub-signature-256", &format!("sha256={sha256}"))?;
+        sig::put(&mut h, &SIGNATURE_256, &format!("sha256={sha256}"))?;
         // GitHub still sends the SHA-1 header; we emit it for realism, never verify it.
-        put(
-            "x-hub-signature",
-            &format!("sha1={}", hex::encode(sig::hmac_sha1(key, &[body]))),
-        )?;
-        put("x-github-delivery", event_id)?;
-        put("x-github-event", tenant.option("event").unwrap_or("ping"))?;
-        put("content-type", "application/json")?;
+        let sha1 = hex::encode(sig::hmac_sha1(key, &[body]));
+        sig::put(&mut h, &SIGNATURE_SHA1, &format!("sha1={sha1}"))?;
+        sig::put(&mut h, &DELIVERY, event_id)?;
+        sig::put(&mut h, &EVENT, tenant.option("event").unwrap_or("ping"))?;
+        sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
     }
 }
@@ -380,9 +360,7 @@ mod tests {
         let broken = r#"{"action":"opened""#;
         assert_eq!(
             verify(headers(&[&sig256("s", broken)]), broken, &t),
-            Err(sig::payload_error(
-                "body is not valid JSON (line 1, column 18)"
-            ))
+            Err(sig::payload_error("body is not valid JSON (byte 18)"))
         );
     }
 

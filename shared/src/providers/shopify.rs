@@ -3,9 +3,9 @@
 //! The Events preview sends the same headers without the `X-` prefix; both are read.
 
 use base64::Engine as _;
-use serde::Deserialize;
+use http::HeaderName;
 
-use super::sig::{self, LooseStr};
+use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -13,33 +13,35 @@ use crate::request::WebhookRequest;
 
 pub struct Shopify;
 
-const HMAC: [&str; 2] = ["X-Shopify-Hmac-Sha256", "shopify-hmac-sha256"];
-const TOPIC: [&str; 2] = ["X-Shopify-Topic", "shopify-topic"];
-const SHOP: [&str; 2] = ["X-Shopify-Shop-Domain", "shopify-shop-domain"];
-const EVENT_ID: [&str; 2] = ["X-Shopify-Event-Id", "shopify-event-id"];
-const WEBHOOK_ID: [&str; 2] = ["X-Shopify-Webhook-Id", "shopify-webhook-id"];
-const TRIGGERED_AT: [&str; 2] = ["X-Shopify-Triggered-At", "shopify-triggered-at"];
-const DEFAULT_TOPIC: &str = "orders/create";
-
-#[derive(Deserialize)]
-struct Resource<'a> {
-    #[serde(borrow, default)]
-    id: LooseStr<'a>,
-    #[serde(borrow, default)]
-    updated_at: LooseStr<'a>,
+/// Each header under its classic name and its Events-preview name.
+macro_rules! names {
+    ($classic:literal, $preview:literal) => {
+        [
+            HeaderName::from_static($classic),
+            HeaderName::from_static($preview),
+        ]
+    };
 }
+static HMAC: [HeaderName; 2] = names!("x-shopify-hmac-sha256", "shopify-hmac-sha256");
+static TOPIC: [HeaderName; 2] = names!("x-shopify-topic", "shopify-topic");
+static SHOP: [HeaderName; 2] = names!("x-shopify-shop-domain", "shopify-shop-domain");
+static EVENT_ID: [HeaderName; 2] = names!("x-shopify-event-id", "shopify-event-id");
+static WEBHOOK_ID: [HeaderName; 2] = names!("x-shopify-webhook-id", "shopify-webhook-id");
+static TRIGGERED_AT: [HeaderName; 2] = names!("x-shopify-triggered-at", "shopify-triggered-at");
+const DEFAULT_TOPIC: &str = "orders/create";
 
 /// Signature candidates from both header name sets; API Gateway may comma-join
 /// repeats, and base64 never contains a comma.
 fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
     let mut out = Vec::with_capacity(1);
-    for name in HMAC {
-        for value in sig::header_values(request, name)? {
+    for name in &HMAC {
+        for value in sig::header_values(request, name) {
+            let value = value?;
             if value.is_empty() {
-                return Err(ProviderError::MalformedHeader(name, "empty value"));
+                return Err(ProviderError::MalformedHeader(name.as_str(), "empty value"));
             }
             for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                out.push(sig::decode_base64(name, part)?);
+                out.push(sig::decode_base64(name.as_str(), part)?);
             }
         }
     }
@@ -62,15 +64,15 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
     // Event-Id is shared by every topic of one merchant action, so scope it.
     let event_id = format!("{shop}:{topic}:{event}");
     sig::check_event_id(&event_id)?;
-    let resource: Resource = sig::parse_json_object(&request.body)?;
+    let [id, updated_at] = sig::json_fields(&request.body, [&["id"], &["updated_at"]])?;
     let triggered = sig::single_header_of(request, &TRIGGERED_AT)?;
     Ok(Envelope {
         provider: "shopify".into(),
         tenant: tenant.tenant.clone(),
         event_id,
         event_type: topic.to_owned(),
-        object_id: resource.id.into_string(),
-        object_version: resource.updated_at.into_string(),
+        object_id: id.and_then(Raw::text).map(String::from),
+        object_version: updated_at.and_then(Raw::text).map(String::from),
         occurred_at: triggered.and_then(sig::parse_rfc3339),
         delivery_id: sig::single_header_of(request, &WEBHOOK_ID)?.map(str::to_owned),
     })
@@ -90,7 +92,7 @@ impl Provider for Shopify {
         let secrets = sig::secrets(tenant)?;
         let candidates = candidates(request)?;
         if candidates.is_empty() {
-            return Err(ProviderError::MissingHeader(HMAC[0]));
+            return Err(ProviderError::MissingHeader(HMAC[0].as_str()));
         }
         let body = &request.body[..];
         sig::verify_any(secrets, &candidates, |s| {
@@ -118,17 +120,13 @@ impl Provider for Shopify {
         };
         let topic = tenant.option("topic").unwrap_or(DEFAULT_TOPIC);
         let mut h = http::HeaderMap::new();
-        let mut put = |name: &'static str, value: &str| -> Result<(), ProviderError> {
-            h.insert(name, sig::header_value(name, value)?);
-            Ok(())
-        };
-        put("x-shopify-hmac-sha256", &sig::B64.encode(mac))?;
-        put("x-shopify-topic", topic)?;
-        put("x-shopify-shop-domain", &shop)?;
-        put("x-shopify-event-id", event_id)?;
-        put("x-shopify-webhook-id", &format!("{event_id}-{now_secs}"))?;
-        put("x-shopify-triggered-at", &sig::format_rfc3339(now_secs))?;
-        put("content-type", "application/json")?;
+        sig::put(&mut h, &HMAC[0], &sig::B64.encode(mac))?;
+        sig::put(&mut h, &TOPIC[0], topic)?;
+        sig::put(&mut h, &SHOP[0], &shop)?;
+        sig::put(&mut h, &EVENT_ID[0], event_id)?;
+        sig::put(&mut h, &WEBHOOK_ID[0], &format!("{event_id}-{now_secs}"))?;
+        sig::put(&mut h, &TRIGGERED_AT[0], &sig::format_rfc3339(now_secs))?;
+        sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
     }
 }
@@ -279,17 +277,17 @@ mod tests {
         let t = tenant(&["hush"]);
         assert_eq!(
             verify(headers(&[]), BODY, &t),
-            Err(ProviderError::MissingHeader("X-Shopify-Hmac-Sha256"))
+            Err(ProviderError::MissingHeader("x-shopify-hmac-sha256"))
         );
         assert_eq!(
             verify(headers(&[""]), BODY, &t),
             Err(ProviderError::MalformedHeader(
-                "X-Shopify-Hmac-Sha256",
+                "x-shopify-hmac-sha256",
                 "empty value"
             ))
         );
         let garbled = ProviderError::MalformedHeader(
-            "X-Shopify-Hmac-Sha256",
+            "x-shopify-hmac-sha256",
             "signature is not valid base64",
         );
         assert_eq!(verify(headers(&["%%%"]), BODY, &t), Err(garbled));
@@ -307,7 +305,7 @@ mod tests {
         assert_eq!(
             verify(h, BODY, &t),
             Err(ProviderError::MalformedHeader(
-                "X-Shopify-Hmac-Sha256",
+                "x-shopify-hmac-sha256",
                 "value is not visible ASCII"
             ))
         );
@@ -363,7 +361,7 @@ mod tests {
         assert_eq!(
             verify(h, BODY, &t),
             Err(ProviderError::MalformedHeader(
-                "X-Shopify-Event-Id",
+                "x-shopify-event-id",
                 "repeated with different values"
             ))
         );

@@ -3,12 +3,12 @@
 //! cheap JSON extraction. Error messages never contain secrets or body bytes.
 
 use std::borrow::Cow;
-use std::fmt;
 
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use hmac::{Hmac, Mac};
+use http::HeaderName;
 use sha1::Sha1;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
@@ -118,20 +118,20 @@ pub fn verify_any<M: AsRef<[u8]>>(
     })
 }
 
+/// A header name built once in a `static` (`HeaderName::from_static`), so lookups do
+/// not parse names per request. Errors report its lower-case spelling.
+pub type Name = &'static HeaderName;
+
 /// All values of a header (repeated headers kept), each must be visible ASCII.
 pub fn header_values<'a>(
     req: &'a WebhookRequest,
-    name: &'static str,
-) -> Result<Vec<&'a str>, ProviderError> {
-    req.headers
-        .get_all(name)
-        .iter()
-        .map(|v| {
-            v.to_str()
-                .map(str::trim)
-                .map_err(|_| ProviderError::MalformedHeader(name, "value is not visible ASCII"))
+    name: Name,
+) -> impl Iterator<Item = Result<&'a str, ProviderError>> + 'a {
+    req.headers.get_all(name).iter().map(move |v| {
+        v.to_str().map(str::trim).map_err(|_| {
+            ProviderError::MalformedHeader(name.as_str(), "value is not visible ASCII")
         })
-        .collect()
+    })
 }
 
 /// A header that must have one value. Repeats (separate or comma-joined by API
@@ -139,10 +139,11 @@ pub fn header_values<'a>(
 /// value whose parts differ is kept whole, since ids may legitimately contain commas.
 pub fn single_header<'a>(
     req: &'a WebhookRequest,
-    name: &'static str,
+    name: Name,
 ) -> Result<Option<&'a str>, ProviderError> {
     let mut found: Option<&str> = None;
-    for raw in header_values(req, name)? {
+    for raw in header_values(req, name) {
+        let raw = raw?;
         let mut parts = raw.split(',').map(str::trim);
         let first = parts.next().unwrap_or_default();
         let value = if parts.all(|p| p == first) {
@@ -151,12 +152,12 @@ pub fn single_header<'a>(
             raw
         };
         if value.is_empty() {
-            return Err(ProviderError::MalformedHeader(name, "empty value"));
+            return Err(ProviderError::MalformedHeader(name.as_str(), "empty value"));
         }
         match found {
             Some(prev) if prev != value => {
                 return Err(ProviderError::MalformedHeader(
-                    name,
+                    name.as_str(),
                     "repeated with different values",
                 ))
             }
@@ -166,11 +167,10 @@ pub fn single_header<'a>(
     Ok(found)
 }
 
-/// The first of several header names that is present (e.g. `webhook-id` / `svix-id`),
-/// with the name that matched for error messages.
+/// The first of several header names that is present (e.g. `webhook-id` / `svix-id`).
 pub fn single_header_of<'a>(
     req: &'a WebhookRequest,
-    names: &[&'static str],
+    names: &'static [HeaderName],
 ) -> Result<Option<&'a str>, ProviderError> {
     for name in names {
         if let Some(v) = single_header(req, name)? {
@@ -178,6 +178,42 @@ pub fn single_header_of<'a>(
         }
     }
     Ok(None)
+}
+
+/// Insert a generated header, mapping invalid characters to a clean error.
+pub fn put(headers: &mut http::HeaderMap, name: Name, value: &str) -> Result<(), ProviderError> {
+    let value = http::HeaderValue::from_str(value).map_err(|_| {
+        ProviderError::MalformedHeader(name.as_str(), "value cannot be sent as a header")
+    })?;
+    headers.insert(name, value);
+    Ok(())
+}
+
+/// `n` in decimal on the stack: signed content embeds timestamps on every request.
+pub struct Decimal {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    pub fn new(mut n: u64) -> Self {
+        let mut d = Decimal {
+            buf: [b'0'; 20],
+            start: 20,
+        };
+        loop {
+            d.start -= 1;
+            d.buf[d.start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return d;
+            }
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
 }
 
 /// Event ids become part of the inbox key: non-empty, bounded, no control characters.
@@ -214,7 +250,9 @@ impl<'a> Raw<'a> {
     pub fn str(self) -> Option<Cow<'a, str>> {
         let inner = self.0.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
         if inner.contains(&b'\\') {
-            return serde_json::from_slice::<String>(self.0).ok().map(Cow::Owned);
+            return serde_json::from_slice::<String>(self.0)
+                .ok()
+                .map(Cow::Owned);
         }
         std::str::from_utf8(inner).ok().map(Cow::Borrowed)
     }
@@ -248,9 +286,10 @@ fn not_json(at: usize) -> ProviderError {
 }
 
 /// Find the values at `paths` (e.g. `&["data", "object", "id"]`) in a JSON object body.
-/// Objects on the paths are walked exactly; everything else is skipped structurally,
-/// so literals inside skipped values are not validated. Errors name a byte offset or a
-/// path, never body content. A key repeated on a wanted path is an error (ambiguous).
+/// Objects on the paths are walked exactly until everything wanted in them is found;
+/// all other values, and the rest of an object once done, are skipped structurally,
+/// so literals there are not validated. Errors name a byte offset or a path, never
+/// body content. A wanted key repeated while its object is walked is an error.
 pub fn json_fields<'a, const N: usize>(
     body: &'a [u8],
     paths: [&[&str]; N],
@@ -262,12 +301,28 @@ pub fn json_fields<'a, const N: usize>(
     }
     let mut out = [None; N];
     let all = if N >= 32 { u32::MAX } else { (1u32 << N) - 1 };
-    cur.object(&paths, 0, all, &mut out)?;
-    cur.ws();
-    if cur.i != body.len() {
-        return Err(not_json(cur.i));
+    let walked = cur.object(&paths, 0, all, &mut out).and_then(|()| {
+        cur.ws();
+        if cur.i == body.len() {
+            Ok(())
+        } else {
+            Err(Bad::At(cur.i))
+        }
+    });
+    match walked {
+        Ok(()) => Ok(out),
+        Err(Bad::At(at)) => Err(not_json(at)),
+        Err(Bad::Duplicate(n)) => Err(payload_error(format!(
+            "duplicate field `{}`",
+            paths[n].join(".")
+        ))),
     }
-    Ok(out)
+}
+
+/// Internal, allocation-free error of the walker.
+enum Bad {
+    At(usize),
+    Duplicate(usize),
 }
 
 struct Cursor<'a> {
@@ -276,53 +331,59 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    #[inline]
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
 
+    #[inline]
     fn ws(&mut self) {
         while matches!(self.peek(), Some(b' ' | b'\n' | b'\r' | b'\t')) {
             self.i += 1;
         }
     }
 
-    fn eat(&mut self, c: u8) -> Result<(), ProviderError> {
+    #[inline]
+    fn eat(&mut self, c: u8) -> Result<(), Bad> {
         self.ws();
         if self.peek() != Some(c) {
-            return Err(not_json(self.i));
+            return Err(Bad::At(self.i));
         }
         self.i += 1;
         Ok(())
     }
 
     /// The string token at the cursor, quotes included.
-    fn string(&mut self) -> Result<&'a [u8], ProviderError> {
+    #[inline]
+    fn string(&mut self) -> Result<&'a [u8], Bad> {
         let start = self.i;
         let mut j = start + 1;
         loop {
-            match self.b.get(j) {
-                Some(b'"') => break,
-                Some(b'\\') => j += 2,
-                Some(_) => j += 1,
-                None => return Err(not_json(start)),
+            j = quote_or_backslash(self.b, j).ok_or(Bad::At(start))?;
+            if self.b[j] == b'"' {
+                break;
             }
+            j += 2;
         }
         self.i = j + 1;
         Ok(&self.b[start..self.i])
     }
 
-    fn value(&mut self) -> Result<&'a [u8], ProviderError> {
+    fn value(&mut self) -> Result<&'a [u8], Bad> {
         self.ws();
         let start = self.i;
         match self.peek() {
             Some(b'"') => return self.string(),
-            Some(b'{' | b'[') => self.i = skip_container(self.b, start).ok_or(not_json(start))?,
+            Some(b'{' | b'[') => self.i = skip_nested(self.b, start, 0).ok_or(Bad::At(start))?,
             Some(b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
-                while matches!(self.peek(), Some(b'-' | b'+' | b'.' | b'0'..=b'9' | b'a'..=b'z' | b'E')) {
+                while matches!(
+                    self.peek(),
+                    Some(b'-' | b'+' | b'.' | b'0'..=b'9' | b'a'..=b'z' | b'E')
+                ) {
                     self.i += 1;
                 }
             }
-            _ => return Err(not_json(start)),
+            _ => return Err(Bad::At(start)),
         }
         Ok(&self.b[start..self.i])
     }
@@ -334,7 +395,7 @@ impl<'a> Cursor<'a> {
         depth: usize,
         active: u32,
         out: &mut [Option<Raw<'a>>; N],
-    ) -> Result<(), ProviderError> {
+    ) -> Result<(), Bad> {
         self.eat(b'{')?;
         self.ws();
         if self.peek() == Some(b'}') {
@@ -344,7 +405,7 @@ impl<'a> Cursor<'a> {
         loop {
             self.ws();
             if self.peek() != Some(b'"') {
-                return Err(not_json(self.i));
+                return Err(Bad::At(self.i));
             }
             let key = self.string()?;
             let key = &key[1..key.len() - 1];
@@ -366,7 +427,7 @@ impl<'a> Cursor<'a> {
                 let v = self.value()?;
                 for (n, slot) in out.iter_mut().enumerate() {
                     if here & (1 << n) != 0 && slot.replace(Raw(v)).is_some() {
-                        return Err(payload_error(format!("duplicate field `{}`", paths[n].join("."))));
+                        return Err(Bad::Duplicate(n));
                     }
                 }
             }
@@ -377,40 +438,46 @@ impl<'a> Cursor<'a> {
                     self.i += 1;
                     return Ok(());
                 }
-                _ => return Err(not_json(self.i)),
+                _ => return Err(Bad::At(self.i)),
+            }
+            // Everything wanted here is found: skim the rest instead of walking it.
+            if (0..N).all(|n| active & (1 << n) == 0 || out[n].is_some()) {
+                self.i = skip_nested(self.b, self.i, 1).ok_or(Bad::At(self.i))?;
+                return Ok(());
             }
         }
     }
+}
+
+/// Index of the next `"` or `\` at or after `from`.
+fn quote_or_backslash(b: &[u8], mut from: usize) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    while let Some(chunk) = b.get(from..from + 16) {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of the x86_64 baseline; the unaligned load reads exactly
+        // the 16 bytes of `chunk`.
+        let hits = unsafe {
+            let v = _mm_loadu_si128(chunk.as_ptr().cast());
+            let q = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+            let bs = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+            _mm_movemask_epi8(_mm_or_si128(q, bs)) as u32
+        };
+        if hits != 0 {
+            return Some(from + hits.trailing_zeros() as usize);
+        }
+        from += 16;
+    }
+    let rest = b.get(from..)?;
+    rest.iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|k| from + k)
 }
 
 /// Bit masks of one 64-byte block: quotes, backslashes, `{`/`[`, `}`/`]`.
-#[cfg(target_arch = "x86_64")]
-fn masks(block: &[u8; 64]) -> [u64; 4] {
-    use std::arch::x86_64::*;
-    let mut m = [0u64; 4];
-    for (k, chunk) in block.chunks_exact(16).enumerate() {
-        // SAFETY: SSE2 is part of the x86_64 baseline; the load is unaligned and reads
-        // exactly the 16 bytes of `chunk`.
-        unsafe {
-            let v = _mm_loadu_si128(chunk.as_ptr().cast());
-            // `[`|0x20 == `{` and `]`|0x20 == `}`; no other byte maps onto those.
-            let folded = _mm_or_si128(v, _mm_set1_epi8(0x20));
-            let hits = [
-                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8)),
-                _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8)),
-                _mm_cmpeq_epi8(folded, _mm_set1_epi8(b'{' as i8)),
-                _mm_cmpeq_epi8(folded, _mm_set1_epi8(b'}' as i8)),
-            ];
-            for (mask, hit) in m.iter_mut().zip(hits) {
-                *mask |= u64::from(_mm_movemask_epi8(hit) as u16) << (16 * k);
-            }
-        }
-    }
-    m
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn masks(block: &[u8; 64]) -> [u64; 4] {
+/// (`[`|0x20 == `{` and `]`|0x20 == `}`; no other byte maps onto those.)
+#[cfg(any(test, not(target_arch = "x86_64")))]
+#[inline(always)]
+fn masks_portable(block: &[u8; 64]) -> [u64; 4] {
     let mut m = [0u64; 4];
     for (i, &c) in block.iter().enumerate() {
         let folded = c | 0x20;
@@ -422,7 +489,80 @@ fn masks(block: &[u8; 64]) -> [u64; 4] {
     m
 }
 
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    macro_rules! classify {
+        ($lanes:expr, $load:ident, $or:ident, $eq:ident, $set1:ident, $movemask:ident, $t:ty, $block:expr) => {{
+            let mut m = [0u64; 4];
+            for (k, chunk) in $block.chunks_exact($lanes).enumerate() {
+                let v = $load(chunk.as_ptr().cast());
+                let folded = $or(v, $set1(0x20));
+                let hits = [
+                    $eq(v, $set1(b'"' as i8)),
+                    $eq(v, $set1(b'\\' as i8)),
+                    $eq(folded, $set1(b'{' as i8)),
+                    $eq(folded, $set1(b'}' as i8)),
+                ];
+                for (mask, hit) in m.iter_mut().zip(hits) {
+                    *mask |= u64::from($movemask(hit) as $t) << ($lanes * k);
+                }
+            }
+            m
+        }};
+    }
+
+    /// SSE2 is part of the x86_64 baseline.
+    #[inline(always)]
+    pub fn masks_sse2(block: &[u8; 64]) -> [u64; 4] {
+        // SAFETY: SSE2 is always available on x86_64; each unaligned load reads exactly
+        // the 16 bytes of its chunk.
+        unsafe {
+            classify!(
+                16,
+                _mm_loadu_si128,
+                _mm_or_si128,
+                _mm_cmpeq_epi8,
+                _mm_set1_epi8,
+                _mm_movemask_epi8,
+                u16,
+                block
+            )
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and PCLMULQDQ.
+    #[target_feature(enable = "avx2,pclmulqdq")]
+    pub unsafe fn skip_avx2(b: &[u8], start: usize, depth: u32) -> Option<usize> {
+        let masks = |block: &[u8; 64]| {
+            // SAFETY: AVX2 is enabled for this function; each unaligned load reads
+            // exactly the 32 bytes of its chunk.
+            unsafe {
+                classify!(
+                    32,
+                    _mm256_loadu_si256,
+                    _mm256_or_si256,
+                    _mm256_cmpeq_epi8,
+                    _mm256_set1_epi8,
+                    _mm256_movemask_epi8,
+                    u32,
+                    block
+                )
+            }
+        };
+        // Carry-less multiplication by all-ones is a prefix XOR in one instruction.
+        let prefix = |x: u64| {
+            let r = _mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0);
+            _mm_cvtsi128_si64(r) as u64
+        };
+        super::skip_with(b, start, depth, masks, prefix)
+    }
+}
+
 /// Bit i set when an odd number of bits at or below i are set in `x`.
+#[inline(always)]
 fn prefix_xor(mut x: u64) -> u64 {
     for shift in [1, 2, 4, 8, 16, 32] {
         x ^= x << shift;
@@ -430,11 +570,47 @@ fn prefix_xor(mut x: u64) -> u64 {
     x
 }
 
-/// Index just past the object or array that opens at `start`, or `None` if it never
-/// closes. Blocks without backslashes are classified with bit tricks; blocks with
-/// escapes (rare) or starting after a pending backslash go byte by byte.
-fn skip_container(b: &[u8], start: usize) -> Option<usize> {
-    let (mut depth, mut in_str, mut escaped) = (0u32, false, false);
+/// Bits of the characters escaped by a backslash in this block (simdjson's escape
+/// scanner): runs of backslashes escape alternately, and a run may continue from the
+/// previous block (`carry`).
+#[inline(always)]
+fn escaped(backslash: u64, carry: &mut u64) -> u64 {
+    const ODD: u64 = 0xAAAA_AAAA_AAAA_AAAA;
+    let potential = backslash & !*carry;
+    // 1 on the code after an odd run and on the escapes inside runs, 0 elsewhere.
+    let code = ((potential << 1) | ODD).wrapping_sub(potential) ^ ODD;
+    let escaped = code ^ (backslash | *carry);
+    *carry = (code & backslash) >> 63;
+    escaped
+}
+
+/// Scan from `start` (outside any string) with `depth` brackets open; return the index
+/// just past the bracket that closes them all. Each 64-byte block is classified with
+/// bit tricks, so cost does not depend on how many strings or escapes it holds.
+fn skip_nested(b: &[u8], start: usize, depth: u32) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+        {
+            // SAFETY: both features were just detected.
+            return unsafe { x86::skip_avx2(b, start, depth) };
+        }
+        skip_with(b, start, depth, x86::masks_sse2, prefix_xor)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    skip_with(b, start, depth, masks_portable, prefix_xor)
+}
+
+#[inline(always)]
+fn skip_with(
+    b: &[u8],
+    start: usize,
+    mut depth: u32,
+    masks: impl Fn(&[u8; 64]) -> [u64; 4],
+    prefix_xor: impl Fn(u64) -> u64,
+) -> Option<usize> {
+    let (mut in_str, mut carry) = (0u64, 0u64);
     let mut pos = start;
     let mut tail = [0u8; 64];
     while pos < b.len() {
@@ -446,53 +622,32 @@ fn skip_container(b: &[u8], start: usize) -> Option<usize> {
                 &tail
             }
         };
-        let [quote, backslash, open, close] = masks(block);
-        if backslash != 0 || escaped {
-            for (k, &c) in block.iter().enumerate() {
-                if escaped {
-                    escaped = false;
-                } else if in_str {
-                    match c {
-                        b'\\' => escaped = true,
-                        b'"' => in_str = false,
-                        _ => {}
-                    }
-                } else {
-                    match c | 0x20 {
-                        _ if c == b'"' => in_str = true,
-                        b'{' => depth += 1,
-                        b'}' => {
-                            depth = depth.checked_sub(1)?;
-                            if depth == 0 {
-                                return Some(pos + k + 1);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        } else {
-            let inside = prefix_xor(quote) ^ if in_str { u64::MAX } else { 0 };
-            let (open, close) = (open & !inside, close & !inside);
-            if close.count_ones() < depth {
-                depth = depth + open.count_ones() - close.count_ones();
-            } else {
-                let mut brackets = open | close;
-                while brackets != 0 {
-                    let k = brackets.trailing_zeros();
-                    brackets &= brackets - 1;
-                    if open & (1 << k) != 0 {
-                        depth += 1;
-                    } else {
-                        depth = depth.checked_sub(1)?;
-                        if depth == 0 {
-                            return Some(pos + k as usize + 1);
-                        }
-                    }
-                }
-            }
-            in_str = inside >> 63 == 1;
+        let [mut quote, backslash, mut open, mut close] = masks(block);
+        if backslash | carry != 0 {
+            let esc = escaped(backslash, &mut carry);
+            (quote, open, close) = (quote & !esc, open & !esc, close & !esc);
         }
+        // Bits from an opening quote up to (not including) its closing quote.
+        let inside = prefix_xor(quote) ^ in_str;
+        let (open, close) = (open & !inside, close & !inside);
+        if close.count_ones() < depth {
+            depth = depth + open.count_ones() - close.count_ones();
+        } else {
+            let mut brackets = open | close;
+            while brackets != 0 {
+                let k = brackets.trailing_zeros();
+                brackets &= brackets - 1;
+                if open & (1 << k) != 0 {
+                    depth += 1;
+                } else {
+                    depth = depth.checked_sub(1)?;
+                    if depth == 0 {
+                        return Some(pos + k as usize + 1);
+                    }
+                }
+            }
+        }
+        in_str = ((inside >> 63) & 1).wrapping_neg();
         pos += 64;
     }
     None
@@ -601,12 +756,6 @@ pub fn format_rfc3339(secs: i64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
-}
-
-/// Build a header value, mapping invalid characters to a clean error.
-pub fn header_value(name: &'static str, v: &str) -> Result<http::HeaderValue, ProviderError> {
-    http::HeaderValue::from_str(v)
-        .map_err(|_| ProviderError::MalformedHeader(name, "value cannot be sent as a header"))
 }
 
 #[cfg(test)]
@@ -723,8 +872,21 @@ mod tests {
 
     #[test]
     fn single_header_handles_repeats() {
+        static N: [HeaderName; 7] = [
+            HeaderName::from_static("x-id"),
+            HeaderName::from_static("x-j"),
+            HeaderName::from_static("x-k"),
+            HeaderName::from_static("x-l"),
+            HeaderName::from_static("x-e"),
+            HeaderName::from_static("x-u"),
+            HeaderName::from_static("x-missing"),
+        ];
+        static FALLBACK: [HeaderName; 2] = [
+            HeaderName::from_static("x-missing"),
+            HeaderName::from_static("x-id"),
+        ];
         let mut h = HeaderMap::new();
-        h.append("x-id", "abc".parse().unwrap());
+        h.append("X-Id", "abc".parse().unwrap());
         h.append("x-id", "abc".parse().unwrap());
         h.append("x-j", "abc,abc".parse().unwrap());
         h.append("x-k", "a,b".parse().unwrap());
@@ -733,31 +895,26 @@ mod tests {
         h.append("x-e", " ".parse().unwrap());
         h.append("x-u", http::HeaderValue::from_bytes(b"\xff").unwrap());
         let r = WebhookRequest::post(h, "");
-        assert_eq!(single_header(&r, "X-Id"), Ok(Some("abc")));
-        assert_eq!(single_header(&r, "x-j"), Ok(Some("abc")));
-        assert_eq!(single_header(&r, "x-k"), Ok(Some("a,b")));
-        assert_eq!(single_header(&r, "x-missing"), Ok(None));
+        let bad = |name, why| Err(ProviderError::MalformedHeader(name, why));
+        assert_eq!(single_header(&r, &N[0]), Ok(Some("abc")));
+        assert_eq!(single_header(&r, &N[1]), Ok(Some("abc")));
+        assert_eq!(single_header(&r, &N[2]), Ok(Some("a,b")));
         assert_eq!(
-            single_header_of(&r, &["x-missing", "x-id"]),
-            Ok(Some("abc"))
+            single_header(&r, &N[3]),
+            bad("x-l", "repeated with different values")
         );
+        assert_eq!(single_header(&r, &N[4]), bad("x-e", "empty value"));
         assert_eq!(
-            single_header(&r, "x-l"),
-            Err(ProviderError::MalformedHeader(
-                "x-l",
-                "repeated with different values"
-            ))
+            single_header(&r, &N[5]),
+            bad("x-u", "value is not visible ASCII")
         );
+        assert_eq!(single_header(&r, &N[6]), Ok(None));
+        assert_eq!(single_header_of(&r, &FALLBACK), Ok(Some("abc")));
+        assert_eq!(Decimal::new(0).as_bytes(), b"0");
+        assert_eq!(Decimal::new(1_700_000_000).as_bytes(), b"1700000000");
         assert_eq!(
-            single_header(&r, "x-e"),
-            Err(ProviderError::MalformedHeader("x-e", "empty value"))
-        );
-        assert_eq!(
-            single_header(&r, "x-u"),
-            Err(ProviderError::MalformedHeader(
-                "x-u",
-                "value is not visible ASCII"
-            ))
+            Decimal::new(u64::MAX).as_bytes(),
+            u64::MAX.to_string().as_bytes()
         );
     }
 
@@ -770,46 +927,163 @@ mod tests {
         assert!(check_event_id("a\nb").is_err());
     }
 
-    #[derive(Debug, Deserialize)]
-    struct Probe<'a> {
-        #[serde(borrow, default)]
-        id: LooseStr<'a>,
-        #[serde(default)]
-        at: LooseTime,
+    #[test]
+    fn json_fields_walks_paths_and_types_loosely() {
+        let body = br#" {"id":"a\"b","at":"2024-01-01T00:00:00Z","x":[1,{"id":2}],
+            "data":{"list":[{"id":"no"}],"object":{"meta":{"id":"no"},"id":12}},"n":-7} "#;
+        let [id, at, nested, n, missing] = json_fields(
+            body,
+            [
+                &["id"],
+                &["at"],
+                &["data", "object", "id"],
+                &["n"],
+                &["data", "id"],
+            ],
+        )
+        .unwrap();
+        assert_eq!(id.and_then(Raw::str).as_deref(), Some("a\"b"));
+        assert_eq!(at.and_then(Raw::time), Some(1_704_067_200));
+        assert_eq!(nested.and_then(Raw::text).as_deref(), Some("12"));
+        assert_eq!(nested.and_then(Raw::str), None);
+        assert_eq!(n.and_then(Raw::time), Some(-7));
+        assert_eq!(missing, None);
+        // Odd types are absent facts, not errors.
+        let [id, at] = json_fields(br#"{"id":{"x":1},"at":"soon"}"#, [&["id"], &["at"]]).unwrap();
+        assert_eq!(
+            (id.and_then(Raw::text), at.and_then(Raw::time)),
+            (None, None)
+        );
+        let [id] = json_fields(br#"{"id":1.5}"#, [&["id"]]).unwrap();
+        assert_eq!(id.and_then(Raw::text), None);
+        // A wanted path through a non-object is simply absent.
+        let [x] = json_fields(br#"{"data":[{"id":1}]}"#, [&["data", "id"]]).unwrap();
+        assert_eq!(x, None);
     }
 
     #[test]
-    fn json_extraction_is_loose_about_optional_fields_and_strict_about_json() {
-        let p: Probe =
-            parse_json_object(br#" {"id":"a\"b","at":"2024-01-01T00:00:00Z","x":[1,{"y":2}]}"#)
-                .unwrap();
-        assert_eq!(p.id.into_string().as_deref(), Some("a\"b"));
-        assert_eq!(p.at, LooseTime(Some(1_704_067_200)));
-        let p: Probe = parse_json_object(br#"{"id":12,"at":1700000000}"#).unwrap();
-        assert_eq!(p.id.into_string().as_deref(), Some("12"));
-        assert_eq!(p.at, LooseTime(Some(1_700_000_000)));
-        let p: Probe = parse_json_object(br#"{"id":{"nested":true},"at":"soon"}"#).unwrap();
-        assert_eq!((p.id, p.at), (LooseStr(None), LooseTime(None)));
+    fn json_fields_rejects_non_objects_broken_json_and_duplicates() {
         for bad in [
             &b"[\"a\"]"[..],
             b"not json",
-            b"{\"id\":",
-            b"{} trailing",
             b"",
+            b"{\"id\":",
+            b"{\"id\":\"x}",
+            b"{} trailing",
+            b"{\"a\":{\"b\":[1,2}}",
+            b"{\"a\":]}",
+            b"{\"a\" 1}",
+            b"{\"a\":1,}",
+            b"{\"a\":[\"\\\"]\"}",
         ] {
             assert!(
                 matches!(
-                    parse_json_object::<Probe>(bad),
+                    json_fields(bad, [&["id"]]),
                     Err(ProviderError::MalformedPayload(_))
                 ),
-                "{bad:?}"
+                "{}",
+                String::from_utf8_lossy(bad)
             );
         }
-        // Duplicate keys are ambiguous: refuse rather than pick one.
-        assert!(parse_json_object::<Probe>(br#"{"id":"a","id":"b"}"#).is_err());
-        // No body content in the message.
-        let err = parse_json_object::<Probe>(br#"{"id":"secretvalue" x}"#).unwrap_err();
+        // A repeated wanted key is ambiguous while we still walk that object...
+        let dup = json_fields(br#"{"id":"a","x":1,"id":"b","t":1}"#, [&["id"], &["t"]]);
+        assert_eq!(dup, Err(payload_error("duplicate field `id`")));
+        let dup = json_fields(
+            br#"{"d":{"id":1},"d":{"id":2},"t":1}"#,
+            [&["d", "id"], &["t"]],
+        );
+        assert_eq!(dup, Err(payload_error("duplicate field `d.id`")));
+        // ...but once everything wanted is found, the rest is only skimmed for structure.
+        let [id] = json_fields(br#"{"id":"a","x":{"y":[1]},"id":"b"}"#, [&["id"]]).unwrap();
+        assert_eq!(id, Some(Raw(b"\"a\"")));
+        let rest = json_fields(br#"{"id":"a","x":{"y":[1}"#, [&["id"]]);
+        assert_eq!(rest, Err(not_json(10)));
+        let err = json_fields(br#"{"id":"secretvalue" x}"#, [&["id"]]).unwrap_err();
         assert!(!err.to_string().contains("secretvalue"), "{err}");
+    }
+
+    /// Byte-by-byte reference for `skip_nested`.
+    fn skip_slow(b: &[u8], start: usize) -> Option<usize> {
+        let (mut depth, mut in_str, mut esc) = (0u32, false, false);
+        for (k, &c) in b.iter().enumerate().skip(start) {
+            if esc {
+                esc = false;
+            } else if c == b'\\' {
+                esc = true;
+            } else if c == b'"' {
+                in_str = !in_str;
+            } else if !in_str && (c | 0x20) == b'{' {
+                depth += 1;
+            } else if !in_str && (c | 0x20) == b'}' {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(k + 1);
+                }
+            }
+        }
+        None
+    }
+
+    /// Every block classifier must agree; returns their common answer.
+    fn variants(b: &[u8]) -> Option<usize> {
+        let portable = skip_with(b, 0, 0, masks_portable, prefix_xor);
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(skip_with(b, 0, 0, x86::masks_sse2, prefix_xor), portable);
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("pclmulqdq")
+            {
+                // SAFETY: features detected.
+                assert_eq!(unsafe { x86::skip_avx2(b, 0, 0) }, portable);
+            }
+        }
+        portable
+    }
+
+    #[test]
+    fn skip_nested_matches_reference_on_random_input() {
+        let alphabet = b"\\\\\"\"{}[]ab";
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            let mut doc = vec![b'['];
+            let len = (seed >> 40) as usize % 300;
+            for _ in 0..len {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                doc.push(alphabet[(seed % alphabet.len() as u64) as usize]);
+            }
+            doc.push(b']');
+            assert_eq!(
+                variants(&doc),
+                skip_slow(&doc, 0),
+                "{}",
+                String::from_utf8_lossy(&doc)
+            );
+        }
+    }
+
+    #[test]
+    fn skip_nested_matches_serde_at_every_block_offset() {
+        let inner = r#"{"s":"q\"uo{te}[","e":"\\","u":"\u00e9","a":[[],{}],"t":true,"n":-1.5e3,"k":{"x":"]"}}"#;
+        for pad in 0..140 {
+            for lead in ["", "\"\\\\\",", "\"x\\\"\","] {
+                let doc = format!(r#"[{lead}"{}",{inner},{inner}]"#, "p".repeat(pad));
+                let b = doc.as_bytes();
+                let want = b.len();
+                assert_eq!(skip_nested(b, 0, 0), Some(want), "pad {pad} lead {lead}");
+                let at = doc.find("{\"s\"").unwrap();
+                let mut it = serde_json::Deserializer::from_slice(&b[at..])
+                    .into_iter::<serde::de::IgnoredAny>();
+                assert!(it.next().is_some_and(|r| r.is_ok()));
+                assert_eq!(
+                    skip_nested(b, at, 0),
+                    Some(at + it.byte_offset()),
+                    "pad {pad}"
+                );
+                assert_eq!(skip_nested(&b[..want - 1], 0, 0), None);
+            }
+        }
     }
 
     #[test]

@@ -5,9 +5,9 @@
 use std::borrow::Cow;
 
 use base64::Engine as _;
-use serde::Deserialize;
+use http::HeaderName;
 
-use super::sig::{self, LooseStr, LooseTime};
+use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -15,9 +15,18 @@ use crate::request::WebhookRequest;
 
 pub struct StandardWebhooks;
 
-const ID: [&str; 2] = ["webhook-id", "svix-id"];
-const TIMESTAMP: [&str; 2] = ["webhook-timestamp", "svix-timestamp"];
-const SIGNATURE: [&str; 2] = ["webhook-signature", "svix-signature"];
+/// Each header under its Standard Webhooks name and its Svix name.
+macro_rules! names {
+    ($standard:literal, $svix:literal) => {
+        [
+            HeaderName::from_static($standard),
+            HeaderName::from_static($svix),
+        ]
+    };
+}
+static ID: [HeaderName; 2] = names!("webhook-id", "svix-id");
+static TIMESTAMP: [HeaderName; 2] = names!("webhook-timestamp", "svix-timestamp");
+static SIGNATURE: [HeaderName; 2] = names!("webhook-signature", "svix-signature");
 
 /// The key bytes: base64 after an optional `whsec_` prefix. A secret that does not
 /// decode cannot produce a valid signature, so it is skipped (`None`).
@@ -32,14 +41,15 @@ fn key(secret: &Secret) -> Option<Vec<u8>> {
 /// Decode every `v1` signature. Entries are space-separated `version,sig`; API Gateway
 /// comma-joins repeated headers (`v1,a,v1,b`), so a token may hold several pairs.
 fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
-    let name = match SIGNATURE.iter().find(|n| request.headers.contains_key(**n)) {
-        Some(n) => *n,
-        None => return Err(ProviderError::MissingHeader(SIGNATURE[0])),
+    let header = match SIGNATURE.iter().find(|n| request.headers.contains_key(*n)) {
+        Some(n) => n,
+        None => return Err(ProviderError::MissingHeader(SIGNATURE[0].as_str())),
     };
+    let name = header.as_str();
     let mut out = Vec::with_capacity(1);
     let mut seen = false;
-    for value in sig::header_values(request, name)? {
-        for token in value.split_ascii_whitespace() {
+    for value in sig::header_values(request, header) {
+        for token in value?.split_ascii_whitespace() {
             seen = true;
             let mut parts = token.split(',');
             while let Some(version) = parts.next() {
@@ -67,25 +77,9 @@ fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
 
 fn required<'a>(
     request: &'a WebhookRequest,
-    names: [&'static str; 2],
+    names: &'static [HeaderName; 2],
 ) -> Result<&'a str, ProviderError> {
-    sig::single_header_of(request, &names)?.ok_or(ProviderError::MissingHeader(names[0]))
-}
-
-#[derive(Deserialize)]
-struct Payload<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(default)]
-    timestamp: LooseTime,
-    #[serde(borrow)]
-    data: Option<Data<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Data<'a> {
-    #[serde(borrow, default)]
-    id: LooseStr<'a>,
+    sig::single_header_of(request, names)?.ok_or(ProviderError::MissingHeader(names[0].as_str()))
 }
 
 impl Provider for StandardWebhooks {
@@ -100,12 +94,13 @@ impl Provider for StandardWebhooks {
         now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
         let secrets = sig::secrets(tenant)?;
-        let id = required(request, ID)?;
-        let ts = sig::parse_unix(TIMESTAMP[0], required(request, TIMESTAMP)?)?;
+        let id = required(request, &ID)?;
+        let ts = sig::parse_unix(TIMESTAMP[0].as_str(), required(request, &TIMESTAMP)?)?;
         let candidates = candidates(request)?;
         sig::check_timestamp(ts, now_secs, tenant.tolerance_secs, false)?;
         let body = &request.body[..];
-        let ts_text = ts.to_string();
+        // parse_unix admits digits only, so the value is non-negative.
+        let ts_text = sig::Decimal::new(ts.unsigned_abs());
         sig::verify_any(secrets, &candidates, |s| {
             let key = key(s)?;
             Some(sig::hmac_sha256(
@@ -115,19 +110,19 @@ impl Provider for StandardWebhooks {
         })?;
 
         sig::check_event_id(id)?;
-        let p: Payload = sig::parse_json_object(body)?;
+        let [kind, timestamp, object_id] =
+            sig::json_fields(body, [&["type"], &["timestamp"], &["data", "id"]])?;
         let envelope = Envelope {
             provider: "standard-webhooks".into(),
             tenant: tenant.tenant.clone(),
             event_id: id.to_owned(),
-            event_type: p
-                .kind
+            event_type: kind
+                .and_then(Raw::str)
                 .filter(|k| !k.is_empty())
-                .unwrap_or(Cow::Borrowed("unknown"))
-                .into_owned(),
-            object_id: p.data.and_then(|d| d.id.into_string()),
+                .map_or_else(|| "unknown".to_owned(), Cow::into_owned),
+            object_id: object_id.and_then(Raw::text).map(Cow::into_owned),
             object_version: None,
-            occurred_at: p.timestamp.0.or(Some(ts)),
+            occurred_at: timestamp.and_then(Raw::time).or(Some(ts)),
             delivery_id: None,
         };
         Ok(vec![VerifiedEvent {
@@ -150,14 +145,14 @@ impl Provider for StandardWebhooks {
             &[event_id.as_bytes(), b".", ts.as_bytes(), b".", body],
         );
         let mut h = http::HeaderMap::new();
-        let mut put = |name: &'static str, value: &str| -> Result<(), ProviderError> {
-            h.insert(name, sig::header_value(name, value)?);
-            Ok(())
-        };
-        put(ID[0], event_id)?;
-        put(TIMESTAMP[0], &ts)?;
-        put(SIGNATURE[0], &format!("v1,{}", sig::B64.encode(mac)))?;
-        put("content-type", "application/json")?;
+        sig::put(&mut h, &ID[0], event_id)?;
+        sig::put(&mut h, &TIMESTAMP[0], &ts)?;
+        sig::put(
+            &mut h,
+            &SIGNATURE[0],
+            &format!("v1,{}", sig::B64.encode(mac)),
+        )?;
+        sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
     }
 }

@@ -3,9 +3,9 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
+use http::HeaderName;
 
-use super::sig::{self, LooseStr, LooseTime};
+use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -13,7 +13,8 @@ use crate::request::WebhookRequest;
 
 pub struct Stripe;
 
-const HEADER: &str = "Stripe-Signature";
+const HEADER: &str = "stripe-signature";
+static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
 
 /// One timestamp with the `v1` signatures that go with it. Normally there is one group;
 /// API Gateway comma-joins a repeated header, which can yield several.
@@ -22,105 +23,108 @@ struct Group {
     sigs: Vec<Vec<u8>>,
 }
 
-fn parse_header(values: &[&str]) -> Result<Vec<Group>, ProviderError> {
-    let mut groups: Vec<Group> = Vec::with_capacity(1);
-    let mut current: Option<usize> = None;
-    let mut orphans = Vec::new(); // `v1` seen before any `t` (order is not guaranteed)
-    for item in values.iter().flat_map(|v| v.split(',')).map(str::trim) {
-        if item.is_empty() {
-            continue;
-        }
-        let Some((key, value)) = item.split_once('=') else {
+/// Parsed `Stripe-Signature` entries. A `v1` listed before any `t` waits in `orphans`
+/// for the next `t` (entry order is not guaranteed).
+#[derive(Default)]
+struct Parsed {
+    groups: Vec<Group>,
+    current: Option<usize>,
+    orphans: Vec<Vec<u8>>,
+}
+
+impl Parsed {
+    fn entry(&mut self, entry: &str) -> Result<(), ProviderError> {
+        let Some((key, value)) = entry.split_once('=') else {
             return Err(ProviderError::MalformedHeader(HEADER, "entry without '='"));
         };
         match key.trim() {
             "t" => {
                 let t = sig::parse_unix(HEADER, value.trim())?;
-                let idx = match groups.iter().position(|g| g.t == t) {
+                let idx = match self.groups.iter().position(|g| g.t == t) {
                     Some(i) => i,
                     None => {
-                        groups.push(Group {
+                        self.groups.push(Group {
                             t,
                             sigs: Vec::new(),
                         });
-                        groups.len() - 1
+                        self.groups.len() - 1
                     }
                 };
-                groups[idx].sigs.append(&mut orphans);
-                current = Some(idx);
+                self.groups[idx].sigs.append(&mut self.orphans);
+                self.current = Some(idx);
             }
             "v1" => {
                 let s = sig::decode_hex(HEADER, value.trim())?;
-                match current {
-                    Some(i) => groups[i].sigs.push(s),
-                    None => orphans.push(s),
+                match self.current {
+                    Some(i) => self.groups[i].sigs.push(s),
+                    None => self.orphans.push(s),
                 }
             }
             // v0 is Stripe's fake test scheme; ignoring other schemes prevents downgrades.
             _ => {}
         }
+        Ok(())
     }
-    if groups.is_empty() {
+}
+
+fn parse_header(request: &WebhookRequest) -> Result<Vec<Group>, ProviderError> {
+    let mut parsed = Parsed::default();
+    let mut present = false;
+    for value in sig::header_values(request, &SIGNATURE) {
+        present = true;
+        for entry in value?.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            parsed.entry(entry)?;
+        }
+    }
+    if !present {
+        return Err(ProviderError::MissingHeader(HEADER));
+    }
+    if parsed.groups.is_empty() {
         return Err(ProviderError::MalformedHeader(HEADER, "no timestamp"));
     }
-    if groups.iter().all(|g| g.sigs.is_empty()) {
+    if parsed.groups.iter().all(|g| g.sigs.is_empty()) {
         return Err(ProviderError::MalformedHeader(HEADER, "no v1 signature"));
     }
-    Ok(groups)
-}
-
-#[derive(Deserialize)]
-struct Event<'a> {
-    #[serde(borrow)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(default)]
-    created: LooseTime,
-    #[serde(borrow, default)]
-    account: LooseStr<'a>,
-    #[serde(borrow)]
-    data: Option<Data<'a>>,
-    /// Thin (v2) events name their object here instead of `data.object`.
-    #[serde(borrow)]
-    related_object: Option<HasId<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Data<'a> {
-    #[serde(borrow)]
-    object: Option<HasId<'a>>,
-}
-
-#[derive(Deserialize)]
-struct HasId<'a> {
-    #[serde(borrow, default)]
-    id: LooseStr<'a>,
+    Ok(parsed.groups)
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let ev: Event = sig::parse_json_object(body)?;
-    let id = ev
-        .id
-        .ok_or_else(|| sig::payload_error("missing event `id`"))?;
+    let [id, kind, created, account, object_id, related_id] = sig::json_fields(
+        body,
+        [
+            &["id"],
+            &["type"],
+            &["created"],
+            &["account"],
+            &["data", "object", "id"],
+            // Thin (v2) events name their object here instead of `data.object`.
+            &["related_object", "id"],
+        ],
+    )?;
+    let id = id.ok_or_else(|| sig::payload_error("missing event `id`"))?;
+    let id = id
+        .str()
+        .ok_or_else(|| sig::payload_error("event `id` is not a string"))?;
     sig::check_event_id(&id)?;
-    let kind = ev.kind.filter(|k| !k.is_empty());
+    let kind = kind.and_then(Raw::str).filter(|k| !k.is_empty());
     let kind = kind.ok_or_else(|| sig::payload_error("missing event `type`"))?;
     // Connect: an event from another connected account must not land in this tenant.
-    if let (Some(want), Some(got)) = (tenant.option("account"), ev.account.0.as_deref()) {
+    if let (Some(want), Some(got)) = (tenant.option("account"), account.and_then(Raw::str)) {
         if want != got {
             return Err(ProviderError::TenantMismatch("account"));
         }
     }
-    let object = ev.data.and_then(|d| d.object).or(ev.related_object);
     Ok(Envelope {
         provider: "stripe".into(),
         tenant: tenant.tenant.clone(),
         event_id: id.into_owned(),
         event_type: kind.into_owned(),
-        object_id: object.and_then(|o| o.id.into_string()),
+        object_id: object_id
+            .or(related_id)
+            .and_then(Raw::text)
+            .map(Cow::into_owned),
         object_version: None,
-        occurred_at: ev.created.0,
+        occurred_at: created.and_then(Raw::time),
         delivery_id: None,
     })
 }
@@ -137,19 +141,17 @@ impl Provider for Stripe {
         now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
         let secrets = sig::secrets(tenant)?;
-        let values = sig::header_values(request, HEADER)?;
-        if values.is_empty() {
-            return Err(ProviderError::MissingHeader(HEADER));
-        }
+        let groups = parse_header(request)?;
         let body = &request.body[..];
         // Check the window first: stale groups are not worth an HMAC, and a valid
         // signature on a stale timestamp is a replay either way.
         let mut result = Err(ProviderError::TimestampOutOfTolerance);
-        for group in parse_header(&values)?.iter().filter(|g| !g.sigs.is_empty()) {
+        for group in groups.iter().filter(|g| !g.sigs.is_empty()) {
             if sig::check_timestamp(group.t, now_secs, tenant.tolerance_secs, false).is_err() {
                 continue;
             }
-            let t = group.t.to_string();
+            // parse_unix admits digits only, so the value is non-negative.
+            let t = sig::Decimal::new(group.t.unsigned_abs());
             result = sig::verify_any(secrets, &group.sigs, |s| {
                 Some(sig::hmac_sha256(
                     s.expose().as_bytes(),
@@ -179,14 +181,16 @@ impl Provider for Stripe {
         let t = now_secs.to_string();
         let mac = sig::hmac_sha256(secret.as_bytes(), &[t.as_bytes(), b".", body]);
         let mut headers = http::HeaderMap::new();
-        headers.insert(
-            "stripe-signature",
-            sig::header_value(HEADER, &format!("t={t},v1={}", hex::encode(mac)))?,
-        );
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
+        sig::put(
+            &mut headers,
+            &SIGNATURE,
+            &format!("t={t},v1={}", hex::encode(mac)),
+        )?;
+        sig::put(
+            &mut headers,
+            &http::header::CONTENT_TYPE,
+            "application/json",
+        )?;
         Ok(headers)
     }
 }
@@ -471,7 +475,7 @@ mod tests {
         );
         check(
             r#"{"id":7,"type":"x"}"#,
-            sig::payload_error("unexpected JSON field types (line 1, column 7)"),
+            sig::payload_error("event `id` is not a string"),
         );
         let long = format!(r#"{{"id":"{}","type":"x"}}"#, "a".repeat(257));
         check(

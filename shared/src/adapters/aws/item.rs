@@ -30,6 +30,10 @@ pub(crate) const UPDATED_AT_MS: &str = "updated_at_ms";
 pub(crate) const EXPIRES_AT: &str = "expires_at";
 pub(crate) const ENQUEUE_FAILED: &str = "enqueue_failed";
 pub(crate) const LAST_ERROR: &str = "last_error";
+pub(crate) const LAST_ERROR_CLASS: &str = "last_error_class";
+pub(crate) const LEASE_UNTIL_MS: &str = "lease_until_ms";
+pub(crate) const LEASE_OWNER: &str = "lease_owner";
+pub(crate) const RESULT: &str = "result";
 pub(crate) const BODY_ENCODING: &str = "body_encoding";
 pub(crate) const BODY_LEN: &str = "body_len";
 pub(crate) const BODY: &str = "body";
@@ -38,7 +42,7 @@ pub(crate) type Item = HashMap<String, AttributeValue>;
 
 pub(crate) fn encode(item: &InboxItem) -> Item {
     let env = &item.envelope;
-    let mut m = Item::with_capacity(20);
+    let mut m = Item::with_capacity(24);
     let s = |v: &str| AttributeValue::S(v.to_string());
     let n = |v: String| AttributeValue::N(v);
     m.insert(PK.into(), s(item.key.as_str()));
@@ -70,6 +74,18 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
     );
     if let Some(v) = &item.last_error {
         m.insert(LAST_ERROR.into(), s(v));
+    }
+    if let Some(v) = &item.last_error_class {
+        m.insert(LAST_ERROR_CLASS.into(), s(v));
+    }
+    if let Some(v) = item.lease_until_ms {
+        m.insert(LEASE_UNTIL_MS.into(), n(v.to_string()));
+    }
+    if let Some(v) = &item.lease_owner {
+        m.insert(LEASE_OWNER.into(), s(v));
+    }
+    if let Some(v) = &item.result {
+        m.insert(RESULT.into(), s(v));
     }
     m.insert(BODY_ENCODING.into(), s(&item.body_encoding));
     m.insert(BODY_LEN.into(), n(item.body_len.to_string()));
@@ -108,6 +124,10 @@ pub(crate) fn decode(mut m: Item) -> Result<InboxItem, String> {
         expires_at: d.number(EXPIRES_AT)?,
         enqueue_failed: d.opt_bool(ENQUEUE_FAILED)?.unwrap_or(false),
         last_error: d.opt_string(LAST_ERROR)?,
+        last_error_class: d.opt_string(LAST_ERROR_CLASS)?,
+        lease_until_ms: d.opt_number(LEASE_UNTIL_MS)?,
+        lease_owner: d.opt_string(LEASE_OWNER)?,
+        result: d.opt_string(RESULT)?,
         body_encoding: d.string(BODY_ENCODING)?,
         body_len: d.number(BODY_LEN)?,
         body: d.binary(BODY)?,
@@ -198,6 +218,10 @@ mod tests {
             expires_at: 1_702_592_000,
             enqueue_failed: false,
             last_error: None,
+            last_error_class: None,
+            lease_until_ms: None,
+            lease_owner: None,
+            result: None,
             body_encoding: "zstd".into(),
             body_len: 42,
             body: vec![0, 1, 2, 255],
@@ -211,6 +235,26 @@ mod tests {
         assert!(!m.contains_key(OBJECT_VERSION));
         assert!(!m.contains_key(DELIVERY_ID));
         assert!(!m.contains_key(LAST_ERROR));
+        assert!(!m.contains_key(LEASE_OWNER));
+        assert!(!m.contains_key(RESULT));
+        assert_eq!(decode(m).unwrap(), item);
+    }
+
+    #[test]
+    fn round_trips_processing_state() {
+        let mut item = sample();
+        item.state = InboxState::Processing;
+        item.attempts = 3;
+        item.last_error = Some("waiting: payment not seen yet".into());
+        item.last_error_class = Some("transient".into());
+        item.lease_until_ms = Some(1_700_000_030_000);
+        item.lease_owner = Some("worker-1".into());
+        item.result = Some("order shop-1#1001 paid".into());
+        let m = encode(&item);
+        assert_eq!(
+            m.get(LEASE_UNTIL_MS),
+            Some(&AttributeValue::N("1700000030000".into()))
+        );
         assert_eq!(decode(m).unwrap(), item);
     }
 

@@ -1,1 +1,244 @@
-//! PLACEHOLDER: the reference e-commerce domain, being written.
+//! The reference e-commerce domain: orders paid through Stripe and/or sold through
+//! Shopify, with invoices, stock per SKU, refunds, shipments, a customer notification
+//! outbox and loyalty credit. See `docs/domain.md` for the full mapping.
+//!
+//! Pure and deterministic: it reads only the event (envelope + verified body) and the
+//! records it is given; no clock, no I/O, never the delivery id. Provider payloads are
+//! first reduced to a provider-neutral [`Event`] (`stripe.rs`, `shopify.rs`), which
+//! `decide.rs` turns into record changes.
+//!
+//! Order independence: every fact is merged commutatively (sorted lists, sums,
+//! newest-version-wins snapshots) and every missing prerequisite is a
+//! [`DomainError::Wait`], so any arrival order, retried until nothing waits, ends in the
+//! same record *data*. (The `applied` sets and versions can differ: a superseded event
+//! is ignored in one order and applied in another; the data converges.)
+
+mod decide;
+pub mod model;
+mod shopify;
+mod stripe;
+#[cfg(test)]
+mod tests;
+
+use serde_json::Value;
+
+use super::state::{StateKey, StateRecord};
+use super::{Decision, Domain, DomainError, DomainEvent};
+pub use model::{
+    order_key, seed_sku, sku_key, EffectKeys, Invoice, LineItem, Notification, NotificationKind,
+    Order, OrderStatus, PaymentStatus, Refund, Shipment, Sku, StockLine, MINOR_PER_POINT, ORDER,
+    SKU,
+};
+
+/// The reference domain. Stateless; construct with `ReferenceDomain` or `::default()`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReferenceDomain;
+
+/// The event types this domain maps to effects, as `(provider, event_type)`.
+pub const SUPPORTED: &[(&str, &str)] = &[
+    ("stripe", "checkout.session.completed"),
+    ("stripe", "payment_intent.succeeded"),
+    ("stripe", "payment_intent.payment_failed"),
+    ("stripe", "charge.refunded"),
+    ("stripe", "refund.created"),
+    ("shopify", "orders/create"),
+    ("shopify", "orders/paid"),
+    ("shopify", "orders/updated"),
+    ("shopify", "orders/cancelled"),
+    ("shopify", "refunds/create"),
+    ("shopify", "fulfillments/create"),
+];
+
+impl ReferenceDomain {
+    pub fn new() -> Self {
+        ReferenceDomain
+    }
+
+    /// Whether `(provider, event_type)` is mapped to effects (others are ignored).
+    pub fn supports(provider: &str, event_type: &str) -> bool {
+        SUPPORTED
+            .iter()
+            .any(|(p, t)| *p == provider && *t == event_type)
+    }
+}
+
+impl Domain for ReferenceDomain {
+    fn targets(&self, event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
+        Ok(match parse(event)? {
+            Some(e) => e.targets(&event.envelope.tenant),
+            None => Vec::new(),
+        })
+    }
+
+    fn decide(
+        &self,
+        event: &DomainEvent<'_>,
+        current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        let Some(parsed) = parse(event)? else {
+            return Ok(Decision::Ignore {
+                reason: unsupported(event),
+            });
+        };
+        let tenant = &event.envelope.tenant;
+        let targets = parsed.targets(tenant);
+        if current.len() != targets.len() || current.iter().zip(&targets).any(|(r, k)| r.key != *k)
+        {
+            return Err(DomainError::Permanent(format!(
+                "records given to {} do not match its targets",
+                event.envelope.event_type
+            )));
+        }
+        decide::decide(&parsed, tenant, current)
+    }
+}
+
+fn unsupported(event: &DomainEvent<'_>) -> String {
+    format!(
+        "unsupported event type {} {}",
+        event.envelope.provider, event.envelope.event_type
+    )
+}
+
+/// Reduce a supported event to its provider-neutral form; `None` if unsupported.
+pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Event>, DomainError> {
+    let env = event.envelope;
+    if !ReferenceDomain::supports(&env.provider, &env.event_type) {
+        return Ok(None);
+    }
+    let body: Value = serde_json::from_slice(event.body).map_err(|_| {
+        DomainError::Permanent(format!("{}: body is not valid JSON", env.event_type))
+    })?;
+    if !body.is_object() {
+        return Err(DomainError::Permanent(format!(
+            "{}: body is not a JSON object",
+            env.event_type
+        )));
+    }
+    let parsed = match env.provider.as_str() {
+        "stripe" => stripe::parse(&env.event_type, &body, env.occurred_at)?,
+        _ => shopify::parse(&env.event_type, &body)?,
+    };
+    Ok(Some(parsed))
+}
+
+/// A refund as reported: id and positive amount in minor units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RefundFact {
+    pub id: String,
+    pub amount: i64,
+}
+
+/// A full Shopify order snapshot (create, updated, cancelled bodies).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub order_id: String,
+    /// `updated_at` normalised to `YYYY-MM-DDTHH:MM:SSZ`.
+    pub version: String,
+    pub version_secs: i64,
+    pub currency: Option<String>,
+    pub total_minor: i64,
+    pub line_items: Vec<LineItem>,
+    /// Quantities per SKU (summed over line items), sorted by SKU.
+    pub stock: Vec<StockLine>,
+}
+
+/// What the domain understood of one supported event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// Stripe `checkout.session.completed`.
+    Checkout {
+        order_id: String,
+        session_id: String,
+        amount: Option<i64>,
+        currency: Option<String>,
+        paid: bool,
+    },
+    /// Stripe `payment_intent.succeeded`.
+    PaymentSucceeded {
+        order_id: String,
+        amount: i64,
+        currency: Option<String>,
+    },
+    /// Stripe `payment_intent.payment_failed`.
+    PaymentFailed {
+        order_id: String,
+        payment_id: String,
+        at: i64,
+        amount: i64,
+        currency: Option<String>,
+    },
+    /// Stripe `charge.refunded` / `refund.created`, Shopify `refunds/create`.
+    Refunds {
+        order_id: String,
+        refunds: Vec<RefundFact>,
+    },
+    /// Shopify `orders/create`.
+    ShopifyCreate { snapshot: Snapshot, paid: bool },
+    /// Shopify `orders/paid`.
+    ShopifyPaid { order_id: String, amount: i64 },
+    /// Shopify `orders/updated`.
+    ShopifyUpdated { snapshot: Snapshot },
+    /// Shopify `orders/cancelled`.
+    ShopifyCancelled { snapshot: Snapshot },
+    /// Shopify `fulfillments/create`.
+    Fulfillment {
+        order_id: String,
+        fulfillment_id: String,
+        tracking: Option<String>,
+    },
+}
+
+impl Event {
+    pub fn order_id(&self) -> &str {
+        match self {
+            Event::Checkout { order_id, .. }
+            | Event::PaymentSucceeded { order_id, .. }
+            | Event::PaymentFailed { order_id, .. }
+            | Event::Refunds { order_id, .. }
+            | Event::ShopifyPaid { order_id, .. }
+            | Event::Fulfillment { order_id, .. } => order_id,
+            Event::ShopifyCreate { snapshot, .. }
+            | Event::ShopifyUpdated { snapshot }
+            | Event::ShopifyCancelled { snapshot } => &snapshot.order_id,
+        }
+    }
+
+    /// The order first, then (create / cancel) one `sku` record per SKU, sorted.
+    pub fn targets(&self, tenant: &str) -> Vec<StateKey> {
+        let mut keys = vec![order_key(tenant, self.order_id())];
+        if let Event::ShopifyCreate { snapshot, .. } | Event::ShopifyCancelled { snapshot } = self {
+            keys.extend(snapshot.stock.iter().map(|l| sku_key(tenant, &l.sku)));
+        }
+        keys
+    }
+}
+
+// ---- JSON helpers shared by the provider parsers ----------------------------------
+
+pub(crate) fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .filter(|v| !v.is_null())
+}
+
+/// An id given as a non-empty string or an integer.
+pub(crate) fn id_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) if n.is_u64() || n.is_i64() => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn text(v: Option<&Value>) -> Option<String> {
+    v?.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+pub(crate) fn missing(event_type: &str, field: &str) -> DomainError {
+    DomainError::Permanent(format!("{event_type}: missing or invalid `{field}`"))
+}
+
+pub(crate) fn currency(v: Option<&Value>) -> Option<String> {
+    text(v).map(|c| c.to_ascii_uppercase())
+}

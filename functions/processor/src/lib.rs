@@ -1,0 +1,96 @@
+//! Processor Lambda handler: an SQS batch (with `ReportBatchItemFailures`) →
+//! [`Processor::process_batch`] → the queue actions → the batch response. Everything
+//! else lives in the library.
+//!
+//! Per record:
+//! - done (completed, ignored, duplicate, expired): not reported, so Lambda deletes it;
+//! - transient failure or leased elsewhere: its visibility is set to the backoff (or the
+//!   remaining lease) with ChangeMessageVisibility and it is reported as a failure, so
+//!   it comes back after that delay;
+//! - dead letter: the pointer is sent to the DLQ and the record is not reported (Lambda
+//!   deletes the original). If that send fails it is reported, and SQS redrive moves it
+//!   after `maxReceiveCount` receives.
+//! - a record that is not a pointer message at all (no receipt, a body that is not our
+//!   JSON) can never be processed and cannot be sent to the DLQ as a pointer either: it
+//!   is logged (id only) and reported as a failure, so SQS redrive moves it to the DLQ
+//!   after `maxReceiveCount` receives instead of it looping forever.
+//!
+//! The queue URL the adapter writes to (`EINMAL_QUEUE_URL`) must be the event source
+//! queue, since visibility changes use the records' receipt handles.
+
+use std::collections::HashMap;
+
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use einmal::pipeline::process::{AckMode, Processor};
+use einmal::ports::{Delivery, QueueMessage};
+
+/// The SQS system attribute with the receive count, this receive included.
+pub const RECEIVE_COUNT_ATTRIBUTE: &str = "ApproximateReceiveCount";
+
+/// Handle one batch under a fresh random worker id.
+pub async fn handle(processor: &Processor, event: SqsEvent) -> SqsBatchResponse {
+    let worker = format!("lambda-{:016x}", rand::random::<u64>());
+    handle_as(processor, event, &worker).await
+}
+
+/// Handle one batch as `worker` (the Lambda request id: unique per invocation, so a
+/// lease never outlives the invocation that took it).
+pub async fn handle_as(processor: &Processor, event: SqsEvent, worker: &str) -> SqsBatchResponse {
+    let mut failures: Vec<String> = Vec::new();
+    let mut deliveries: Vec<(String, Delivery)> = Vec::with_capacity(event.records.len());
+    for record in event.records {
+        let id = record.message_id.clone().unwrap_or_default();
+        match delivery(record) {
+            Ok(delivery) => deliveries.push((id, delivery)),
+            Err(why) => {
+                tracing::error!(message_id = %id, reason = why, "unprocessable SQS record; left for redrive");
+                failures.push(id);
+            }
+        }
+    }
+
+    let only: Vec<Delivery> = deliveries.iter().map(|(_, d)| d.clone()).collect();
+    let outcomes = processor.process_batch(&only, worker).await;
+    let settled =
+        deliveries
+            .iter()
+            .zip(outcomes)
+            .map(|((id, delivery), (_, outcome))| async move {
+                let keep = processor.settle(delivery, outcome, AckMode::ByCaller).await;
+                (id, keep)
+            });
+    for (id, keep) in futures::future::join_all(settled).await {
+        if keep {
+            failures.push(id.clone());
+        }
+    }
+
+    SqsBatchResponse {
+        batch_item_failures: failures
+            .into_iter()
+            .map(|item_identifier| BatchItemFailure { item_identifier })
+            .collect(),
+    }
+}
+
+/// A record as a [`Delivery`]; the error names what is wrong, never the body.
+fn delivery(record: SqsMessage) -> Result<Delivery, &'static str> {
+    let receipt = record.receipt_handle.ok_or("no receipt handle")?;
+    let body = record.body.ok_or("no body")?;
+    let message: QueueMessage =
+        serde_json::from_str(&body).map_err(|_| "body is not a pointer message")?;
+    Ok(Delivery {
+        message,
+        receipt,
+        receive_count: receive_count(&record.attributes),
+    })
+}
+
+/// `ApproximateReceiveCount`; 1 when absent or unreadable (the first receive).
+fn receive_count(attributes: &HashMap<String, String>) -> u32 {
+    attributes
+        .get(RECEIVE_COUNT_ATTRIBUTE)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}

@@ -1,0 +1,302 @@
+//! The processor handler, called directly with SQS events built from JSON fixtures
+//! (`tests/fixtures/`), on the embedded store and on moto (real SQS receipts).
+//!
+//! The domain is a tiny test double of the domain port: `ignored.*` types are
+//! ignored, `fail` is permanent, `wait` always waits, `incr` counts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::adapters::embedded_state::EmbeddedStateStore;
+use einmal::domain::state::{StateKey, StateRecord};
+use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
+use einmal::envelope::{Envelope, InboxKey};
+use einmal::pipeline::process::{ProcessSettings, Processor};
+use einmal::ports::{Delivery, Inbox, InboxItem, InboxState, Queue, QueueMessage, Source};
+use einmal_tests::moto::{self, MAX_RECEIVE_COUNT};
+use serde_json::json;
+
+const BATCH: &str = include_str!("fixtures/sqs_batch.json");
+const RECORD: &str = include_str!("fixtures/sqs_record.json");
+const GARBAGE_ID: &str = "2e1424d4-f796-459a-8184-9c92662be6da";
+
+struct TestDomain;
+
+impl Domain for TestDomain {
+    fn targets(&self, event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
+        match event.envelope.event_type.as_str() {
+            "incr" => Ok(vec![StateKey::new(&event.envelope.tenant, "counter", "c")]),
+            "fail" => Err(DomainError::Permanent("schema invalid".into())),
+            "wait" => Err(DomainError::Wait("payment not seen yet".into())),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn decide(
+        &self,
+        event: &DomainEvent<'_>,
+        current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        match current.first() {
+            Some(record) => Ok(Decision::Apply {
+                changes: vec![Change {
+                    key: record.key.clone(),
+                    effect_key: format!("incr#{}", event.envelope.event_id),
+                    data: json!({ "count": record.data["count"].as_i64().unwrap_or(0) + 1 }),
+                }],
+                result: "counted".into(),
+            }),
+            None => Ok(Decision::Ignore {
+                reason: format!("{} is not handled", event.envelope.event_type),
+            }),
+        }
+    }
+}
+
+struct Setup {
+    processor: Processor,
+    inbox: Arc<dyn Inbox>,
+    queue: Arc<dyn Queue>,
+    _keep: Box<dyn std::any::Any>,
+}
+
+fn settings() -> ProcessSettings {
+    ProcessSettings {
+        max_receive_count: MAX_RECEIVE_COUNT,
+        // Long enough that a retried message is still hidden when the test looks.
+        backoff_base_ms: 60_000,
+        backoff_max_ms: 60_000,
+        ..ProcessSettings::default()
+    }
+}
+
+fn embedded() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let options = EmbeddedOptions {
+        max_receive_count: MAX_RECEIVE_COUNT,
+    };
+    let store = Arc::new(EmbeddedStore::open(dir.path(), options).unwrap());
+    let state = Arc::new(EmbeddedStateStore::open(dir.path()).unwrap());
+    let processor = Processor::new(
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        state,
+        Arc::new(TestDomain),
+    )
+    .with_settings(settings())
+    .with_jitter(|| 1.0);
+    Setup {
+        processor,
+        inbox: store.clone(),
+        queue: store,
+        _keep: Box::new(dir),
+    }
+}
+
+async fn aws() -> Setup {
+    let (store, names) = moto::aws_store(moto::shared(), None).await;
+    let table = format!("{}-state", names.table);
+    create_state_table(store.dynamodb(), &table).await.unwrap();
+    let state = Arc::new(DynamoStateStore::new(store.dynamodb().clone(), table));
+    let store = Arc::new(store);
+    let processor = Processor::new(
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        state,
+        Arc::new(TestDomain),
+    )
+    .with_settings(settings())
+    .with_jitter(|| 1.0);
+    Setup {
+        processor,
+        inbox: store.clone(),
+        queue: store,
+        _keep: Box::new(()),
+    }
+}
+
+impl Setup {
+    /// Store an event, send its pointer, receive it: a real receipt.
+    async fn deliver(&self, event_id: &str, event_type: &str) -> Delivery {
+        let envelope = Envelope {
+            provider: "stripe".into(),
+            tenant: "t1".into(),
+            event_id: event_id.into(),
+            event_type: event_type.into(),
+            object_id: Some("obj".into()),
+            object_version: None,
+            occurred_at: None,
+            delivery_id: None,
+        };
+        let body = br#"{"id":"evt"}"#;
+        let item = InboxItem {
+            key: envelope.key(),
+            envelope,
+            state: InboxState::Received,
+            source: Source::Webhook,
+            attempts: 0,
+            received_at_ms: 1,
+            updated_at_ms: 1,
+            expires_at: einmal::time::now_secs() + 86_400,
+            enqueue_failed: false,
+            last_error: None,
+            last_error_class: None,
+            lease_until_ms: None,
+            lease_owner: None,
+            result: None,
+            body_encoding: einmal::body::BODY_ENCODING.into(),
+            body_len: body.len() as u64,
+            body: einmal::body::compress(body).unwrap(),
+        };
+        self.inbox.put_new(&item).await.unwrap();
+        self.queue
+            .send(&QueueMessage {
+                pk: item.key.clone(),
+            })
+            .await
+            .unwrap();
+        for _ in 0..50 {
+            if let Some(d) = self
+                .queue
+                .receive(1, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .pop()
+            {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("message never arrived")
+    }
+
+    async fn state(&self, key: &InboxKey) -> InboxItem {
+        self.inbox.get(key).await.unwrap().unwrap()
+    }
+}
+
+fn fill(template: &str, message_id: &str, d: &Delivery, receive_count: u32) -> String {
+    template
+        .replace("{{MESSAGE_ID}}", message_id)
+        .replace("{{RECEIPT}}", &d.receipt)
+        .replace("{{PK}}", d.message.pk.as_str())
+        .replace("{{RECEIVE_COUNT}}", &receive_count.to_string())
+}
+
+/// An SQS event of one record per `(message id, delivery, receive count)`.
+fn event(records: &[(&str, &Delivery, u32)]) -> SqsEvent {
+    let records: Vec<String> = records
+        .iter()
+        .map(|(id, d, n)| fill(RECORD, id, d, *n))
+        .collect();
+    serde_json::from_str(&format!("{{\"Records\":[{}]}}", records.join(","))).unwrap()
+}
+
+fn reported(response: &aws_lambda_events::event::sqs::SqsBatchResponse) -> Vec<&str> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn only_the_garbage_record_is_reported() {
+    let s = embedded();
+    let good = s.deliver("evt_good", "ignored.type").await;
+    let batch: SqsEvent = serde_json::from_str(&fill(BATCH, "", &good, 1)).unwrap();
+    let response = processor::handle(&s.processor, batch).await;
+    assert_eq!(
+        serde_json::to_value(&response).unwrap(),
+        json!({ "batchItemFailures": [{ "itemIdentifier": GARBAGE_ID }] })
+    );
+    let item = s.state(&good.message.pk).await;
+    assert_eq!(item.state, InboxState::Ignored);
+    assert_eq!(item.result.as_deref(), Some("ignored.type is not handled"));
+}
+
+#[tokio::test]
+async fn an_empty_batch_reports_nothing() {
+    let s = embedded();
+    let response = processor::handle(&s.processor, SqsEvent::default()).await;
+    assert!(response.batch_item_failures.is_empty());
+}
+
+async fn retry_is_reported_and_hidden_dead_letter_is_not(s: Setup) {
+    let ok = s.deliver("evt_ok", "incr").await;
+    let wait = s.deliver("evt_wait", "wait").await;
+    let fail = s.deliver("evt_fail", "fail").await;
+    let batch = event(&[("m-ok", &ok, 1), ("m-wait", &wait, 1), ("m-fail", &fail, 1)]);
+    let response = processor::handle_as(&s.processor, batch, "req-1").await;
+    assert_eq!(reported(&response), ["m-wait"]);
+
+    assert_eq!(s.state(&ok.message.pk).await.state, InboxState::Completed);
+    let waiting = s.state(&wait.message.pk).await;
+    assert_eq!(waiting.state, InboxState::Retryable);
+    assert_eq!(waiting.last_error_class.as_deref(), Some("transient"));
+    let dead = s.state(&fail.message.pk).await;
+    assert_eq!(dead.state, InboxState::DeadLetter);
+    assert!(dead.last_error.unwrap().contains("schema invalid"));
+
+    // The failed pointer is in the DLQ at once.
+    let dlq = s
+        .queue
+        .receive_dead_letters(10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].message.pk, fail.message.pk);
+    // The retried message was hidden for the backoff (60 s), not left to reappear.
+    let wait_visibility = s
+        .queue
+        .change_visibility(&wait.receipt, Duration::ZERO)
+        .await;
+    assert!(wait_visibility.is_ok(), "the receipt is still valid");
+    let back = s.queue.receive(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(back.len(), 1, "only the message made visible again");
+    assert_eq!(back[0].message.pk, wait.message.pk);
+}
+
+async fn the_receive_count_attribute_decides_exhaustion(s: Setup) {
+    let wait = s.deliver("evt_last", "wait").await;
+    let batch = event(&[("m-last", &wait, MAX_RECEIVE_COUNT)]);
+    let response = processor::handle(&s.processor, batch).await;
+    assert!(
+        reported(&response).is_empty(),
+        "dead-lettered, so Lambda deletes it"
+    );
+    let item = s.state(&wait.message.pk).await;
+    assert_eq!(item.state, InboxState::DeadLetter);
+    assert!(item.last_error.unwrap().starts_with("retries exhausted"));
+    let dlq = s
+        .queue
+        .receive_dead_letters(10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(dlq.len(), 1);
+}
+
+#[tokio::test]
+async fn embedded_retry_is_reported_and_hidden_dead_letter_is_not() {
+    retry_is_reported_and_hidden_dead_letter_is_not(embedded()).await
+}
+
+#[tokio::test]
+async fn embedded_the_receive_count_attribute_decides_exhaustion() {
+    the_receive_count_attribute_decides_exhaustion(embedded()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_retry_is_reported_and_hidden_dead_letter_is_not() {
+    retry_is_reported_and_hidden_dead_letter_is_not(aws().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_the_receive_count_attribute_decides_exhaustion() {
+    the_receive_count_attribute_decides_exhaustion(aws().await).await
+}

@@ -1,0 +1,148 @@
+//! Shopify payloads → [`Event`]. Order topics carry the order itself (`id`,
+//! `updated_at`, `total_price`, `line_items`); refunds and fulfillments name it in
+//! `order_id`. Prices are decimal strings (`"49.90"` → 4990 minor units).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::model::{check_id, parse_minor, LineItem, StockLine};
+use super::{currency, get, id_text, missing, text, Event, RefundFact, Snapshot};
+use crate::domain::DomainError;
+use crate::providers::sig::{format_rfc3339, parse_rfc3339};
+
+pub(super) fn parse(topic: &str, body: &Value) -> Result<Event, DomainError> {
+    match topic {
+        "orders/create" => {
+            let snapshot = snapshot(topic, body)?;
+            let paid = get(body, &["financial_status"]).and_then(Value::as_str) == Some("paid");
+            Ok(Event::ShopifyCreate { snapshot, paid })
+        }
+        "orders/updated" => Ok(Event::ShopifyUpdated {
+            snapshot: snapshot(topic, body)?,
+        }),
+        "orders/cancelled" => Ok(Event::ShopifyCancelled {
+            snapshot: snapshot(topic, body)?,
+        }),
+        "orders/paid" => {
+            let order_id = order_id(topic, body, "id")?;
+            let amount = get(body, &["total_price"])
+                .and_then(decimal)
+                .ok_or_else(|| missing(topic, "total_price"))?;
+            Ok(Event::ShopifyPaid { order_id, amount })
+        }
+        "refunds/create" => {
+            let order_id = order_id(topic, body, "order_id")?;
+            let id = id_text(get(body, &["id"])).ok_or_else(|| missing(topic, "id"))?;
+            check_id("refund id", &id)?;
+            // The money moved: successful `refund` transactions. (Line-item subtotals
+            // are not used: they ignore shipping and adjustments.)
+            let mut amount = 0i64;
+            for t in get(body, &["transactions"])
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let kind_ok = get(t, &["kind"])
+                    .and_then(Value::as_str)
+                    .is_none_or(|k| k == "refund");
+                let status_ok = get(t, &["status"])
+                    .and_then(Value::as_str)
+                    .is_none_or(|s| s == "success");
+                if kind_ok && status_ok {
+                    let a = get(t, &["amount"]).and_then(decimal).filter(|a| *a >= 0);
+                    amount += a.ok_or_else(|| missing(topic, "transactions[].amount"))?;
+                }
+            }
+            Ok(Event::Refunds {
+                order_id,
+                refunds: vec![RefundFact { id, amount }],
+            })
+        }
+        "fulfillments/create" => {
+            let order_id = order_id(topic, body, "order_id")?;
+            let fulfillment_id = id_text(get(body, &["id"])).ok_or_else(|| missing(topic, "id"))?;
+            check_id("fulfillment id", &fulfillment_id)?;
+            let tracking = text(get(body, &["tracking_number"])).or_else(|| {
+                get(body, &["tracking_numbers"])
+                    .and_then(Value::as_array)
+                    .and_then(|a| text(a.first()))
+            });
+            Ok(Event::Fulfillment {
+                order_id,
+                fulfillment_id,
+                tracking,
+            })
+        }
+        other => Err(DomainError::Permanent(format!(
+            "shopify {other}: not mapped"
+        ))),
+    }
+}
+
+fn order_id(topic: &str, body: &Value, field: &str) -> Result<String, DomainError> {
+    let id = id_text(get(body, &[field])).ok_or_else(|| missing(topic, field))?;
+    check_id("order id", &id)?;
+    Ok(id)
+}
+
+/// Shopify decimals: strings (`"49.90"`) or, leniently, JSON numbers.
+fn decimal(v: &Value) -> Option<i64> {
+    match v {
+        Value::String(s) => parse_minor(s),
+        Value::Number(n) => parse_minor(&n.to_string()),
+        _ => None,
+    }
+}
+
+/// Normalise an RFC 3339 timestamp to UTC seconds and its canonical text form.
+pub(super) fn version(text: &str) -> Option<(i64, String)> {
+    let secs = parse_rfc3339(text)?;
+    Some((secs, format_rfc3339(secs)))
+}
+
+fn snapshot(topic: &str, body: &Value) -> Result<Snapshot, DomainError> {
+    let order_id = order_id(topic, body, "id")?;
+    let (version_secs, version) = get(body, &["updated_at"])
+        .and_then(Value::as_str)
+        .and_then(version)
+        .ok_or_else(|| missing(topic, "updated_at"))?;
+    let total_minor = get(body, &["total_price"])
+        .and_then(decimal)
+        .ok_or_else(|| missing(topic, "total_price"))?;
+    if total_minor < 0 {
+        return Err(missing(topic, "total_price"));
+    }
+    let mut line_items = Vec::new();
+    let mut stock: BTreeMap<String, i64> = BTreeMap::new();
+    for item in get(body, &["line_items"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let quantity = get(item, &["quantity"])
+            .and_then(Value::as_i64)
+            .filter(|q| *q >= 0)
+            .ok_or_else(|| missing(topic, "line_items[].quantity"))?;
+        let sku = text(get(item, &["sku"]));
+        if let Some(sku) = &sku {
+            check_id("SKU", sku)?;
+            if quantity > 0 {
+                *stock.entry(sku.clone()).or_default() += quantity;
+            }
+        }
+        line_items.push(LineItem { sku, quantity });
+    }
+    Ok(Snapshot {
+        order_id,
+        version,
+        version_secs,
+        currency: currency(get(body, &["currency"])),
+        total_minor,
+        line_items,
+        stock: stock
+            .into_iter()
+            .map(|(sku, quantity)| StockLine { sku, quantity })
+            .collect(),
+    })
+}

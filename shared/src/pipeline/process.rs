@@ -1,0 +1,788 @@
+//! The process function: claim → decide → guarded commit → finish.
+//!
+//! The processor Lambda (one SQS batch per invocation) and `einmal serve` (a local
+//! polling loop, [`Processor::run_local`]) both call [`Processor::process_message`]
+//! for each pointer message; only acknowledgement differs ([`AckMode`]).
+//!
+//! # Exactly-once effects
+//!
+//! 1. **Claim** the inbox item: one conditional write moves it to `processing` with
+//!    a lease. A duplicate message of a finished item, or one whose item another
+//!    worker holds, stops here.
+//! 2. **Decide**: the [`Domain`] names the records it needs ([`Domain::targets`]),
+//!    they are loaded, and it returns the changes ([`Domain::decide`]).
+//! 3. **Guard**: every change whose effect key is already in its record's `applied`
+//!    set is dropped; the rest are committed in one atomic write conditioned on the
+//!    versions that were loaded. A conflict (another event changed a record in
+//!    between) reloads and decides again.
+//! 4. **Finish** the inbox item (completed / ignored / retryable / dead_letter) with
+//!    the result, only if the lease is still ours.
+//!
+//! A crash anywhere is safe: before the commit nothing happened; after it, the
+//! redelivered message finds the effect key applied and only finishes the item.
+//!
+//! # Errors
+//!
+//! Transient ([`DomainError::Wait`], [`StoreError::Unavailable`], lock contention):
+//! the item becomes `retryable` and the message comes back after an exponential
+//! backoff with full jitter. On the last receive SQS allows (`max_receive_count`) the
+//! item is dead-lettered instead, so inbox and DLQ agree. Permanent
+//! ([`DomainError::Permanent`], a corrupt body or record): `dead_letter` at once,
+//! the pointer goes to the DLQ at once.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use thiserror::Error;
+use tracing::Level;
+
+use crate::body;
+use crate::domain::state::{CommitOutcome, StateRecord, StateStore, StateWrite};
+use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
+use crate::ports::{
+    ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
+    StoreError, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
+};
+use crate::time;
+
+/// Lease length (`EINMAL_LEASE_MS`).
+pub const LEASE_MS_ENV: &str = "EINMAL_LEASE_MS";
+/// Must equal the queue's redrive `maxReceiveCount` (`EINMAL_MAX_RECEIVE_COUNT`).
+pub const MAX_RECEIVE_COUNT_ENV: &str = "EINMAL_MAX_RECEIVE_COUNT";
+pub const BACKOFF_BASE_MS_ENV: &str = "EINMAL_BACKOFF_BASE_MS";
+pub const BACKOFF_MAX_MS_ENV: &str = "EINMAL_BACKOFF_MAX_MS";
+pub const MAX_CONFLICT_RETRIES_ENV: &str = "EINMAL_MAX_CONFLICT_RETRIES";
+
+/// Result recorded when every change of a decision had already been applied.
+pub const ALREADY_APPLIED: &str = "already applied";
+
+/// Messages taken per receive by [`Processor::run_local`].
+const LOCAL_BATCH: u32 = 10;
+/// Pause of [`Processor::run_local`] when the queue is empty.
+const LOCAL_IDLE: Duration = Duration::from_millis(200);
+/// Pause of [`Processor::run_local`] after a failed receive.
+const LOCAL_ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// Returning a leased message a little after its lease ends avoids a second bounce.
+const LEASE_MARGIN_MS: i64 = 250;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSettings {
+    /// How long a claim holds the item; a worker that dies is replaced after it.
+    /// Keep it above the longest processing time (Lambda: the function timeout).
+    pub lease_ms: i64,
+    /// The queue's redrive `maxReceiveCount`: the receive with this count is the
+    /// last one, so a transient failure then dead-letters the item.
+    pub max_receive_count: u32,
+    /// Backoff before retry n (1-based): up to `min(max, base * 2^(n-1))`, full jitter.
+    pub backoff_base_ms: i64,
+    pub backoff_max_ms: i64,
+    /// Reload-and-decide rounds after a version conflict before giving up (transient).
+    pub max_conflict_retries: u32,
+}
+
+impl Default for ProcessSettings {
+    fn default() -> Self {
+        ProcessSettings {
+            lease_ms: 30_000,
+            max_receive_count: 5,
+            backoff_base_ms: 2_000,
+            backoff_max_ms: 15 * 60_000,
+            max_conflict_retries: 5,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("{name}: {reason}")]
+pub struct SettingsError {
+    pub name: &'static str,
+    pub reason: String,
+}
+
+impl ProcessSettings {
+    /// Defaults overridden by `EINMAL_LEASE_MS`, `EINMAL_MAX_RECEIVE_COUNT`,
+    /// `EINMAL_BACKOFF_BASE_MS`, `EINMAL_BACKOFF_MAX_MS`, `EINMAL_MAX_CONFLICT_RETRIES`.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`ProcessSettings::from_env`] with an injectable lookup. Empty counts as unset.
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, SettingsError> {
+        fn read<T>(
+            env: &impl Fn(&str) -> Option<String>,
+            name: &'static str,
+            default: T,
+            min: T,
+        ) -> Result<T, SettingsError>
+        where
+            T: std::str::FromStr + PartialOrd + std::fmt::Display,
+        {
+            let Some(raw) = env(name).filter(|v| !v.trim().is_empty()) else {
+                return Ok(default);
+            };
+            let value: T = raw.trim().parse().map_err(|_| SettingsError {
+                name,
+                reason: format!("{raw:?} is not a number"),
+            })?;
+            if value < min {
+                return Err(SettingsError {
+                    name,
+                    reason: format!("must be at least {min}"),
+                });
+            }
+            Ok(value)
+        }
+        let d = ProcessSettings::default();
+        let settings = ProcessSettings {
+            lease_ms: read(&env, LEASE_MS_ENV, d.lease_ms, 1)?,
+            max_receive_count: read(&env, MAX_RECEIVE_COUNT_ENV, d.max_receive_count, 1)?,
+            backoff_base_ms: read(&env, BACKOFF_BASE_MS_ENV, d.backoff_base_ms, 0)?,
+            backoff_max_ms: read(&env, BACKOFF_MAX_MS_ENV, d.backoff_max_ms, 0)?,
+            max_conflict_retries: read(&env, MAX_CONFLICT_RETRIES_ENV, d.max_conflict_retries, 0)?,
+        };
+        if settings.backoff_max_ms < settings.backoff_base_ms {
+            return Err(SettingsError {
+                name: BACKOFF_MAX_MS_ENV,
+                reason: format!("must be at least {BACKOFF_BASE_MS_ENV}"),
+            });
+        }
+        Ok(settings)
+    }
+
+    /// The backoff ceiling before retry `attempt` (1-based): `min(max, base * 2^(attempt-1))`.
+    pub fn backoff_cap_ms(&self, attempt: u32) -> i64 {
+        let doublings = attempt.saturating_sub(1).min(62);
+        self.backoff_base_ms
+            .max(0)
+            .saturating_mul(1i64 << doublings)
+            .min(self.backoff_max_ms.max(0))
+    }
+
+    /// Full jitter: `jitter` in `[0, 1]` times the ceiling.
+    pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
+        let cap = self.backoff_cap_ms(attempt) as f64;
+        Duration::from_millis((cap * jitter.clamp(0.0, 1.0)).round() as u64)
+    }
+}
+
+/// What to do with the queue message after [`Processor::process_message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageOutcome {
+    /// Done (completed, ignored, a duplicate of a finished item, an expired item):
+    /// delete the message.
+    Ack,
+    /// A transient failure: keep the message and make it visible again after `delay`
+    /// (ChangeMessageVisibility).
+    Retry { delay: Duration },
+    /// Another worker holds a live lease: make the message visible again after it.
+    LeaveForLater { delay: Duration },
+    /// The item is `dead_letter`: send the pointer to the DLQ, then delete the message.
+    DeadLetterNow,
+}
+
+/// Who deletes handled messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckMode {
+    /// [`Processor::settle`] deletes them (local polling).
+    Delete,
+    /// The caller does: the Lambda SQS event source deletes every record not
+    /// reported as a batch item failure.
+    ByCaller,
+}
+
+/// The failure classes of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Failure {
+    Transient(String),
+    Permanent(String),
+}
+
+impl From<DomainError> for Failure {
+    fn from(e: DomainError) -> Self {
+        match e {
+            DomainError::Permanent(_) => Failure::Permanent(e.to_string()),
+            DomainError::Wait(_) => Failure::Transient(e.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(_) => Failure::Transient(e.to_string()),
+            // A record that cannot be decoded will not heal by retrying; an operator
+            // repairs it and replays the dead letter.
+            StoreError::Corrupt(_) => Failure::Permanent(e.to_string()),
+        }
+    }
+}
+
+/// What a successful attempt produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Applied {
+    Completed(String),
+    Ignored(String),
+}
+
+type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+type Jitter = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+pub struct Processor {
+    inbox: Arc<dyn Inbox>,
+    processing: Arc<dyn InboxProcessing>,
+    queue: Arc<dyn Queue>,
+    state: Arc<dyn StateStore>,
+    domain: Arc<dyn Domain>,
+    settings: ProcessSettings,
+    now_ms: Clock,
+    jitter: Jitter,
+}
+
+impl Processor {
+    pub fn new(
+        inbox: Arc<dyn Inbox>,
+        processing: Arc<dyn InboxProcessing>,
+        queue: Arc<dyn Queue>,
+        state: Arc<dyn StateStore>,
+        domain: Arc<dyn Domain>,
+    ) -> Self {
+        Processor {
+            inbox,
+            processing,
+            queue,
+            state,
+            domain,
+            settings: ProcessSettings::default(),
+            now_ms: Arc::new(time::now_millis),
+            jitter: Arc::new(rand::random::<f64>),
+        }
+    }
+
+    pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Pin the clock (tests of leases).
+    pub fn with_clock(mut self, now_ms: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.now_ms = Arc::new(now_ms);
+        self
+    }
+
+    /// Replace the random jitter fraction in `[0, 1]` (tests: 1.0 = the full ceiling).
+    pub fn with_jitter(mut self, jitter: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
+        self.jitter = Arc::new(jitter);
+        self
+    }
+
+    pub fn settings(&self) -> &ProcessSettings {
+        &self.settings
+    }
+
+    pub fn inbox(&self) -> &Arc<dyn Inbox> {
+        &self.inbox
+    }
+
+    pub fn queue(&self) -> &Arc<dyn Queue> {
+        &self.queue
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        self.settings.backoff(attempt, (self.jitter)())
+    }
+
+    /// Process one pointer message as `worker` (unique per process or invocation).
+    /// Never fails: every problem becomes an outcome for the message.
+    pub async fn process_message(&self, delivery: &Delivery, worker: &str) -> MessageOutcome {
+        let key = &delivery.message.pk;
+        let now = (self.now_ms)();
+        let claim = self
+            .processing
+            .claim(key, worker, now, self.settings.lease_ms)
+            .await;
+        let item = match claim {
+            Ok(ClaimOutcome::Claimed(item)) => item,
+            Ok(ClaimOutcome::Finished(state)) => {
+                tracing::info!(pk = %key, state = %state, receive_count = delivery.receive_count,
+                    "duplicate message: event already finished");
+                return MessageOutcome::Ack;
+            }
+            Ok(ClaimOutcome::Leased { until_ms }) => {
+                let wait = until_ms.saturating_sub(now).max(0) + LEASE_MARGIN_MS;
+                tracing::info!(pk = %key, lease_ms = wait, "event leased by another worker");
+                return MessageOutcome::LeaveForLater {
+                    delay: millis(wait),
+                };
+            }
+            Ok(ClaimOutcome::Missing) => {
+                tracing::warn!(pk = %key, "message for an inbox item that does not exist (expired?)");
+                return MessageOutcome::Ack;
+            }
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(pk = %key, error = %e, "claim failed; retrying later");
+                return MessageOutcome::Retry {
+                    delay: self.backoff(delivery.receive_count),
+                };
+            }
+            Err(e @ StoreError::Corrupt(_)) => {
+                // Nothing can be recorded on an item we cannot read: the DLQ keeps the
+                // pointer for an operator.
+                tracing::error!(pk = %key, error = %e, "inbox item unreadable; dead-lettering the message");
+                return MessageOutcome::DeadLetterNow;
+            }
+        };
+
+        let result = self.apply(&item).await;
+        let attempt = item.attempts;
+        let (finish, outcome) = match result {
+            Ok(Applied::Completed(result)) => (
+                self.finish(InboxState::Completed, None, Some(result)),
+                MessageOutcome::Ack,
+            ),
+            Ok(Applied::Ignored(reason)) => (
+                self.finish(InboxState::Ignored, None, Some(reason)),
+                MessageOutcome::Ack,
+            ),
+            Err(Failure::Permanent(reason)) => (
+                self.finish(
+                    InboxState::DeadLetter,
+                    Some((ERROR_CLASS_PERMANENT, reason)),
+                    None,
+                ),
+                MessageOutcome::DeadLetterNow,
+            ),
+            Err(Failure::Transient(reason))
+                if delivery.receive_count >= self.settings.max_receive_count =>
+            {
+                let reason = format!(
+                    "retries exhausted after {} receives: {reason}",
+                    delivery.receive_count
+                );
+                (
+                    self.finish(
+                        InboxState::DeadLetter,
+                        Some((ERROR_CLASS_TRANSIENT, reason)),
+                        None,
+                    ),
+                    MessageOutcome::DeadLetterNow,
+                )
+            }
+            Err(Failure::Transient(reason)) => (
+                self.finish(
+                    InboxState::Retryable,
+                    Some((ERROR_CLASS_TRANSIENT, reason)),
+                    None,
+                ),
+                MessageOutcome::Retry {
+                    delay: self.backoff(attempt.max(delivery.receive_count)),
+                },
+            ),
+        };
+
+        let log = |level, message: &str, detail: Option<&str>| {
+            log_attempt(
+                level,
+                &item,
+                &finish,
+                delivery.receive_count,
+                message,
+                detail,
+            )
+        };
+        match self.processing.finish(key, worker, &finish).await {
+            Ok(true) => {
+                let detail = finish.error.as_deref().or(finish.result.as_deref());
+                let (level, message) = match finish.state {
+                    InboxState::DeadLetter => (Level::ERROR, "event dead-lettered"),
+                    InboxState::Retryable => (Level::WARN, "event will be retried"),
+                    _ => (Level::INFO, "event processed"),
+                };
+                log(level, message, detail);
+                outcome
+            }
+            Ok(false) => {
+                // Our lease ran out and another worker claimed the item. Whatever we
+                // committed is guarded by its effect key; that worker finishes it.
+                log(
+                    Level::WARN,
+                    "lease lost before finishing; the new owner finishes",
+                    None,
+                );
+                MessageOutcome::LeaveForLater {
+                    delay: millis(self.settings.lease_ms),
+                }
+            }
+            Err(e) => {
+                // The item stays `processing` under our lease: come back after it.
+                let error = e.to_string();
+                log(
+                    Level::WARN,
+                    "could not finish the inbox item; retrying",
+                    Some(&error),
+                );
+                let lease = millis(self.settings.lease_ms + LEASE_MARGIN_MS);
+                MessageOutcome::Retry {
+                    delay: self.backoff(attempt).max(lease),
+                }
+            }
+        }
+    }
+
+    fn finish(
+        &self,
+        state: InboxState,
+        error: Option<(&str, String)>,
+        result: Option<String>,
+    ) -> Finish {
+        let (error_class, error) = match error {
+            Some((class, message)) => (Some(class.to_string()), Some(message)),
+            None => (None, None),
+        };
+        Finish {
+            state,
+            error_class,
+            error,
+            result,
+            now_ms: (self.now_ms)(),
+        }
+    }
+
+    /// Decide and commit the event's effects (steps 2 and 3).
+    async fn apply(&self, item: &InboxItem) -> Result<Applied, Failure> {
+        if item.body_encoding != body::BODY_ENCODING {
+            return Err(Failure::Permanent(format!(
+                "unknown body encoding {:?}",
+                item.body_encoding
+            )));
+        }
+        let limit = usize::try_from(item.body_len).unwrap_or(usize::MAX);
+        let raw =
+            body::decompress(&item.body, limit).map_err(|e| Failure::Permanent(e.to_string()))?;
+        let event = DomainEvent {
+            envelope: &item.envelope,
+            body: &raw,
+        };
+        let targets = self.domain.targets(&event)?;
+
+        for round in 0..=self.settings.max_conflict_retries {
+            let current = if targets.is_empty() {
+                Vec::new()
+            } else {
+                self.state.load(&targets).await?
+            };
+            if current.len() != targets.len() {
+                return Err(Failure::Transient(format!(
+                    "state store returned {} of {} records",
+                    current.len(),
+                    targets.len()
+                )));
+            }
+            let (changes, result) = match self.domain.decide(&event, &current)? {
+                Decision::Ignore { reason } => return Ok(Applied::Ignored(reason)),
+                Decision::Apply { changes, result } => (changes, result),
+            };
+            if changes.is_empty() {
+                return Ok(Applied::Completed(result));
+            }
+            let writes = plan_writes(&current, changes)?;
+            if writes.is_empty() {
+                return Ok(Applied::Completed(ALREADY_APPLIED.to_string()));
+            }
+            match self.state.commit(&writes).await? {
+                CommitOutcome::Committed => return Ok(Applied::Completed(result)),
+                CommitOutcome::Conflict => {
+                    tracing::debug!(pk = %item.key, round, "state conflict; deciding again");
+                    if round < self.settings.max_conflict_retries {
+                        // Spread competing workers apart a little.
+                        let pause = 5.0 * f64::from(round + 1) * (self.jitter)();
+                        tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+                    }
+                }
+            }
+        }
+        Err(Failure::Transient(format!(
+            "lock contention: state changed under {} consecutive attempts",
+            self.settings.max_conflict_retries + 1
+        )))
+    }
+
+    /// Process a batch concurrently. One bad record never fails the others: even a
+    /// panic in one becomes a retry of that message alone.
+    pub async fn process_batch(
+        &self,
+        deliveries: &[Delivery],
+        worker: &str,
+    ) -> Vec<(String, MessageOutcome)> {
+        let runs = deliveries.iter().map(|delivery| async move {
+            let outcome = AssertUnwindSafe(self.process_message(delivery, worker))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!(pk = %delivery.message.pk, "processing panicked; retrying later");
+                    MessageOutcome::Retry { delay: self.backoff(delivery.receive_count) }
+                });
+            (delivery.receipt.clone(), outcome)
+        });
+        futures::future::join_all(runs).await
+    }
+
+    /// Apply an outcome to the queue. Returns `true` when the message stays in the
+    /// queue (for Lambda: report it as a batch item failure).
+    pub async fn settle(
+        &self,
+        delivery: &Delivery,
+        outcome: MessageOutcome,
+        mode: AckMode,
+    ) -> bool {
+        let pk = &delivery.message.pk;
+        let ack = || async {
+            if mode == AckMode::Delete {
+                if let Err(e) = self.queue.ack(&delivery.receipt).await {
+                    // Redelivered later; the claim then says it is finished.
+                    tracing::warn!(pk = %pk, error = %e, "could not delete a handled message");
+                }
+            }
+            false
+        };
+        match outcome {
+            MessageOutcome::Ack => ack().await,
+            MessageOutcome::Retry { delay } | MessageOutcome::LeaveForLater { delay } => {
+                if let Err(e) = self.queue.change_visibility(&delivery.receipt, delay).await {
+                    // It comes back after the receive's visibility timeout instead.
+                    tracing::warn!(pk = %pk, error = %e, "could not set the retry delay");
+                }
+                true
+            }
+            MessageOutcome::DeadLetterNow => {
+                match self.queue.send_dead_letter(&delivery.message).await {
+                    Ok(()) => ack().await,
+                    Err(e) => {
+                        // Keep it: SQS redrive moves it after maxReceiveCount receives.
+                        tracing::error!(pk = %pk, error = %e, "could not send to the dead-letter queue");
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// The local worker loop of `einmal serve`: receive, process, settle; pause
+    /// briefly when the queue is empty. Returns when `shutdown` completes (a batch in
+    /// progress is finished first).
+    pub async fn run_local(&self, worker: &str, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        // Hidden at least as long as the lease, so a slow message is not received twice.
+        let visibility = millis(self.settings.lease_ms + LEASE_MARGIN_MS);
+        loop {
+            let received = tokio::select! {
+                _ = &mut shutdown => return,
+                received = self.queue.receive(LOCAL_BATCH, visibility) => received,
+            };
+            let pause = match received {
+                Ok(deliveries) if !deliveries.is_empty() => {
+                    let outcomes = self.process_batch(&deliveries, worker).await;
+                    for (delivery, (_, outcome)) in deliveries.iter().zip(outcomes) {
+                        self.settle(delivery, outcome, AckMode::Delete).await;
+                    }
+                    continue;
+                }
+                Ok(_) => LOCAL_IDLE,
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed");
+                    LOCAL_ERROR_PAUSE
+                }
+            };
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}
+
+/// One line per attempt: identifiers, state and the short reason; never the body.
+fn log_attempt(
+    level: Level,
+    item: &InboxItem,
+    finish: &Finish,
+    receive_count: u32,
+    message: &str,
+    detail: Option<&str>,
+) {
+    let env = &item.envelope;
+    macro_rules! emit {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                provider = %env.provider,
+                tenant = %env.tenant,
+                event_id = %env.event_id,
+                event_type = %env.event_type,
+                object_id = env.object_id.as_deref(),
+                state = %finish.state,
+                attempt = item.attempts,
+                receive_count,
+                detail,
+                "{message}"
+            )
+        };
+    }
+    if level == Level::ERROR {
+        emit!(Level::ERROR)
+    } else if level == Level::WARN {
+        emit!(Level::WARN)
+    } else {
+        emit!(Level::INFO)
+    }
+}
+
+fn millis(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// The guarded writes of a decision: changes whose effect key is already applied to
+/// their record are dropped; the others become one write per record (version + 1,
+/// new data, effect key added), expected at the version that was loaded.
+fn plan_writes(current: &[StateRecord], changes: Vec<Change>) -> Result<Vec<StateWrite>, Failure> {
+    let mut writes: Vec<StateWrite> = Vec::new();
+    for change in changes {
+        let Some(loaded) = current.iter().find(|r| r.key == change.key) else {
+            return Err(Failure::Permanent(format!(
+                "domain changed record {} that it did not list in its targets",
+                change.key.pk()
+            )));
+        };
+        if loaded.applied.contains(&change.effect_key) {
+            continue;
+        }
+        match writes.iter_mut().find(|w| w.record.key == change.key) {
+            Some(write) => {
+                write.record.data = change.data;
+                write.record.applied.insert(change.effect_key);
+            }
+            None => {
+                let mut record = loaded.clone();
+                record.version = loaded.version + 1;
+                record.data = change.data;
+                record.applied.insert(change.effect_key);
+                writes.push(StateWrite {
+                    record,
+                    expected_version: loaded.version,
+                });
+            }
+        }
+    }
+    Ok(writes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::state::StateKey;
+    use serde_json::json;
+
+    #[test]
+    fn backoff_doubles_up_to_the_ceiling() {
+        let s = ProcessSettings::default();
+        let caps: Vec<i64> = (1..=12).map(|n| s.backoff_cap_ms(n)).collect();
+        assert_eq!(&caps[..4], &[2_000, 4_000, 8_000, 16_000]);
+        assert_eq!(caps[9], 900_000);
+        assert_eq!(caps[11], 900_000);
+        assert_eq!(s.backoff_cap_ms(0), 2_000);
+        assert_eq!(s.backoff_cap_ms(u32::MAX), 900_000);
+        assert_eq!(s.backoff(3, 1.0), Duration::from_secs(8));
+        assert_eq!(s.backoff(3, 0.5), Duration::from_secs(4));
+        assert_eq!(s.backoff(3, 0.0), Duration::ZERO);
+        assert_eq!(s.backoff(3, 7.0), Duration::from_secs(8));
+    }
+
+    #[test]
+    fn settings_from_env() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            ProcessSettings::from_lookup(env(&[])).unwrap(),
+            ProcessSettings::default()
+        );
+        let s = ProcessSettings::from_lookup(env(&[
+            (LEASE_MS_ENV, "5000"),
+            (MAX_RECEIVE_COUNT_ENV, " 3 "),
+            (BACKOFF_BASE_MS_ENV, ""),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.lease_ms, s.max_receive_count, s.backoff_base_ms),
+            (5_000, 3, 2_000)
+        );
+        let err = ProcessSettings::from_lookup(env(&[(MAX_RECEIVE_COUNT_ENV, "0")])).unwrap_err();
+        assert_eq!(err.name, MAX_RECEIVE_COUNT_ENV);
+        let err = ProcessSettings::from_lookup(env(&[(LEASE_MS_ENV, "soon")])).unwrap_err();
+        assert!(err.to_string().contains("not a number"), "{err}");
+        let err = ProcessSettings::from_lookup(env(&[(BACKOFF_MAX_MS_ENV, "10")])).unwrap_err();
+        assert_eq!(err.name, BACKOFF_MAX_MS_ENV);
+    }
+
+    fn record(id: &str, version: u64, applied: &[&str]) -> StateRecord {
+        StateRecord {
+            key: StateKey::new("t", "counter", id),
+            version,
+            data: json!({ "count": version }),
+            applied: applied.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn change(id: &str, effect: &str, count: u64) -> Change {
+        Change {
+            key: StateKey::new("t", "counter", id),
+            effect_key: effect.into(),
+            data: json!({ "count": count }),
+        }
+    }
+
+    #[test]
+    fn plan_drops_applied_effects_and_merges_per_record() {
+        let current = [record("a", 3, &["e1"]), record("b", 0, &[])];
+        let writes = plan_writes(
+            &current,
+            vec![
+                change("a", "e1", 4),
+                change("b", "e2", 1),
+                change("b", "e3", 2),
+            ],
+        )
+        .unwrap();
+        assert_eq!(writes.len(), 1);
+        let w = &writes[0];
+        assert_eq!((w.expected_version, w.record.version), (0, 1));
+        assert_eq!(w.record.data, json!({ "count": 2 }));
+        assert_eq!(w.record.applied.iter().collect::<Vec<_>>(), ["e2", "e3"]);
+
+        assert!(plan_writes(&current, vec![change("a", "e1", 9)])
+            .unwrap()
+            .is_empty());
+        let writes = plan_writes(&current, vec![change("a", "e4", 4)]).unwrap();
+        assert_eq!(
+            (writes[0].expected_version, writes[0].record.version),
+            (3, 4)
+        );
+        assert_eq!(writes[0].record.applied.len(), 2);
+    }
+
+    #[test]
+    fn a_change_outside_the_targets_is_permanent() {
+        let err = plan_writes(&[record("a", 1, &[])], vec![change("zzz", "e", 1)]).unwrap_err();
+        assert!(
+            matches!(err, Failure::Permanent(ref m) if m.contains("t#counter#zzz")),
+            "{err:?}"
+        );
+    }
+}
