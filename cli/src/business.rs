@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use einmal::domain::reference::Sku;
 use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateWrite};
 
 use crate::store::StoreArgs;
@@ -100,7 +101,8 @@ pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, String
                     .unwrap_or_else(|| StateRecord::missing(key.clone()));
                 let mut record = current.clone();
                 record.version = current.version + 1;
-                record.data = serde_json::json!({ "sku": sku, "on_hand": on_hand });
+                let data = Sku { sku: sku.clone(), on_hand };
+                record.data = serde_json::to_value(&data).map_err(|e| e.to_string())?;
                 let write = StateWrite { record, expected_version: current.version };
                 match state.commit(&[write]).await.map_err(|e| e.to_string())? {
                     CommitOutcome::Committed => {

@@ -38,14 +38,6 @@
 //! the effect keys; omitted when empty because DynamoDB sets cannot be empty),
 //! `updated_at_ms` (N).
 
-// The shared classifier of AWS failures lives in the inbox adapter's private `error`
-// module; including the same file here reuses it (same wording, same classes) without
-// touching `aws`. Once `aws` declares `pub(crate) mod error`, replace this with
-// `use super::aws::error::describe`.
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "aws/error.rs"]
-mod error;
-
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -61,12 +53,12 @@ use aws_sdk_dynamodb::types::{
 };
 use rand::Rng;
 
+use super::aws::error::describe;
 use super::aws::AwsSetupError;
 use super::embedded_state::check_writes;
 use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use crate::ports::StoreError;
 use crate::time::now_millis;
-use error::describe;
 
 /// State table name.
 pub const STATE_TABLE_ENV: &str = "EINMAL_STATE_TABLE";
