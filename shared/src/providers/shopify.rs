@@ -30,11 +30,16 @@ static WEBHOOK_ID: [HeaderName; 2] = names!("x-shopify-webhook-id", "shopify-web
 static TRIGGERED_AT: [HeaderName; 2] = names!("x-shopify-triggered-at", "shopify-triggered-at");
 const DEFAULT_TOPIC: &str = "orders/create";
 
-/// Signature candidates from both header name sets; API Gateway may comma-join
-/// repeats, and base64 never contains a comma.
+/// Signature candidates (the classic header, else the preview one). API Gateway may
+/// comma-join repeats, and base64 never contains a comma.
 fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
     let mut out = Vec::with_capacity(1);
-    for name in &HMAC {
+    let names = if request.headers.contains_key(&HMAC[0]) {
+        &HMAC[..1]
+    } else {
+        &HMAC[1..]
+    };
+    for name in names {
         for value in sig::header_values(request, name) {
             let value = value?;
             if value.is_empty() {
@@ -62,7 +67,10 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
     let event = sig::single_header_of(request, &EVENT_ID)?
         .ok_or_else(|| sig::payload_error("missing X-Shopify-Event-Id header"))?;
     // Event-Id is shared by every topic of one merchant action, so scope it.
-    let event_id = format!("{shop}:{topic}:{event}");
+    let mut event_id = String::with_capacity(shop.len() + topic.len() + event.len() + 2);
+    for part in [&shop[..], ":", topic, ":", event] {
+        event_id.push_str(part);
+    }
     sig::check_event_id(&event_id)?;
     let [id, updated_at] = sig::json_fields(&request.body, [&["id"], &["updated_at"]])?;
     let triggered = sig::single_header_of(request, &TRIGGERED_AT)?;

@@ -391,6 +391,18 @@ mod tests {
             Err(ProviderError::MissingHeader("webhook-signature"))
         );
         let mut h = good(V3_KEY, BODY);
+        h.insert(
+            "webhook-signature",
+            HeaderValue::from_bytes(b"v1,\xff").unwrap(),
+        );
+        assert_eq!(
+            verify(h, BODY, &t),
+            Err(ProviderError::MalformedHeader(
+                "webhook-signature",
+                "value is not visible ASCII"
+            ))
+        );
+        let mut h = good(V3_KEY, BODY);
         h.remove("webhook-id");
         assert_eq!(
             verify(h, BODY, &t),

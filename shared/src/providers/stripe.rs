@@ -43,10 +43,8 @@ impl Parsed {
                 let idx = match self.groups.iter().position(|g| g.t == t) {
                     Some(i) => i,
                     None => {
-                        self.groups.push(Group {
-                            t,
-                            sigs: Vec::new(),
-                        });
+                        let sigs = Vec::with_capacity(2);
+                        self.groups.push(Group { t, sigs });
                         self.groups.len() - 1
                     }
                 };
