@@ -58,36 +58,69 @@ fn record_json(record: &StateRecord) -> serde_json::Value {
     value
 }
 
-async fn show(store: &StoreArgs, key: StateKey, json: bool, what: &str) -> Result<ExitCode, String> {
+async fn show(
+    store: &StoreArgs,
+    key: StateKey,
+    json: bool,
+    what: &str,
+) -> Result<ExitCode, String> {
     let state = store.open_state().await?;
-    let records = state.load(std::slice::from_ref(&key)).await.map_err(|e| e.to_string())?;
+    let records = state
+        .load(std::slice::from_ref(&key))
+        .await
+        .map_err(|e| e.to_string())?;
     let Some(record) = records.into_iter().next().filter(StateRecord::exists) else {
         eprintln!("einmal: no {what} {} for tenant {}", key.id, key.tenant);
         return Ok(ExitCode::from(1));
     };
     let value = record_json(&record);
     if json {
-        println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+        );
     } else {
-        println!("{}", serde_json::to_string(&value).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&value).map_err(|e| e.to_string())?
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn run_orders(command: OrdersCommand) -> Result<ExitCode, String> {
     match command {
-        OrdersCommand::Show { tenant, order_id, json, store } => {
-            show(&store, StateKey::new(tenant, "order", order_id), json, "order").await
+        OrdersCommand::Show {
+            tenant,
+            order_id,
+            json,
+            store,
+        } => {
+            show(
+                &store,
+                StateKey::new(tenant, "order", order_id),
+                json,
+                "order",
+            )
+            .await
         }
     }
 }
 
 pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, String> {
     match command {
-        InventoryCommand::Show { tenant, sku, json, store } => {
-            show(&store, StateKey::new(tenant, "sku", sku), json, "SKU").await
-        }
-        InventoryCommand::Set { tenant, sku, on_hand, store } => {
+        InventoryCommand::Show {
+            tenant,
+            sku,
+            json,
+            store,
+        } => show(&store, StateKey::new(tenant, "sku", sku), json, "SKU").await,
+        InventoryCommand::Set {
+            tenant,
+            sku,
+            on_hand,
+            store,
+        } => {
             let state = store.open_state().await?;
             let key = StateKey::new(tenant, "sku", sku.clone());
             // An operator write, guarded like any other: retry if a processor moved stock meanwhile.
@@ -101,9 +134,15 @@ pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, String
                     .unwrap_or_else(|| StateRecord::missing(key.clone()));
                 let mut record = current.clone();
                 record.version = current.version + 1;
-                let data = Sku { sku: sku.clone(), on_hand };
+                let data = Sku {
+                    sku: sku.clone(),
+                    on_hand,
+                };
                 record.data = serde_json::to_value(&data).map_err(|e| e.to_string())?;
-                let write = StateWrite { record, expected_version: current.version };
+                let write = StateWrite {
+                    record,
+                    expected_version: current.version,
+                };
                 match state.commit(&[write]).await.map_err(|e| e.to_string())? {
                     CommitOutcome::Committed => {
                         println!("{sku}: on_hand = {on_hand}");

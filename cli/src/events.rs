@@ -53,7 +53,14 @@ fn parse_state(s: &str) -> Result<InboxState, String> {
 
 pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
     match command {
-        EventsCommand::Show { provider, tenant, event_id, body, json, store } => {
+        EventsCommand::Show {
+            provider,
+            tenant,
+            event_id,
+            body,
+            json,
+            store,
+        } => {
             let stores = store.open().await?;
             let key = InboxKey::new(&provider, &tenant, &event_id);
             let item = stores.inbox.get(&key).await.map_err(|e| e.to_string())?;
@@ -65,22 +72,45 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
             if body {
                 let raw = einmal::body::decompress(&item.body, item.body_len as usize)
                     .map_err(|e| e.to_string())?;
-                value["body"] = serde_json::Value::String(String::from_utf8_lossy(&raw).into_owned());
+                value["body"] =
+                    serde_json::Value::String(String::from_utf8_lossy(&raw).into_owned());
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+                );
             } else {
                 println!("{}", line(&item));
             }
             Ok(ExitCode::SUCCESS)
         }
-        EventsCommand::List { state, provider, tenant, limit, json, store } => {
+        EventsCommand::List {
+            state,
+            provider,
+            tenant,
+            limit,
+            json,
+            store,
+        } => {
             let stores = store.open().await?;
-            let filter = InboxFilter { state, provider, tenant, limit };
-            let items = stores.inbox.list(&filter).await.map_err(|e| e.to_string())?;
+            let filter = InboxFilter {
+                state,
+                provider,
+                tenant,
+                limit,
+            };
+            let items = stores
+                .inbox
+                .list(&filter)
+                .await
+                .map_err(|e| e.to_string())?;
             if json {
                 let values: Vec<_> = items.iter().map(item_json).collect();
-                println!("{}", serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?
+                );
             } else {
                 for item in &items {
                     println!("{}", line(item));

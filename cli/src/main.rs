@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "einmal", version, about = "Exactly-once business effects from at-least-once webhooks")]
+#[command(
+    name = "einmal",
+    version,
+    about = "Exactly-once business effects from at-least-once webhooks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

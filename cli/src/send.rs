@@ -42,16 +42,23 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
     let provider = providers::lookup(&args.provider).ok_or_else(|| {
         let known: Vec<_> = providers::all().iter().map(|p| p.name()).collect();
-        format!("unknown provider {:?}; known: {}", args.provider, known.join(", "))
-    })?;
-    let mut tenant = config.tenant(&args.provider, &args.tenant).cloned().ok_or_else(|| {
         format!(
-            "tenant {:?} is not configured for {} in {}",
-            args.tenant,
+            "unknown provider {:?}; known: {}",
             args.provider,
-            args.config.display()
+            known.join(", ")
         )
     })?;
+    let mut tenant = config
+        .tenant(&args.provider, &args.tenant)
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "tenant {:?} is not configured for {} in {}",
+                args.tenant,
+                args.provider,
+                args.config.display()
+            )
+        })?;
     if let Some(topic) = &args.topic {
         tenant.options.insert("topic".into(), topic.clone());
         tenant.options.insert("event".into(), topic.clone());
@@ -60,7 +67,8 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
         .event
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("events/samples/{}.json", args.provider)));
-    let mut body = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut body =
+        std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let event_id = match &args.event_id {
         Some(id) => id.clone(),
         None => format!("demo-{}-1", args.provider),

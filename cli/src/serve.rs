@@ -14,10 +14,10 @@ use axum::Router;
 use clap::Args;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
-use einmal::domain::reference::ReferenceDomain;
-use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::config::Config;
+use einmal::domain::reference::ReferenceDomain;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
+use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::request::WebhookRequest;
 
 #[derive(Debug, Args)]
@@ -40,10 +40,12 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
             .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
     );
-    let state = Arc::new(
-        EmbeddedStateStore::open(&args.data_dir)
-            .map_err(|e| format!("cannot open the state store in {}: {e}", args.data_dir.display()))?,
-    );
+    let state = Arc::new(EmbeddedStateStore::open(&args.data_dir).map_err(|e| {
+        format!(
+            "cannot open the state store in {}: {e}",
+            args.data_dir.display()
+        )
+    })?);
     let settings = ProcessSettings {
         max_receive_count: EmbeddedOptions::default().max_receive_count,
         ..ProcessSettings::default()
@@ -87,7 +89,10 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let _ = stop_tx.send(true);
     let _ = worker.await;
     served?;
-    eprintln!("einmal: stopped; {}", serde_json::to_string(&metrics.snapshot()).unwrap_or_default());
+    eprintln!(
+        "einmal: stopped; {}",
+        serde_json::to_string(&metrics.snapshot()).unwrap_or_default()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -113,7 +118,12 @@ async fn webhook(
     let Ok(body) = axum::body::to_bytes(body, limit.saturating_add(1)).await else {
         return json(&ingestor.oversize(limit));
     };
-    let request = WebhookRequest { method, headers, query, body };
+    let request = WebhookRequest {
+        method,
+        headers,
+        query,
+        body,
+    };
     json(&ingestor.ingest(&provider, &tenant, &request).await)
 }
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use einmal::adapters::aws::AwsStore;
-use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::aws_state::DynamoStateStore;
+use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::StateStore;
 use einmal::ports::{Inbox, Queue};
@@ -39,11 +39,19 @@ impl StoreArgs {
     /// The business-state store next to the inbox.
     pub async fn open_state(&self) -> Result<Arc<dyn StateStore>, String> {
         match self.backend {
-            Backend::Embedded => Ok(Arc::new(
-                EmbeddedStateStore::open(&self.data_dir)
-                    .map_err(|e| format!("cannot open the state store in {}: {e}", self.data_dir.display()))?,
+            Backend::Embedded => Ok(Arc::new(EmbeddedStateStore::open(&self.data_dir).map_err(
+                |e| {
+                    format!(
+                        "cannot open the state store in {}: {e}",
+                        self.data_dir.display()
+                    )
+                },
+            )?)),
+            Backend::Aws => Ok(Arc::new(
+                DynamoStateStore::from_env()
+                    .await
+                    .map_err(|e| e.to_string())?,
             )),
-            Backend::Aws => Ok(Arc::new(DynamoStateStore::from_env().await.map_err(|e| e.to_string())?)),
         }
     }
 
@@ -51,14 +59,21 @@ impl StoreArgs {
         match self.backend {
             Backend::Embedded => {
                 let store = Arc::new(
-                    EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default())
-                        .map_err(|e| format!("cannot open the store in {}: {e}", self.data_dir.display()))?,
+                    EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default()).map_err(
+                        |e| format!("cannot open the store in {}: {e}", self.data_dir.display()),
+                    )?,
                 );
-                Ok(Stores { inbox: store.clone(), queue: store })
+                Ok(Stores {
+                    inbox: store.clone(),
+                    queue: store,
+                })
             }
             Backend::Aws => {
                 let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
-                Ok(Stores { inbox: store.clone(), queue: store })
+                Ok(Stores {
+                    inbox: store.clone(),
+                    queue: store,
+                })
             }
         }
     }

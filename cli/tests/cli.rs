@@ -26,7 +26,11 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let data_dir = tempfile::tempdir().unwrap();
         let addr = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_einmal"))
@@ -43,7 +47,11 @@ impl Server {
             assert!(Instant::now() < deadline, "einmal serve did not listen");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Server { child, url: format!("http://{addr}"), data_dir }
+        Server {
+            child,
+            url: format!("http://{addr}"),
+            data_dir,
+        }
     }
 
     fn dir(&self) -> &str {
@@ -80,30 +88,78 @@ fn post(url: &str, body: &[u8], content_type: &str) -> (u16, serde_json::Value) 
     let text = String::from_utf8_lossy(&resp);
     let status: u16 = text.split(' ').nth(1).unwrap().parse().unwrap();
     let json = text.split("\r\n\r\n").nth(1).unwrap_or("");
-    (status, serde_json::from_str(json).unwrap_or(serde_json::Value::Null))
+    (
+        status,
+        serde_json::from_str(json).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 #[test]
 fn send_accepts_then_deduplicates_and_events_show_the_item() {
     let server = Server::start();
     for provider in ["stripe", "shopify", "github", "standard-webhooks"] {
-        let first = einmal(&["send", "--provider", provider, "--tenant", "demo", "--url", &server.url]);
-        assert!(first.status.success(), "{provider}: {}", String::from_utf8_lossy(&first.stderr));
+        let first = einmal(&[
+            "send",
+            "--provider",
+            provider,
+            "--tenant",
+            "demo",
+            "--url",
+            &server.url,
+        ]);
+        assert!(
+            first.status.success(),
+            "{provider}: {}",
+            String::from_utf8_lossy(&first.stderr)
+        );
         assert!(stdout(&first).starts_with("200 "), "{}", stdout(&first));
         assert!(stdout(&first).contains("\"duplicate\":false"));
-        let again = einmal(&["send", "--provider", provider, "--tenant", "demo", "--url", &server.url]);
-        assert!(stdout(&again).contains("\"duplicate\":true"), "{}", stdout(&again));
+        let again = einmal(&[
+            "send",
+            "--provider",
+            provider,
+            "--tenant",
+            "demo",
+            "--url",
+            &server.url,
+        ]);
+        assert!(
+            stdout(&again).contains("\"duplicate\":true"),
+            "{}",
+            stdout(&again)
+        );
     }
     let other = einmal(&[
-        "send", "--provider", "stripe", "--tenant", "demo", "--event-id", "evt_cli_2", "--url", &server.url,
+        "send",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "demo",
+        "--event-id",
+        "evt_cli_2",
+        "--url",
+        &server.url,
     ]);
     assert!(stdout(&other).contains("\"event_id\":\"evt_cli_2\""));
 
     let show = einmal(&[
-        "events", "show", "--provider", "stripe", "--tenant", "demo", "--event-id", "evt_demo_1", "--json",
-        "--data-dir", server.dir(),
+        "events",
+        "show",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "demo",
+        "--event-id",
+        "evt_demo_1",
+        "--json",
+        "--data-dir",
+        server.dir(),
     ]);
-    assert!(show.status.success(), "{}", String::from_utf8_lossy(&show.stderr));
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
     let item: serde_json::Value = serde_json::from_str(&stdout(&show)).unwrap();
     assert_eq!(item["key"], "stripe#demo#evt_demo_1");
     assert_eq!(item["envelope"]["event_type"], "payment_intent.succeeded");
@@ -113,7 +169,15 @@ fn send_accepts_then_deduplicates_and_events_show_the_item() {
     let list = einmal(&["events", "list", "--json", "--data-dir", server.dir()]);
     let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
     assert_eq!(items.len(), 5);
-    let list = einmal(&["events", "list", "--state", "dead_letter", "--json", "--data-dir", server.dir()]);
+    let list = einmal(&[
+        "events",
+        "list",
+        "--state",
+        "dead_letter",
+        "--json",
+        "--data-dir",
+        server.dir(),
+    ]);
     let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
     assert!(items.is_empty(), "no sample may dead-letter: {items:?}");
 }
@@ -121,15 +185,37 @@ fn send_accepts_then_deduplicates_and_events_show_the_item() {
 #[test]
 fn bad_http_input_gets_json_errors_and_nothing_is_stored() {
     let server = Server::start();
-    let (status, json) = post(&format!("{}/webhooks/stripe/demo", server.url), b"{}", "application/json");
-    assert_eq!((status, json["error"].as_str()), (401, Some("invalid_signature")));
-    let (status, json) = post(&format!("{}/webhooks/nope/demo", server.url), b"{}", "application/json");
+    let (status, json) = post(
+        &format!("{}/webhooks/stripe/demo", server.url),
+        b"{}",
+        "application/json",
+    );
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (401, Some("invalid_signature"))
+    );
+    let (status, json) = post(
+        &format!("{}/webhooks/nope/demo", server.url),
+        b"{}",
+        "application/json",
+    );
     assert_eq!((status, json["error"].as_str()), (404, Some("not_found")));
-    let (status, json) = post(&format!("{}/elsewhere", server.url), b"{}", "application/json");
+    let (status, json) = post(
+        &format!("{}/elsewhere", server.url),
+        b"{}",
+        "application/json",
+    );
     assert_eq!((status, json["error"].as_str()), (404, Some("not_found")));
     let big = vec![b'x'; 2 * 1024 * 1024];
-    let (status, json) = post(&format!("{}/webhooks/stripe/demo", server.url), &big, "application/json");
-    assert_eq!((status, json["error"].as_str()), (413, Some("payload_too_large")));
+    let (status, json) = post(
+        &format!("{}/webhooks/stripe/demo", server.url),
+        &big,
+        "application/json",
+    );
+    assert_eq!(
+        (status, json["error"].as_str()),
+        (413, Some("payload_too_large"))
+    );
 
     let list = einmal(&["events", "list", "--json", "--data-dir", server.dir()]);
     let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
@@ -141,12 +227,49 @@ fn bad_cli_input_is_a_message_and_a_non_zero_exit() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["events", "list", "--state", "bogus", "--data-dir", d], "unknown state"),
-        (vec!["send", "--provider", "nope", "--tenant", "demo"], "unknown provider"),
-        (vec!["send", "--provider", "stripe", "--tenant", "nobody"], "not configured"),
-        (vec!["send", "--provider", "stripe", "--tenant", "demo", "--event", "/no/such/file"], "cannot read"),
-        (vec!["serve", "--config", "/no/such/config.toml", "--data-dir", d], "cannot read config"),
-        (vec!["events", "show", "--provider", "stripe", "--tenant", "demo", "--event-id", "evt_missing", "--data-dir", d], "no event"),
+        (
+            vec!["events", "list", "--state", "bogus", "--data-dir", d],
+            "unknown state",
+        ),
+        (
+            vec!["send", "--provider", "nope", "--tenant", "demo"],
+            "unknown provider",
+        ),
+        (
+            vec!["send", "--provider", "stripe", "--tenant", "nobody"],
+            "not configured",
+        ),
+        (
+            vec![
+                "send",
+                "--provider",
+                "stripe",
+                "--tenant",
+                "demo",
+                "--event",
+                "/no/such/file",
+            ],
+            "cannot read",
+        ),
+        (
+            vec!["serve", "--config", "/no/such/config.toml", "--data-dir", d],
+            "cannot read config",
+        ),
+        (
+            vec![
+                "events",
+                "show",
+                "--provider",
+                "stripe",
+                "--tenant",
+                "demo",
+                "--event-id",
+                "evt_missing",
+                "--data-dir",
+                d,
+            ],
+            "no event",
+        ),
     ];
     for (args, message) in cases {
         let out = einmal(&args);
@@ -161,18 +284,50 @@ fn serve_processes_events_and_orders_show_the_business_state() {
     let server = Server::start();
     let d = server.dir();
     for (sku, qty) in [("SKU-RED-M", "10"), ("SKU-BLUE-L", "5")] {
-        let out = einmal(&["inventory", "set", "--tenant", "demo", sku, "--on-hand", qty, "--data-dir", d]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = einmal(&[
+            "inventory",
+            "set",
+            "--tenant",
+            "demo",
+            sku,
+            "--on-hand",
+            qty,
+            "--data-dir",
+            d,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let create = einmal(&[
-        "send", "--provider", "shopify", "--tenant", "demo", "--topic", "orders/create",
-        "--event", "events/samples/domain/shopify-orders-create.json", "--event-id", "ev-create-1", "--url", &server.url,
+        "send",
+        "--provider",
+        "shopify",
+        "--tenant",
+        "demo",
+        "--topic",
+        "orders/create",
+        "--event",
+        "events/samples/domain/shopify-orders-create.json",
+        "--event-id",
+        "ev-create-1",
+        "--url",
+        &server.url,
     ]);
     assert!(stdout(&create).starts_with("200 "), "{}", stdout(&create));
     for _ in 0..2 {
         let pay = einmal(&[
-            "send", "--provider", "stripe", "--tenant", "demo",
-            "--event", "events/samples/domain/stripe-payment_intent.succeeded.json", "--url", &server.url,
+            "send",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "demo",
+            "--event",
+            "events/samples/domain/stripe-payment_intent.succeeded.json",
+            "--url",
+            &server.url,
         ]);
         assert!(stdout(&pay).starts_with("200 "), "{}", stdout(&pay));
     }
@@ -180,23 +335,69 @@ fn serve_processes_events_and_orders_show_the_business_state() {
     // The processor loop inside `serve` applies them; wait until both are terminal.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let list = einmal(&["events", "list", "--state", "completed", "--json", "--data-dir", d]);
+        let list = einmal(&[
+            "events",
+            "list",
+            "--state",
+            "completed",
+            "--json",
+            "--data-dir",
+            d,
+        ]);
         let done: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
         if done.len() == 2 {
             break;
         }
-        assert!(Instant::now() < deadline, "events not processed: {}", stdout(&list));
+        assert!(
+            Instant::now() < deadline,
+            "events not processed: {}",
+            stdout(&list)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let order = einmal(&["orders", "show", "--tenant", "demo", "1001", "--json", "--data-dir", d]);
-    assert!(order.status.success(), "{}", String::from_utf8_lossy(&order.stderr));
+    let order = einmal(&[
+        "orders",
+        "show",
+        "--tenant",
+        "demo",
+        "1001",
+        "--json",
+        "--data-dir",
+        d,
+    ]);
+    assert!(
+        order.status.success(),
+        "{}",
+        String::from_utf8_lossy(&order.stderr)
+    );
     let order: serde_json::Value = serde_json::from_str(&stdout(&order)).unwrap();
     assert_eq!(order["payment_status"], "paid");
-    assert_eq!(order["invoices"].as_array().unwrap().len(), 1, "one invoice for two payment deliveries");
+    assert_eq!(
+        order["invoices"].as_array().unwrap().len(),
+        1,
+        "one invoice for two payment deliveries"
+    );
     assert_eq!(order["notifications"].as_array().unwrap().len(), 1);
-    let stock = einmal(&["inventory", "show", "--tenant", "demo", "SKU-BLUE-L", "--json", "--data-dir", d]);
+    let stock = einmal(&[
+        "inventory",
+        "show",
+        "--tenant",
+        "demo",
+        "SKU-BLUE-L",
+        "--json",
+        "--data-dir",
+        d,
+    ]);
     let stock: serde_json::Value = serde_json::from_str(&stdout(&stock)).unwrap();
     assert_eq!(stock["on_hand"], 3, "two units reserved by the order");
-    let missing = einmal(&["orders", "show", "--tenant", "other", "1001", "--data-dir", d]);
+    let missing = einmal(&[
+        "orders",
+        "show",
+        "--tenant",
+        "other",
+        "1001",
+        "--data-dir",
+        d,
+    ]);
     assert!(!missing.status.success(), "tenants are isolated");
 }

@@ -29,7 +29,9 @@ mod tests {
 
     #[test]
     fn round_trips_and_shrinks_json() {
-        let raw = br#"{"id":"evt_1","object":"event","data":{"object":{"id":"pi_1","amount":1000}}}"#.repeat(20);
+        let raw =
+            br#"{"id":"evt_1","object":"event","data":{"object":{"id":"pi_1","amount":1000}}}"#
+                .repeat(20);
         let packed = compress(&raw).unwrap();
         assert!(packed.len() < raw.len() / 4);
         assert_eq!(decompress(&packed, raw.len()).unwrap(), raw);

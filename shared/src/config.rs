@@ -29,7 +29,9 @@ pub enum ConfigError {
     /// Only the position and the parser's message: the offending line may hold a secret.
     #[error("invalid config at byte {offset}: {message}")]
     Parse { offset: usize, message: String },
-    #[error("tenant {provider}/{tenant}: secret refers to environment variable {var}, which is not set")]
+    #[error(
+        "tenant {provider}/{tenant}: secret refers to environment variable {var}, which is not set"
+    )]
     MissingEnvSecret {
         provider: String,
         tenant: String,
@@ -169,14 +171,23 @@ impl Config {
         })?;
         let defaults = IngestSettings::default();
         let ingest = IngestSettings {
-            retention_days: raw.defaults.retention_days.unwrap_or(defaults.retention_days),
-            max_body_bytes: raw.defaults.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+            retention_days: raw
+                .defaults
+                .retention_days
+                .unwrap_or(defaults.retention_days),
+            max_body_bytes: raw
+                .defaults
+                .max_body_bytes
+                .unwrap_or(defaults.max_body_bytes),
             max_stored_body_bytes: raw
                 .defaults
                 .max_stored_body_bytes
                 .unwrap_or(defaults.max_stored_body_bytes),
         };
-        let default_tolerance = raw.defaults.tolerance_secs.unwrap_or(DEFAULT_TOLERANCE_SECS);
+        let default_tolerance = raw
+            .defaults
+            .tolerance_secs
+            .unwrap_or(DEFAULT_TOLERANCE_SECS);
         let mut tenants = BTreeMap::new();
         for t in raw.tenants {
             let invalid = |reason: &str| ConfigError::Invalid {
@@ -279,7 +290,10 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.ingest.retention_days, 45);
         assert_eq!(cfg.ingest.max_body_bytes, 2048);
-        assert_eq!(cfg.ingest.max_stored_body_bytes, DEFAULT_MAX_STORED_BODY_BYTES);
+        assert_eq!(
+            cfg.ingest.max_stored_body_bytes,
+            DEFAULT_MAX_STORED_BODY_BYTES
+        );
         let stripe = cfg.tenant("stripe", "shop-1").unwrap();
         let values: Vec<_> = stripe.secrets.iter().map(Secret::expose).collect();
         assert_eq!(values, ["whsec_new", "whsec_old"]);

@@ -71,7 +71,13 @@ pub fn stripe_body(event_id: &str, pad: usize) -> Vec<u8> {
 }
 
 /// A request for `provider`/`tenant` signed with that tenant's first secret, now.
-pub fn signed(config: &Config, provider: &str, tenant: &str, event_id: &str, body: &[u8]) -> WebhookRequest {
+pub fn signed(
+    config: &Config,
+    provider: &str,
+    tenant: &str,
+    event_id: &str,
+    body: &[u8],
+) -> WebhookRequest {
     let p = providers::lookup(provider).expect("known provider");
     let t = config.tenant(provider, tenant).expect("configured tenant");
     let headers = p
@@ -97,7 +103,10 @@ pub async fn drain(queue: &dyn Queue) -> Vec<Delivery> {
 
 pub async fn all_items(inbox: &dyn Inbox) -> Vec<InboxItem> {
     inbox
-        .list(&InboxFilter { limit: 10_000, ..Default::default() })
+        .list(&InboxFilter {
+            limit: 10_000,
+            ..Default::default()
+        })
         .await
         .expect("list works")
 }
@@ -111,7 +120,11 @@ pub struct FailingQueue {
 
 impl FailingQueue {
     pub fn new(inner: Arc<dyn Queue>, fail_on: Vec<usize>) -> Self {
-        FailingQueue { inner, sends: AtomicUsize::new(0), fail_on }
+        FailingQueue {
+            inner,
+            sends: AtomicUsize::new(0),
+            fail_on,
+        }
     }
 }
 
@@ -120,7 +133,9 @@ impl Queue for FailingQueue {
     async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
         let n = self.sends.fetch_add(1, Ordering::SeqCst) + 1;
         if self.fail_on.contains(&n) {
-            return Err(QueueError::Unavailable(format!("injected failure on send {n}")));
+            return Err(QueueError::Unavailable(format!(
+                "injected failure on send {n}"
+            )));
         }
         self.inner.send(message).await
     }
@@ -130,13 +145,21 @@ impl Queue for FailingQueue {
     async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
         self.inner.ack(receipt).await
     }
-    async fn change_visibility(&self, receipt: &str, visibility: Duration) -> Result<(), QueueError> {
+    async fn change_visibility(
+        &self,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<(), QueueError> {
         self.inner.change_visibility(receipt, visibility).await
     }
     async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
         self.inner.send_dead_letter(message).await
     }
-    async fn receive_dead_letters(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
+    async fn receive_dead_letters(
+        &self,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
         self.inner.receive_dead_letters(max, visibility).await
     }
 }

@@ -2,3 +2,4 @@
 
 pub mod fixtures;
 pub mod moto;
+pub mod scenario;

@@ -19,14 +19,26 @@ async fn new_webhook_costs_two_calls_and_a_duplicate_one() {
     let body = stripe_body("evt_calls_1", 3000);
 
     let before = counter.count();
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 200);
-    assert_eq!(counter.count() - before, 2, "new webhook: PutItem + SendMessage");
+    assert_eq!(
+        counter.count() - before,
+        2,
+        "new webhook: PutItem + SendMessage"
+    );
 
     let before = counter.count();
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.body["duplicate"], true);
-    assert_eq!(counter.count() - before, 1, "duplicate: the conditional PutItem only");
+    assert_eq!(
+        counter.count() - before,
+        1,
+        "duplicate: the conditional PutItem only"
+    );
     assert_eq!(drain(&*store).await.len(), 1);
 }
 
@@ -41,14 +53,25 @@ async fn duplicate_of_an_unconfirmed_enqueue_costs_put_plus_send() {
     let body = stripe_body("evt_calls_2", 100);
 
     let before = counter.count();
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 503);
     // PutItem, the injected send failure (no call), UpdateItem marking it.
     assert_eq!(counter.count() - before, 2);
 
     let before = counter.count();
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
-    assert_eq!((resp.status, resp.body["duplicate"].as_bool()), (200, Some(true)));
-    assert_eq!(counter.count() - before, 2, "PutItem (returns the old item) + SendMessage");
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
+    assert_eq!(
+        (resp.status, resp.body["duplicate"].as_bool()),
+        (200, Some(true))
+    );
+    assert_eq!(
+        counter.count() - before,
+        2,
+        "PutItem (returns the old item) + SendMessage"
+    );
     assert_eq!(drain(&*store).await.len(), 1);
 }

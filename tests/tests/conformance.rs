@@ -21,14 +21,22 @@ async fn embedded() -> Backend {
         einmal::adapters::embedded::EmbeddedStore::open(dir.path(), Default::default())
             .expect("embedded store opens"),
     );
-    Backend { inbox: store.clone(), queue: store, _keep: Box::new(dir) }
+    Backend {
+        inbox: store.clone(),
+        queue: store,
+        _keep: Box::new(dir),
+    }
 }
 
 async fn aws() -> Backend {
     let moto = einmal_tests::moto::shared();
     let (store, _names) = einmal_tests::moto::aws_store(moto, None).await;
     let store = Arc::new(store);
-    Backend { inbox: store.clone(), queue: store, _keep: Box::new(()) }
+    Backend {
+        inbox: store.clone(),
+        queue: store,
+        _keep: Box::new(()),
+    }
 }
 
 fn ingestor(b: &Backend) -> Ingestor {
@@ -36,7 +44,10 @@ fn ingestor(b: &Backend) -> Ingestor {
 }
 
 async fn assert_nothing_stored(b: &Backend) {
-    assert!(all_items(&*b.inbox).await.is_empty(), "inbox must stay empty");
+    assert!(
+        all_items(&*b.inbox).await.is_empty(),
+        "inbox must stay empty"
+    );
     assert!(drain(&*b.queue).await.is_empty(), "queue must stay empty");
 }
 
@@ -44,19 +55,27 @@ async fn new_event_is_stored_once_and_enqueued(b: Backend) {
     let ingest = ingestor(&b);
     let cfg = config();
     let body = stripe_body("evt_new_1", 100);
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 200, "{}", resp.body);
     assert_eq!(resp.body["duplicate"], false);
     assert_eq!(resp.body["event_id"], "evt_new_1");
 
     let key = InboxKey::new("stripe", "t1", "evt_new_1");
     let item = b.inbox.get(&key).await.unwrap().expect("stored");
-    assert!(matches!(item.state, InboxState::Received | InboxState::Queued));
+    assert!(matches!(
+        item.state,
+        InboxState::Received | InboxState::Queued
+    ));
     assert_eq!(item.source, Source::Webhook);
     assert_eq!(item.envelope.event_type, "payment_intent.succeeded");
     assert_eq!(item.envelope.object_id.as_deref(), Some("pi_1"));
     assert_eq!(item.body_len as usize, body.len());
-    assert_eq!(einmal::body::decompress(&item.body, body.len()).unwrap(), body);
+    assert_eq!(
+        einmal::body::decompress(&item.body, body.len()).unwrap(),
+        body
+    );
     let retention = 30 * 86_400;
     assert!((item.expires_at - item.received_at_ms / 1000 - retention).abs() <= 1);
 
@@ -70,14 +89,19 @@ async fn duplicate_is_acknowledged_without_a_second_message(b: Backend) {
     let cfg = config();
     let body = stripe_body("evt_dup_1", 10);
     for attempt in 0..3 {
-        let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+        let resp = ingest
+            .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+            .await;
         assert_eq!(resp.status, 200);
         assert_eq!(resp.body["duplicate"], attempt > 0, "attempt {attempt}");
     }
     assert_eq!(all_items(&*b.inbox).await.len(), 1);
     assert_eq!(drain(&*b.queue).await.len(), 1);
     let counts = ingest.metrics().snapshot();
-    assert_eq!((counts.accepted, counts.duplicates, counts.reenqueued), (1, 2, 0));
+    assert_eq!(
+        (counts.accepted, counts.duplicates, counts.reenqueued),
+        (1, 2, 0)
+    );
 }
 
 async fn fifty_concurrent_identical_deliveries_store_one_item_and_one_message(b: Backend) {
@@ -88,7 +112,9 @@ async fn fifty_concurrent_identical_deliveries_store_one_item_and_one_message(b:
     for _ in 0..50 {
         let ingest = ingest.clone();
         let request = signed(&cfg, "stripe", "t1", "", &body);
-        tasks.push(tokio::spawn(async move { ingest.ingest("stripe", "t1", &request).await }));
+        tasks.push(tokio::spawn(async move {
+            ingest.ingest("stripe", "t1", &request).await
+        }));
     }
     let mut fresh = 0;
     for task in tasks {
@@ -108,7 +134,9 @@ async fn enqueue_failure_answers_503_and_the_retry_enqueues(b: Backend) {
     let ingest = Ingestor::new(config(), b.inbox.clone(), failing);
     let cfg = config();
     let body = stripe_body("evt_sendfail_1", 10);
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 503, "{}", resp.body);
     assert_eq!(resp.body["error"], "unavailable");
 
@@ -119,7 +147,9 @@ async fn enqueue_failure_answers_503_and_the_retry_enqueues(b: Backend) {
     assert!(drain(&*b.queue).await.is_empty());
 
     // The provider retries (well within the in-flight grace period).
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body["duplicate"], true);
     let messages = drain(&*b.queue).await;
@@ -164,7 +194,9 @@ async fn stored_but_never_sent_is_reenqueued_by_the_next_retry_after_the_grace(b
         body: einmal::body::compress(&body).unwrap(),
     };
     assert_eq!(b.inbox.put_new(&item).await.unwrap(), PutOutcome::Inserted);
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body["duplicate"], true);
     assert_eq!(drain(&*b.queue).await.len(), 1, "re-enqueued once");
@@ -178,7 +210,10 @@ async fn every_rejected_request_leaves_inbox_and_queue_empty(b: Backend) {
     // Bad signature: signed for the other tenant's secret.
     let other = signed(&cfg, "stripe", "t2", "", &body);
     let resp = ingest.ingest("stripe", "t1", &other).await;
-    assert_eq!((resp.status, resp.body["error"].as_str()), (401, Some("invalid_signature")));
+    assert_eq!(
+        (resp.status, resp.body["error"].as_str()),
+        (401, Some("invalid_signature"))
+    );
 
     // Tampered body, original signature.
     let mut tampered = signed(&cfg, "stripe", "t1", "", &body);
@@ -190,21 +225,45 @@ async fn every_rejected_request_leaves_inbox_and_queue_empty(b: Backend) {
     assert_eq!(ingest.ingest("stripe", "t1", &unsigned).await.status, 401);
 
     // Authentic but not JSON.
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", b"not json")).await;
-    assert_eq!((resp.status, resp.body["error"].as_str()), (400, Some("malformed_request")));
+    let resp = ingest
+        .ingest(
+            "stripe",
+            "t1",
+            &signed(&cfg, "stripe", "t1", "", b"not json"),
+        )
+        .await;
+    assert_eq!(
+        (resp.status, resp.body["error"].as_str()),
+        (400, Some("malformed_request"))
+    );
 
     // Authentic JSON without an event id.
     let no_id = br#"{"object":"event","type":"payment_intent.succeeded"}"#;
-    assert_eq!(ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", no_id)).await.status, 400);
+    assert_eq!(
+        ingest
+            .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", no_id))
+            .await
+            .status,
+        400
+    );
 
     // Over the body limit (64 KiB in the fixture config).
     let big = stripe_body("evt_big", 70_000);
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &big)).await;
-    assert_eq!((resp.status, resp.body["error"].as_str()), (413, Some("payload_too_large")));
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &big))
+        .await;
+    assert_eq!(
+        (resp.status, resp.body["error"].as_str()),
+        (413, Some("payload_too_large"))
+    );
 
     // Unknown tenant and unknown provider: the same 404, no detail.
-    let r1 = ingest.ingest("stripe", "nobody", &signed(&cfg, "stripe", "t1", "", &body)).await;
-    let r2 = ingest.ingest("paypalx", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let r1 = ingest
+        .ingest("stripe", "nobody", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
+    let r2 = ingest
+        .ingest("paypalx", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!((r1.status, r2.status), (404, 404));
     assert_eq!(r1.body, r2.body);
 
@@ -237,7 +296,9 @@ async fn body_that_cannot_fit_one_item_compressed_is_refused(b: Backend) {
     let mut value: serde_json::Value = serde_json::from_slice(&body).unwrap();
     value["data"]["object"]["metadata"]["note"] = noise.into();
     let body = value.to_string().into_bytes();
-    let resp = ingest.ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body)).await;
+    let resp = ingest
+        .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
+        .await;
     assert_eq!(resp.status, 413, "{}", resp.body);
     assert_eq!(ingest.metrics().snapshot().oversize, 1);
     assert_nothing_stored(&b).await;
@@ -247,18 +308,40 @@ async fn tenants_are_isolated_and_each_provider_ingests(b: Backend) {
     let ingest = ingestor(&b);
     let cfg = config();
     let cases = [
-        ("stripe", "evt_iso_1".to_string(), stripe_body("evt_iso_1", 10)),
-        ("shopify", "1001".to_string(), br#"{"id":450789469,"updated_at":"2026-11-29T10:00:00Z"}"#.to_vec()),
-        ("github", "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(), br#"{"action":"opened"}"#.to_vec()),
-        ("standard-webhooks", "msg_iso_1".to_string(), br#"{"type":"invoice.paid","data":{"id":"inv_1"}}"#.to_vec()),
+        (
+            "stripe",
+            "evt_iso_1".to_string(),
+            stripe_body("evt_iso_1", 10),
+        ),
+        (
+            "shopify",
+            "1001".to_string(),
+            br#"{"id":450789469,"updated_at":"2026-11-29T10:00:00Z"}"#.to_vec(),
+        ),
+        (
+            "github",
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(),
+            br#"{"action":"opened"}"#.to_vec(),
+        ),
+        (
+            "standard-webhooks",
+            "msg_iso_1".to_string(),
+            br#"{"type":"invoice.paid","data":{"id":"inv_1"}}"#.to_vec(),
+        ),
     ];
     for (provider, id, body) in &cases {
-        let resp = ingest.ingest(provider, "t1", &signed(&cfg, provider, "t1", id, body)).await;
+        let resp = ingest
+            .ingest(provider, "t1", &signed(&cfg, provider, "t1", id, body))
+            .await;
         assert_eq!(resp.status, 200, "{provider}: {}", resp.body);
     }
     // Tenant t2 has its own secret: t1's signature does not open it.
     let resp = ingest
-        .ingest("stripe", "t2", &signed(&cfg, "stripe", "t1", "", &stripe_body("evt_iso_2", 1)))
+        .ingest(
+            "stripe",
+            "t2",
+            &signed(&cfg, "stripe", "t1", "", &stripe_body("evt_iso_2", 1)),
+        )
         .await;
     assert_eq!(resp.status, 401);
     let items = all_items(&*b.inbox).await;

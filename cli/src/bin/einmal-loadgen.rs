@@ -73,7 +73,9 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
         .ok_or("tenant not configured")?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let run: u32 = rng.gen();
-    let unique = ((args.requests as f64) * (1.0 - args.duplicates)).ceil().max(1.0) as usize;
+    let unique = ((args.requests as f64) * (1.0 - args.duplicates))
+        .ceil()
+        .max(1.0) as usize;
     let mut ids: Vec<usize> = (0..unique).collect();
     while ids.len() < args.requests {
         ids.push(rng.gen_range(0..unique));
@@ -88,7 +90,11 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
             let headers = provider
                 .sign(&body, tenant, &event_id, now)
                 .map_err(|e| e.to_string())?;
-            Ok(Prepared { path: path.clone(), headers, body: body.into() })
+            Ok(Prepared {
+                path: path.clone(),
+                headers,
+                body: body.into(),
+            })
         })
         .collect()
 }
@@ -99,7 +105,9 @@ async fn worker(
     work: Arc<Vec<Prepared>>,
     next: Arc<AtomicUsize>,
 ) -> Result<(Vec<Duration>, [usize; 3]), String> {
-    let stream = tokio::net::TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
+    let stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .map_err(|e| e.to_string())?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
@@ -117,11 +125,18 @@ async fn worker(
         for (k, v) in &p.headers {
             req = req.header(k, v);
         }
-        let req = req.body(Full::new(p.body.clone())).map_err(|e| e.to_string())?;
+        let req = req
+            .body(Full::new(p.body.clone()))
+            .map_err(|e| e.to_string())?;
         let start = Instant::now();
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
         latencies.push(start.elapsed());
         if !status.is_success() {
             outcomes[2] += 1;
@@ -148,7 +163,12 @@ async fn main() -> Result<(), String> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
-        tasks.push(tokio::spawn(worker(hostport.clone(), hostport.clone(), work.clone(), next.clone())));
+        tasks.push(tokio::spawn(worker(
+            hostport.clone(),
+            hostport.clone(),
+            work.clone(),
+            next.clone(),
+        )));
     }
     let mut latencies = Vec::with_capacity(args.requests);
     let mut totals = [0usize; 3];

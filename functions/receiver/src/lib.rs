@@ -36,7 +36,12 @@ fn route(req: &Request) -> Option<(String, String)> {
     if let (Some(p), Some(t)) = (params.first("provider"), params.first("tenant")) {
         return Some((p.to_string(), t.to_string()));
     }
-    let mut segments = req.uri().path().split('/').skip_while(|s| *s != "webhooks").skip(1);
+    let mut segments = req
+        .uri()
+        .path()
+        .split('/')
+        .skip_while(|s| *s != "webhooks")
+        .skip(1);
     let provider = segments.next().filter(|s| !s.is_empty())?;
     let tenant = segments.next().filter(|s| !s.is_empty())?;
     if segments.next().is_some() {

@@ -5,12 +5,18 @@ use std::sync::Arc;
 
 use base64::Engine;
 use einmal::envelope::InboxKey;
-use einmal::ports::Inbox;
 use einmal::pipeline::ingest::Ingestor;
+use einmal::ports::Inbox;
 use einmal_tests::fixtures::{all_items, config, drain, signed, stripe_body};
 use lambda_http::Body;
 
-fn api_gateway_v2_event(provider: &str, tenant: &str, headers: &http::HeaderMap, body: &[u8], base64: bool) -> String {
+fn api_gateway_v2_event(
+    provider: &str,
+    tenant: &str,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    base64: bool,
+) -> String {
     let headers: serde_json::Map<String, serde_json::Value> = headers
         .iter()
         .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().into()))
@@ -64,7 +70,10 @@ async fn base64_encoded_event_is_verified_on_the_decoded_bytes_and_stored_in_dyn
     let (status, json) = status_and_json(receiver::handle(&ingestor, req).await.unwrap());
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["duplicate"], false);
-    let item = store.get(&InboxKey::new("stripe", "t1", "evt_lambda_1")).await.unwrap();
+    let item = store
+        .get(&InboxKey::new("stripe", "t1", "evt_lambda_1"))
+        .await
+        .unwrap();
     assert!(item.is_some());
     assert_eq!(drain(&*store).await.len(), 1);
 
@@ -78,7 +87,9 @@ async fn base64_encoded_event_is_verified_on_the_decoded_bytes_and_stored_in_dyn
 #[tokio::test]
 async fn bad_signature_is_401_json_and_nothing_is_stored() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(einmal::adapters::embedded::EmbeddedStore::open(dir.path(), Default::default()).unwrap());
+    let store = Arc::new(
+        einmal::adapters::embedded::EmbeddedStore::open(dir.path(), Default::default()).unwrap(),
+    );
     let ingestor = Ingestor::new(config(), store.clone(), store.clone());
     let cfg = config();
     let body = stripe_body("evt_lambda_2", 10);

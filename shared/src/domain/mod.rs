@@ -33,7 +33,10 @@ pub struct Change {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Apply these changes atomically (each only if its effect key is new on its record).
-    Apply { changes: Vec<Change>, result: String },
+    Apply {
+        changes: Vec<Change>,
+        result: String,
+    },
     /// Nothing to do, with the reason recorded on the inbox item (unsupported type,
     /// superseded by a newer state, a transition that is not allowed, ...).
     Ignore { reason: String },
@@ -57,5 +60,9 @@ pub trait Domain: Send + Sync {
 
     /// Decide given the current records, in the order `targets` returned them.
     /// Must be deterministic: a replay with the same records decides the same.
-    fn decide(&self, event: &DomainEvent<'_>, current: &[StateRecord]) -> Result<Decision, DomainError>;
+    fn decide(
+        &self,
+        event: &DomainEvent<'_>,
+        current: &[StateRecord],
+    ) -> Result<Decision, DomainError>;
 }

@@ -23,7 +23,11 @@ pub struct StateKey {
 
 impl StateKey {
     pub fn new(tenant: impl Into<String>, kind: impl Into<String>, id: impl Into<String>) -> Self {
-        StateKey { tenant: tenant.into(), kind: kind.into(), id: id.into() }
+        StateKey {
+            tenant: tenant.into(),
+            kind: kind.into(),
+            id: id.into(),
+        }
     }
 
     /// The stored primary key.
@@ -45,7 +49,12 @@ pub struct StateRecord {
 
 impl StateRecord {
     pub fn missing(key: StateKey) -> Self {
-        StateRecord { key, version: 0, data: serde_json::Value::Null, applied: BTreeSet::new() }
+        StateRecord {
+            key,
+            version: 0,
+            data: serde_json::Value::Null,
+            applied: BTreeSet::new(),
+        }
     }
 
     pub fn exists(&self) -> bool {
@@ -75,5 +84,10 @@ pub trait StateStore: Send + Sync {
     /// All writes or none, each conditioned on its expected version.
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError>;
     /// Records of one kind for a tenant (operator views; small result sets).
-    async fn list(&self, tenant: &str, kind: &str, limit: usize) -> Result<Vec<StateRecord>, StoreError>;
+    async fn list(
+        &self,
+        tenant: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<StateRecord>, StoreError>;
 }

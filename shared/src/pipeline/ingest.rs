@@ -12,7 +12,9 @@ use thiserror::Error;
 use crate::body;
 use crate::config::{Config, TenantConfig};
 use crate::envelope::InboxKey;
-use crate::ports::{Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError};
+use crate::ports::{
+    Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
+};
 use crate::providers::{self, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
 use crate::telemetry::IngestMetrics;
@@ -64,7 +66,9 @@ impl IngestError {
         match self {
             IngestError::NotFound => "not_found",
             IngestError::MethodNotAllowed => "method_not_allowed",
-            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => "payload_too_large",
+            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => {
+                "payload_too_large"
+            }
             IngestError::Unauthenticated(_) => "invalid_signature",
             IngestError::Malformed(_) => "malformed_request",
             IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => "unavailable",
@@ -84,10 +88,14 @@ impl IngestError {
     fn count(&self, metrics: &IngestMetrics) {
         let counter = match self {
             IngestError::NotFound | IngestError::MethodNotAllowed => &metrics.not_found,
-            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => &metrics.oversize,
+            IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => {
+                &metrics.oversize
+            }
             IngestError::Unauthenticated(_) => &metrics.signature_failures,
             IngestError::Malformed(_) => &metrics.malformed,
-            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => &metrics.unavailable,
+            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
+                &metrics.unavailable
+            }
         };
         IngestMetrics::incr(counter);
     }
@@ -185,7 +193,12 @@ impl Ingestor {
     }
 
     /// Handle one request for `/webhooks/{provider}/{tenant}` and produce the answer.
-    pub async fn ingest(&self, provider: &str, tenant: &str, request: &WebhookRequest) -> IngestResponse {
+    pub async fn ingest(
+        &self,
+        provider: &str,
+        tenant: &str,
+        request: &WebhookRequest,
+    ) -> IngestResponse {
         match self.try_ingest(provider, tenant, request).await {
             Ok(outcomes) => IngestResponse::from_outcomes(&outcomes),
             Err(err) => {
@@ -194,7 +207,13 @@ impl Ingestor {
                     IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
                         tracing::error!(provider, tenant, error = %err, "ingest unavailable")
                     }
-                    _ => tracing::info!(provider, tenant, status = err.status(), reason = err.code(), "webhook rejected"),
+                    _ => tracing::info!(
+                        provider,
+                        tenant,
+                        status = err.status(),
+                        reason = err.code(),
+                        "webhook rejected"
+                    ),
                 }
                 IngestResponse::from_error(&err)
             }
@@ -210,7 +229,10 @@ impl Ingestor {
         request: &WebhookRequest,
     ) -> Result<Vec<EventOutcome>, IngestError> {
         let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
-        let tenant = self.config.tenant(provider_name, tenant_name).ok_or(IngestError::NotFound)?;
+        let tenant = self
+            .config
+            .tenant(provider_name, tenant_name)
+            .ok_or(IngestError::NotFound)?;
         if request.method != http::Method::POST {
             return Err(IngestError::MethodNotAllowed);
         }
@@ -236,7 +258,10 @@ impl Ingestor {
         let compressed = body::compress(&event.body)?;
         let limit = self.config.ingest.max_stored_body_bytes;
         if compressed.len() > limit {
-            return Err(IngestError::StoredBodyTooLarge { stored: compressed.len(), limit });
+            return Err(IngestError::StoredBodyTooLarge {
+                stored: compressed.len(),
+                limit,
+            });
         }
         let retention_secs = i64::from(self.config.ingest.retention_days) * 86_400;
         Ok(InboxItem {
@@ -262,7 +287,11 @@ impl Ingestor {
 
     /// New event: put + send (two sequential calls). Duplicate: the put alone, plus a
     /// send when the stored item's enqueue was never confirmed (closes the dual write).
-    async fn store_and_enqueue(&self, item: &InboxItem, now_ms: i64) -> Result<EventOutcome, IngestError> {
+    async fn store_and_enqueue(
+        &self,
+        item: &InboxItem,
+        now_ms: i64,
+    ) -> Result<EventOutcome, IngestError> {
         let env = &item.envelope;
         let outcome = |duplicate, reenqueued| EventOutcome {
             key: item.key.clone(),
@@ -284,7 +313,8 @@ impl Ingestor {
             PutOutcome::Duplicate(existing) => {
                 IngestMetrics::incr(&self.metrics.duplicates);
                 let unconfirmed = existing.state == InboxState::Received
-                    && (existing.enqueue_failed || now_ms - existing.received_at_ms >= self.inflight_grace_ms);
+                    && (existing.enqueue_failed
+                        || now_ms - existing.received_at_ms >= self.inflight_grace_ms);
                 if unconfirmed {
                     self.enqueue(&item.key).await?;
                     IngestMetrics::incr(&self.metrics.reenqueued);
@@ -319,13 +349,15 @@ fn verify(
     tenant: &TenantConfig,
     now_secs: i64,
 ) -> Result<Vec<VerifiedEvent>, IngestError> {
-    let events = provider.verify_and_extract(request, tenant, now_secs).map_err(|err| {
-        if err.is_authentication_failure() {
-            IngestError::Unauthenticated(err)
-        } else {
-            IngestError::Malformed(err)
-        }
-    })?;
+    let events = provider
+        .verify_and_extract(request, tenant, now_secs)
+        .map_err(|err| {
+            if err.is_authentication_failure() {
+                IngestError::Unauthenticated(err)
+            } else {
+                IngestError::Malformed(err)
+            }
+        })?;
     if events.is_empty() {
         return Err(IngestError::Malformed(ProviderError::MalformedPayload(
             "the request carries no event".to_string(),
