@@ -105,15 +105,9 @@ impl Provider for GitHub {
         if candidates.is_empty() {
             return Err(ProviderError::MissingHeader(SIGNATURE));
         }
-        let body = &request.body[..];
-        sig::verify_any(secrets, &candidates, |s| {
-            Some(sig::hmac_sha256(s.expose().as_bytes(), &[body]))
-        })?;
+        sig::verify_body_hmac_sha256(secrets, &candidates, &request.body)?;
         let envelope = extract(request, tenant)?;
-        Ok(vec![VerifiedEvent {
-            envelope,
-            body: request.body.clone(),
-        }])
+        Ok(VerifiedEvent::whole(envelope, request))
     }
 
     fn sign(

@@ -62,6 +62,16 @@ pub struct VerifiedEvent {
     pub body: Bytes,
 }
 
+impl VerifiedEvent {
+    /// The usual case: one event whose stored body is the whole raw request body.
+    pub fn whole(envelope: Envelope, request: &WebhookRequest) -> Vec<VerifiedEvent> {
+        vec![VerifiedEvent {
+            envelope,
+            body: request.body.clone(),
+        }]
+    }
+}
+
 pub trait Provider: Send + Sync {
     /// The path segment in `/webhooks/{provider}/{tenant}`.
     fn name(&self) -> &'static str;

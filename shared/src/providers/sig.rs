@@ -138,6 +138,17 @@ pub fn verify_any<M: AsRef<[u8]>>(
     })
 }
 
+/// HMAC-SHA256 of the raw body keyed with each secret's UTF-8 bytes (Shopify, GitHub).
+pub fn verify_body_hmac_sha256(
+    secrets: &[Secret],
+    candidates: &[Vec<u8>],
+    body: &[u8],
+) -> Result<(), ProviderError> {
+    verify_any(secrets, candidates, |s| {
+        Some(hmac_sha256(s.expose().as_bytes(), &[body]))
+    })
+}
+
 /// A header name built once in a `static` (`HeaderName::from_static`), so lookups do
 /// not parse names per request. Errors report its lower-case spelling.
 pub type Name = &'static HeaderName;

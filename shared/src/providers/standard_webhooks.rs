@@ -125,10 +125,7 @@ impl Provider for StandardWebhooks {
             occurred_at: timestamp.and_then(Raw::time).or(Some(ts)),
             delivery_id: None,
         };
-        Ok(vec![VerifiedEvent {
-            envelope,
-            body: request.body.clone(),
-        }])
+        Ok(VerifiedEvent::whole(envelope, request))
     }
 
     fn sign(

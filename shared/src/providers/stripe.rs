@@ -162,10 +162,7 @@ impl Provider for Stripe {
         }
         result?;
         let envelope = extract(body, tenant)?;
-        Ok(vec![VerifiedEvent {
-            envelope,
-            body: request.body.clone(),
-        }])
+        Ok(VerifiedEvent::whole(envelope, request))
     }
 
     fn sign(
