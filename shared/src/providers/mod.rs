@@ -12,11 +12,23 @@ use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
 
+pub mod adyen;
+pub mod braintree;
 pub mod github;
+pub mod gitlab;
+pub mod klarna;
+pub mod lemon_squeezy;
+pub mod mailgun;
+pub mod mollie;
+pub mod paddle;
 pub mod shopify;
 pub mod sig;
+pub mod slack;
+pub mod square;
 pub mod standard_webhooks;
 pub mod stripe;
+pub mod twilio;
+pub mod woocommerce;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ProviderError {
@@ -97,17 +109,33 @@ pub trait Provider: Send + Sync {
     ) -> Result<http::HeaderMap, ProviderError>;
 }
 
-static STRIPE: stripe::Stripe = stripe::Stripe;
-static SHOPIFY: shopify::Shopify = shopify::Shopify;
-static GITHUB: github::GitHub = github::GitHub;
-static STANDARD_WEBHOOKS: standard_webhooks::StandardWebhooks = standard_webhooks::StandardWebhooks;
+/// All providers einmal knows; the path segment is each one's `name()`.
+static ALL: &[&dyn Provider] = &[
+    &stripe::Stripe,
+    &shopify::Shopify,
+    &github::GitHub,
+    &standard_webhooks::StandardWebhooks,
+    // Issue 4 providers:
+    &paddle::Paddle,
+    &square::Square,
+    &slack::Slack,
+    &lemon_squeezy::LemonSqueezy,
+    &klarna::Klarna,
+    &mollie::Mollie,
+    &twilio::Twilio,
+    &woocommerce::WooCommerce,
+    &braintree::Braintree,
+    &gitlab::GitLab,
+    &mailgun::Mailgun,
+    &adyen::Adyen,
+];
 
 /// All providers einmal knows, by path name.
-pub fn all() -> [&'static dyn Provider; 4] {
-    [&STRIPE, &SHOPIFY, &GITHUB, &STANDARD_WEBHOOKS]
+pub fn all() -> &'static [&'static dyn Provider] {
+    ALL
 }
 
 /// Look a provider up by its path segment.
 pub fn lookup(name: &str) -> Option<&'static dyn Provider> {
-    all().into_iter().find(|p| p.name() == name)
+    all().iter().copied().find(|p| p.name() == name)
 }

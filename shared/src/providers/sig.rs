@@ -797,6 +797,52 @@ pub fn format_rfc3339(secs: i64) -> String {
     )
 }
 
+// ---- Hex signature headers (Mollie, Lemon Squeezy, Klarna, Slack) -------------------
+
+/// Every hex signature in every value of the header `name`. Repeated headers (Mollie
+/// rotation) and API Gateway comma-joins both count; hex never contains a comma.
+/// `prefix` (e.g. `sha256=`, `v0=`; may be empty) is matched case-insensitively; when
+/// `prefix_required` is false a value without it is taken as bare hex. An absent
+/// header is `MissingHeader`; empty, unprefixed or non-hex parts are `MalformedHeader`.
+pub fn hex_signatures(
+    req: &WebhookRequest,
+    name: Name,
+    prefix: &str,
+    prefix_required: bool,
+) -> Result<Vec<Vec<u8>>, ProviderError> {
+    let header = name.as_str();
+    let mut out = Vec::with_capacity(1);
+    let mut present = false;
+    for value in header_values(req, name) {
+        present = true;
+        let value = value?;
+        let mut parts = value.split(',').map(str::trim).peekable();
+        if value.is_empty() || parts.peek().is_none() {
+            return Err(ProviderError::MalformedHeader(header, "empty value"));
+        }
+        for part in parts {
+            let hex = match part.split_at_checked(prefix.len()) {
+                Some((p, rest)) if p.eq_ignore_ascii_case(prefix) => rest,
+                _ if !prefix_required => part,
+                _ => {
+                    return Err(ProviderError::MalformedHeader(
+                        header,
+                        "missing signature scheme prefix",
+                    ))
+                }
+            };
+            if hex.is_empty() {
+                return Err(ProviderError::MalformedHeader(header, "empty value"));
+            }
+            out.push(decode_hex(header, hex)?);
+        }
+    }
+    if !present {
+        return Err(ProviderError::MissingHeader(header));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
