@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use bytes::Bytes;
 use clap::Args;
 use einmal::config::Config;
 use einmal::providers;
@@ -79,8 +78,8 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
         }
     }
     let now = einmal::time::now_secs();
-    let headers = provider
-        .sign(&body, &tenant, &event_id, now)
+    let (headers, body) = provider
+        .signed_request(&body, &tenant, &event_id, now)
         .map_err(|e| format!("cannot sign for {}: {e}", args.provider))?;
 
     let url = format!(
@@ -94,7 +93,7 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
         request = request.header(name, value);
     }
     let request = request
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(body))
         .map_err(|e| format!("invalid request: {e}"))?;
     let client = Client::builder(TokioExecutor::new()).build_http();
     let response = client

@@ -99,6 +99,10 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
 pub fn router(ingestor: Arc<Ingestor>) -> Router {
     Router::new()
         .route("/webhooks/{provider}/{tenant}", any(webhook))
+        .route(
+            "/webhooks/{provider}/{tenant}/{token}",
+            any(webhook_with_token),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { json(&not_found()) })
         .with_state(ingestor)
@@ -112,6 +116,44 @@ async fn webhook(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
+    receive(
+        ingestor, provider, tenant, None, method, headers, query, body,
+    )
+    .await
+}
+
+async fn webhook_with_token(
+    State(ingestor): State<Arc<Ingestor>>,
+    Path((provider, tenant, token)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Response {
+    receive(
+        ingestor,
+        provider,
+        tenant,
+        Some(token),
+        method,
+        headers,
+        query,
+        body,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn receive(
+    ingestor: Arc<Ingestor>,
+    provider: String,
+    tenant: String,
+    path_token: Option<String>,
+    method: Method,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Body,
+) -> Response {
     // Read one byte past the limit so the ingest path itself reports 413 with the
     // same rules as on Lambda; anything larger is refused without buffering it.
     let limit = ingestor.config().ingest.max_body_bytes;
@@ -123,6 +165,7 @@ async fn webhook(
         headers,
         query,
         body,
+        path_token,
     };
     json(&ingestor.ingest(&provider, &tenant, &request).await)
 }

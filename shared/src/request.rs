@@ -15,6 +15,9 @@ pub struct WebhookRequest {
     pub query: Option<String>,
     /// The exact raw body bytes as received (after API Gateway base64 decoding).
     pub body: Bytes,
+    /// The optional third path segment, `/webhooks/{provider}/{tenant}/{token}`: an opaque
+    /// per-tenant token that guards endpoints of providers that sign nothing.
+    pub path_token: Option<String>,
 }
 
 impl WebhookRequest {
@@ -24,6 +27,7 @@ impl WebhookRequest {
             headers,
             query: None,
             body: body.into(),
+            path_token: None,
         }
     }
 

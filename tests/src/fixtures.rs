@@ -80,10 +80,10 @@ pub fn signed(
 ) -> WebhookRequest {
     let p = providers::lookup(provider).expect("known provider");
     let t = config.tenant(provider, tenant).expect("configured tenant");
-    let headers = p
-        .sign(body, t, event_id, einmal::time::now_secs())
+    let (headers, body) = p
+        .signed_request(body, t, event_id, einmal::time::now_secs())
         .expect("fixture signs");
-    WebhookRequest::post(headers, body.to_vec())
+    WebhookRequest::post(headers, body)
 }
 
 /// Drain every visible message (they become invisible for a minute).

@@ -87,13 +87,13 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
         .map(|i| {
             let event_id = format!("evt_load_{run:08x}_{i}");
             let body = stripe_event(&event_id, args.body_bytes);
-            let headers = provider
-                .sign(&body, tenant, &event_id, now)
+            let (headers, body) = provider
+                .signed_request(&body, tenant, &event_id, now)
                 .map_err(|e| e.to_string())?;
             Ok(Prepared {
                 path: path.clone(),
                 headers,
-                body: body.into(),
+                body,
             })
         })
         .collect()

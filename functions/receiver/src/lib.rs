@@ -8,7 +8,12 @@ use lambda_http::{Body, Error, Request, RequestExt, Response};
 /// Handle one API Gateway event. `lambda_http` has already base64-decoded the body
 /// when `isBase64Encoded` was set, so `req.body()` is the exact raw bytes.
 pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>, Error> {
-    let Some((provider, tenant)) = route(&req) else {
+    let Some(Route {
+        provider,
+        tenant,
+        token,
+    }) = route(&req)
+    else {
         return respond(&IngestResponse {
             status: 404,
             body: serde_json::json!({"error": "not_found", "message": "not found"}),
@@ -24,17 +29,28 @@ pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>,
             Body::Text(text) => text.into_bytes().into(),
             Body::Binary(bytes) => bytes.into(),
         },
+        path_token: token,
     };
     let response = ingestor.ingest(&provider, &tenant, &request).await;
     respond(&response)
 }
 
-/// `{provider}` and `{tenant}` from the route's path parameters, falling back to the
-/// raw path (`…/webhooks/{provider}/{tenant}`) for events without them.
-fn route(req: &Request) -> Option<(String, String)> {
+struct Route {
+    provider: String,
+    tenant: String,
+    token: Option<String>,
+}
+
+/// `{provider}`, `{tenant}` and the optional `{token}` from the route's path parameters,
+/// falling back to the raw path (`…/webhooks/{provider}/{tenant}[/{token}]`).
+fn route(req: &Request) -> Option<Route> {
     let params = req.path_parameters();
     if let (Some(p), Some(t)) = (params.first("provider"), params.first("tenant")) {
-        return Some((p.to_string(), t.to_string()));
+        return Some(Route {
+            provider: p.to_string(),
+            tenant: t.to_string(),
+            token: params.first("token").map(str::to_string),
+        });
     }
     let mut segments = req
         .uri()
@@ -44,10 +60,18 @@ fn route(req: &Request) -> Option<(String, String)> {
         .skip(1);
     let provider = segments.next().filter(|s| !s.is_empty())?;
     let tenant = segments.next().filter(|s| !s.is_empty())?;
+    let token = segments
+        .next()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
     if segments.next().is_some() {
         return None;
     }
-    Some((provider.to_string(), tenant.to_string()))
+    Some(Route {
+        provider: provider.to_string(),
+        tenant: tenant.to_string(),
+        token,
+    })
 }
 
 fn respond(response: &IngestResponse) -> Result<Response<Body>, Error> {

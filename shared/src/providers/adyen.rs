@@ -378,6 +378,23 @@ impl Provider for Adyen {
             Err(e) => Err(e),
         }
     }
+
+    /// Adyen signs inside each item: fill in every `hmacSignature` with the first key.
+    fn signed_request(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        _event_id: &str,
+        _now_secs: i64,
+    ) -> Result<(http::HeaderMap, bytes::Bytes), ProviderError> {
+        let key = sig::secrets(tenant)?[0].expose();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        Ok((headers, sign_notification(body, key)?.into()))
+    }
 }
 
 #[cfg(test)]

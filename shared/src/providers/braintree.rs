@@ -298,6 +298,20 @@ impl Provider for Braintree {
         )?;
         Ok(h)
     }
+
+    /// Braintree signs inside the form: `body` is the notification XML to wrap.
+    fn signed_request(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<(http::HeaderMap, bytes::Bytes), ProviderError> {
+        let xml = std::str::from_utf8(body)
+            .map_err(|_| sig::payload_error("notification XML is not UTF-8"))?;
+        let headers = self.sign(body, tenant, event_id, now_secs)?;
+        Ok((headers, signed_form(xml, tenant)?.into()))
+    }
 }
 
 #[cfg(test)]

@@ -199,6 +199,20 @@ impl Provider for Mailgun {
         sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
     }
+
+    /// Mailgun signs inside the body: `body` is the `event-data` object to wrap.
+    fn signed_request(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<(http::HeaderMap, bytes::Bytes), ProviderError> {
+        let event_data: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|_| sig::payload_error("event-data is not JSON"))?;
+        let headers = self.sign(body, tenant, event_id, now_secs)?;
+        Ok((headers, signed_body(&event_data, tenant, now_secs)?.into()))
+    }
 }
 
 #[cfg(test)]

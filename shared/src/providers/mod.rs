@@ -107,6 +107,19 @@ pub trait Provider: Send + Sync {
         event_id: &str,
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError>;
+
+    /// Headers and body exactly as the provider would send `body`. Most providers sign
+    /// in headers; those that sign inside the body (Adyen, Mailgun, Braintree) override.
+    fn signed_request(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
+        let headers = self.sign(body, tenant, event_id, now_secs)?;
+        Ok((headers, Bytes::copy_from_slice(body)))
+    }
 }
 
 /// All providers einmal knows; the path segment is each one's `name()`.
