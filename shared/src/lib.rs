@@ -9,6 +9,7 @@
 pub mod adapters;
 pub mod body;
 pub mod config;
+pub mod config_source;
 pub mod domain;
 pub mod envelope;
 pub mod pipeline;

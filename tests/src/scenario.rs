@@ -594,7 +594,7 @@ impl Backend {
     /// Deliver `event` through the ingestor as a freshly signed request; returns
     /// whether the receiver saw it as a duplicate. Panics unless the answer is 200.
     pub async fn send(&self, ingestor: &Ingestor, event: &Event) -> bool {
-        let request = event.request(ingestor.config());
+        let request = event.request(&ingestor.config());
         let response = ingestor.ingest(event.provider, TENANT, &request).await;
         assert_eq!(
             response.status, 200,

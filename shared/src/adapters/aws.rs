@@ -26,9 +26,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditi
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 
 pub use setup::{
-    create_all, create_queues, create_tables, load_config_from_env, load_config_from_ssm,
-    load_config_with, AwsNames, AwsSetupError, CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV,
-    QUEUE_URL_ENV, TABLE_ENV,
+    config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,
+    load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,
+    CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
 
 use crate::envelope::InboxKey;

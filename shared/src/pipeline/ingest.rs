@@ -10,7 +10,8 @@ use serde_json::json;
 use thiserror::Error;
 
 use crate::body;
-use crate::config::{Config, TenantConfig};
+use crate::config::{Config, IngestSettings, TenantConfig};
+use crate::config_source::ConfigSource;
 use crate::envelope::InboxKey;
 use crate::ports::{
     Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
@@ -146,7 +147,7 @@ impl IngestResponse {
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 pub struct Ingestor {
-    config: Arc<Config>,
+    config: ConfigSource,
     inbox: Arc<dyn Inbox>,
     queue: Arc<dyn Queue>,
     metrics: Arc<IngestMetrics>,
@@ -157,13 +158,19 @@ pub struct Ingestor {
 impl Ingestor {
     pub fn new(config: Arc<Config>, inbox: Arc<dyn Inbox>, queue: Arc<dyn Queue>) -> Self {
         Ingestor {
-            config,
+            config: ConfigSource::fixed(config),
             inbox,
             queue,
             metrics: Arc::new(IngestMetrics::default()),
             inflight_grace_ms: DEFAULT_INFLIGHT_GRACE_MS,
             now_ms: Arc::new(time::now_millis),
         }
+    }
+
+    /// Take tenants from a source that may refresh itself (AWS: SSM with a TTL).
+    pub fn with_config_source(mut self, source: ConfigSource) -> Self {
+        self.config = source;
+        self
     }
 
     pub fn with_inflight_grace_ms(mut self, grace_ms: i64) -> Self {
@@ -181,8 +188,9 @@ impl Ingestor {
         &self.metrics
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration as last loaded.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.snapshot()
     }
 
     /// The answer for a body the transport refused to buffer because it exceeds `limit`.
@@ -229,14 +237,14 @@ impl Ingestor {
         request: &WebhookRequest,
     ) -> Result<Vec<EventOutcome>, IngestError> {
         let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
-        let tenant = self
-            .config
+        let config = self.config.current().await;
+        let tenant = config
             .tenant(provider_name, tenant_name)
             .ok_or(IngestError::NotFound)?;
-        if request.method != http::Method::POST {
+        if !provider.accepts_method(&request.method) {
             return Err(IngestError::MethodNotAllowed);
         }
-        let limit = self.config.ingest.max_body_bytes;
+        let limit = config.ingest.max_body_bytes;
         if request.body.len() > limit {
             return Err(IngestError::BodyTooLarge { limit });
         }
@@ -244,7 +252,7 @@ impl Ingestor {
         let events = verify(provider, request, tenant, now_ms / 1000)?;
         let items = events
             .into_iter()
-            .map(|event| self.inbox_item(event, now_ms))
+            .map(|event| inbox_item(&config.ingest, event, now_ms))
             .collect::<Result<Vec<_>, _>>()?;
 
         let mut outcomes = Vec::with_capacity(items.len());
@@ -252,37 +260,6 @@ impl Ingestor {
             outcomes.push(self.store_and_enqueue(item, now_ms).await?);
         }
         Ok(outcomes)
-    }
-
-    fn inbox_item(&self, event: VerifiedEvent, now_ms: i64) -> Result<InboxItem, IngestError> {
-        let compressed = body::compress(&event.body)?;
-        let limit = self.config.ingest.max_stored_body_bytes;
-        if compressed.len() > limit {
-            return Err(IngestError::StoredBodyTooLarge {
-                stored: compressed.len(),
-                limit,
-            });
-        }
-        let retention_secs = i64::from(self.config.ingest.retention_days) * 86_400;
-        Ok(InboxItem {
-            key: event.envelope.key(),
-            envelope: event.envelope,
-            state: InboxState::Received,
-            source: Source::Webhook,
-            attempts: 0,
-            received_at_ms: now_ms,
-            updated_at_ms: now_ms,
-            expires_at: now_ms / 1000 + retention_secs,
-            enqueue_failed: false,
-            last_error: None,
-            last_error_class: None,
-            lease_until_ms: None,
-            lease_owner: None,
-            result: None,
-            body_encoding: body::BODY_ENCODING.to_string(),
-            body_len: event.body.len() as u64,
-            body: compressed,
-        })
     }
 
     /// New event: put + send (two sequential calls). Duplicate: the put alone, plus a
@@ -364,4 +341,41 @@ fn verify(
         )));
     }
     Ok(events)
+}
+
+/// The inbox item for one verified event: compressed body, retention, state `received`.
+fn inbox_item(
+    settings: &IngestSettings,
+    event: VerifiedEvent,
+    now_ms: i64,
+) -> Result<InboxItem, IngestError> {
+    let compressed = body::compress(&event.body)?;
+    let limit = settings.max_stored_body_bytes;
+
+    if compressed.len() > limit {
+        return Err(IngestError::StoredBodyTooLarge {
+            stored: compressed.len(),
+            limit,
+        });
+    }
+    let retention_secs = i64::from(settings.retention_days) * 86_400;
+    Ok(InboxItem {
+        key: event.envelope.key(),
+        envelope: event.envelope,
+        state: InboxState::Received,
+        source: Source::Webhook,
+        attempts: 0,
+        received_at_ms: now_ms,
+        updated_at_ms: now_ms,
+        expires_at: now_ms / 1000 + retention_secs,
+        enqueue_failed: false,
+        last_error: None,
+        last_error_class: None,
+        lease_until_ms: None,
+        lease_owner: None,
+        result: None,
+        body_encoding: body::BODY_ENCODING.to_string(),
+        body_len: event.body.len() as u64,
+        body: compressed,
+    })
 }

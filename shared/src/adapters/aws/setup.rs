@@ -116,6 +116,48 @@ pub async fn load_config_from_env(
     load_config_with(sdk_config, |name| std::env::var(name).ok()).await
 }
 
+/// Reloads the tenant TOML from one SSM SecureString, for [`ConfigSource::refreshing`]:
+/// a rotated secret takes effect within the TTL, without a redeploy.
+///
+/// [`ConfigSource::refreshing`]: crate::config_source::ConfigSource::refreshing
+pub struct SsmConfigLoader {
+    pub client: aws_sdk_ssm::Client,
+    pub name: String,
+}
+
+#[async_trait::async_trait]
+impl crate::config_source::ConfigLoader for SsmConfigLoader {
+    async fn load(&self) -> Result<Config, String> {
+        load_config_from_ssm(&self.client, &self.name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The receiver's configuration: from SSM (reloaded every `ttl`) when
+/// `EINMAL_CONFIG_PARAMETER` is set, else the inline `EINMAL_CONFIG` (fixed).
+pub async fn config_source_from_env(
+    sdk_config: &aws_config::SdkConfig,
+    ttl: Duration,
+) -> Result<crate::config_source::ConfigSource, AwsSetupError> {
+    use crate::config_source::ConfigSource;
+    let initial = load_config_from_env(sdk_config).await?;
+    match std::env::var(CONFIG_PARAMETER_ENV) {
+        Ok(name) if !name.trim().is_empty() => {
+            let loader = SsmConfigLoader {
+                client: aws_sdk_ssm::Client::new(sdk_config),
+                name: name.trim().to_string(),
+            };
+            Ok(ConfigSource::refreshing(
+                initial,
+                std::sync::Arc::new(loader),
+                ttl,
+            ))
+        }
+        _ => Ok(ConfigSource::fixed(std::sync::Arc::new(initial))),
+    }
+}
+
 /// [`load_config_from_env`] with an injectable lookup (tests).
 pub async fn load_config_with(
     sdk_config: &aws_config::SdkConfig,
