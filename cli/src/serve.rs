@@ -16,6 +16,7 @@ use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
 use einmal::domain::reference::ReferenceDomain;
+use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::request::WebhookRequest;
@@ -50,6 +51,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         max_receive_count: EmbeddedOptions::default().max_receive_count,
         ..ProcessSettings::default()
     };
+    let config = Arc::new(config);
+    // Thin webhooks (Mollie classic, GoPay, Klarna push) are fetched from the provider.
+    let lookup = HttpLookup::new();
     let processor = Processor::new(
         store.clone(),
         store.clone(),
@@ -57,8 +61,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         state,
         Arc::new(ReferenceDomain::new()),
     )
-    .with_settings(settings);
-    let ingestor = Arc::new(Ingestor::new(Arc::new(config), store.clone(), store));
+    .with_settings(settings)
+    .with_lookup(Arc::new(lookup), config.clone());
+    let ingestor = Arc::new(Ingestor::new(config, store.clone(), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;

@@ -12,6 +12,7 @@ pub mod config;
 pub mod config_source;
 pub mod domain;
 pub mod envelope;
+pub mod lookup;
 pub mod pipeline;
 pub mod ports;
 pub mod providers;

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use einmal::adapters::aws::AwsStore;
+use einmal::adapters::aws::{load_config_from_env, AwsSetupError, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::domain::reference::ReferenceDomain;
+use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
@@ -16,8 +17,19 @@ async fn main() -> Result<(), Error> {
     let store = Arc::new(AwsStore::from_env().await?);
     let state = Arc::new(DynamoStateStore::from_env().await?);
     let domain = Arc::new(ReferenceDomain::new());
-    let engine =
+    let mut engine =
         Processor::new(store.clone(), store.clone(), store, state, domain).with_settings(settings);
+    // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
+    // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
+    // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
+    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    match load_config_from_env(&sdk_config).await {
+        Ok(config) => engine = engine.with_lookup(Arc::new(HttpLookup::new()), Arc::new(config)),
+        Err(AwsSetupError::NoConfigSource) => {
+            tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
+        }
+        Err(e) => return Err(e.into()),
+    }
     let engine = &engine;
     run(service_fn(|event: LambdaEvent<SqsEvent>| async move {
         let response = processor::handle_as(engine, event.payload, &event.context.request_id).await;

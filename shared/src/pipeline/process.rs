@@ -21,6 +21,18 @@
 //! A crash anywhere is safe: before the commit nothing happened; after it, the
 //! redelivered message finds the effect key applied and only finishes the item.
 //!
+//! # Hints (thin webhooks)
+//!
+//! Providers that sign nothing (Mollie classic, GoPay, Klarna KCO push) only name a
+//! resource; their envelopes have the event type `hint.{kind}` (`providers::thin`).
+//! Before step 2 such an item is *enriched*: the resource is fetched from the
+//! provider's API with the tenant's credentials ([`ResourceLookup`], wired with
+//! [`Processor::with_lookup`]) and the domain sees the fetched JSON as the body and
+//! `{kind}` as the event type. Nothing of the request itself reaches the domain, so a
+//! forged hint cannot cause an effect. A transient lookup failure (5xx, timeout)
+//! retries like any other; a permanent one (404, bad credentials, no lookup
+//! configured) dead-letters the item.
+//!
 //! # Errors
 //!
 //! Transient ([`DomainError::Wait`], [`StoreError::Unavailable`], lock contention):
@@ -40,13 +52,20 @@ use thiserror::Error;
 use tracing::Level;
 
 use crate::body;
+use crate::config::Config;
 use crate::domain::state::{CommitOutcome, StateRecord, StateStore, StateWrite};
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
+use crate::envelope::Envelope;
+use crate::lookup::{LookupError, ResourceLookup};
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
     StoreError, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
 };
+use crate::providers::thin::HINT_PREFIX;
 use crate::time;
+
+/// Providers whose `hint.*` envelopes are enriched by a resource lookup.
+const THIN: &[&str] = &["mollie", "gopay", "klarna-push"];
 
 /// Lease length (`EINMAL_LEASE_MS`).
 pub const LEASE_MS_ENV: &str = "EINMAL_LEASE_MS";
@@ -209,6 +228,15 @@ impl From<DomainError> for Failure {
     }
 }
 
+impl From<LookupError> for Failure {
+    fn from(e: LookupError) -> Self {
+        match e {
+            LookupError::Transient(_) => Failure::Transient(e.to_string()),
+            LookupError::Permanent(_) => Failure::Permanent(e.to_string()),
+        }
+    }
+}
+
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         match e {
@@ -239,6 +267,8 @@ pub struct Processor {
     settings: ProcessSettings,
     now_ms: Clock,
     jitter: Jitter,
+    /// Fetches the state named by hints, with the tenants' credentials.
+    lookup: Option<(Arc<dyn ResourceLookup>, Arc<Config>)>,
 }
 
 impl Processor {
@@ -258,7 +288,15 @@ impl Processor {
             settings: ProcessSettings::default(),
             now_ms: Arc::new(time::now_millis),
             jitter: Arc::new(rand::random::<f64>),
+            lookup: None,
         }
+    }
+
+    /// Enrich hints (thin webhooks) through `lookup`, with the tenants of `config`.
+    /// Without it, hints are dead-lettered ("no resource lookup configured").
+    pub fn with_lookup(mut self, lookup: Arc<dyn ResourceLookup>, config: Arc<Config>) -> Self {
+        self.lookup = Some((lookup, config));
+        self
     }
 
     pub fn with_settings(mut self, settings: ProcessSettings) -> Self {
@@ -459,10 +497,18 @@ impl Processor {
             )));
         }
         let limit = usize::try_from(item.body_len).unwrap_or(usize::MAX);
-        let raw =
+        let mut raw =
             body::decompress(&item.body, limit).map_err(|e| Failure::Permanent(e.to_string()))?;
+        let mut envelope = &item.envelope;
+        let enriched;
+        if let Some(kind) = hint_kind(envelope) {
+            let (fetched_envelope, fetched) = self.enrich(envelope, kind).await?;
+            enriched = fetched_envelope;
+            envelope = &enriched;
+            raw = fetched;
+        }
         let event = DomainEvent {
-            envelope: &item.envelope,
+            envelope,
             body: &raw,
         };
         let targets = self.domain.targets(&event)?;
@@ -507,6 +553,34 @@ impl Processor {
             "lock contention: state changed under {} consecutive attempts",
             self.settings.max_conflict_retries + 1
         )))
+    }
+
+    /// Fetch the resource a hint names: the envelope the domain sees (type `kind`) and
+    /// the fetched body.
+    async fn enrich(&self, hint: &Envelope, kind: &str) -> Result<(Envelope, Vec<u8>), Failure> {
+        let Some((lookup, config)) = &self.lookup else {
+            return Err(Failure::Permanent(
+                "no resource lookup configured".to_string(),
+            ));
+        };
+        let tenant = config.tenant(&hint.provider, &hint.tenant).ok_or_else(|| {
+            Failure::Permanent(format!(
+                "tenant {}/{} is not configured for resource lookups",
+                hint.provider, hint.tenant
+            ))
+        })?;
+        let resource_id = hint
+            .object_id
+            .as_deref()
+            .ok_or_else(|| Failure::Permanent("hint without a resource id".to_string()))?;
+        let fetched = lookup
+            .fetch(tenant, &hint.provider, kind, resource_id)
+            .await?;
+        let envelope = Envelope {
+            event_type: kind.to_string(),
+            ..hint.clone()
+        };
+        Ok((envelope, fetched))
     }
 
     /// Process a batch concurrently. One bad record never fails the others: even a
@@ -603,6 +677,17 @@ impl Processor {
     }
 }
 
+/// The kind of a hint envelope (`hint.payment` → `payment`) of a thin provider.
+fn hint_kind(envelope: &Envelope) -> Option<&str> {
+    if !THIN.contains(&envelope.provider.as_str()) {
+        return None;
+    }
+    envelope
+        .event_type
+        .strip_prefix(HINT_PREFIX)
+        .filter(|kind| !kind.is_empty())
+}
+
 /// One line per attempt: identifiers, state and the short reason; never the body.
 fn log_attempt(
     level: Level,
@@ -683,6 +768,36 @@ mod tests {
     use super::*;
     use crate::domain::state::StateKey;
     use serde_json::json;
+
+    #[test]
+    fn hints_are_recognised_only_for_thin_providers() {
+        let env = |provider: &str, event_type: &str| Envelope {
+            provider: provider.into(),
+            tenant: "t".into(),
+            event_id: "e".into(),
+            event_type: event_type.into(),
+            object_id: Some("x".into()),
+            object_version: None,
+            occurred_at: None,
+            delivery_id: None,
+        };
+        assert_eq!(hint_kind(&env("mollie", "hint.payment")), Some("payment"));
+        assert_eq!(hint_kind(&env("gopay", "hint.payment")), Some("payment"));
+        assert_eq!(hint_kind(&env("klarna-push", "hint.order")), Some("order"));
+        // Signed Mollie next-gen events are not hints.
+        assert_eq!(hint_kind(&env("mollie", "payment-link.paid")), None);
+        assert_eq!(hint_kind(&env("mollie", "hint.")), None);
+        // Other providers' types are theirs, whatever they look like.
+        assert_eq!(hint_kind(&env("standard-webhooks", "hint.payment")), None);
+        assert_eq!(
+            Failure::from(LookupError::Transient("x".into())),
+            Failure::Transient("resource lookup failed (transient): x".into())
+        );
+        assert!(matches!(
+            Failure::from(LookupError::Permanent("x".into())),
+            Failure::Permanent(_)
+        ));
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_ceiling() {

@@ -14,19 +14,24 @@ use crate::request::WebhookRequest;
 
 pub mod adyen;
 pub mod braintree;
+pub mod generic;
 pub mod github;
 pub mod gitlab;
+pub mod gopay;
 pub mod klarna;
+pub mod klarna_push;
 pub mod lemon_squeezy;
 pub mod mailgun;
 pub mod mollie;
 pub mod paddle;
+pub mod paypal;
 pub mod shopify;
 pub mod sig;
 pub mod slack;
 pub mod square;
 pub mod standard_webhooks;
 pub mod stripe;
+pub mod thin;
 pub mod twilio;
 pub mod woocommerce;
 
@@ -88,6 +93,11 @@ pub trait Provider: Send + Sync {
     /// The path segment in `/webhooks/{provider}/{tenant}`.
     fn name(&self) -> &'static str;
 
+    /// The HTTP methods this provider delivers with (POST for almost all; GoPay GETs).
+    fn accepts_method(&self, method: &http::Method) -> bool {
+        method == http::Method::POST
+    }
+
     /// Verify the request for `tenant` (its secrets, tolerance, options) at `now_secs`,
     /// then extract the envelope(s). Must not parse the body before the signature holds.
     fn verify_and_extract(
@@ -141,6 +151,11 @@ static ALL: &[&dyn Provider] = &[
     &gitlab::GitLab,
     &mailgun::Mailgun,
     &adyen::Adyen,
+    &paypal::PayPal,
+    &generic::GenericHmac,
+    // Thin-event providers (hints; the processor fetches the state):
+    &gopay::GoPay,
+    &klarna_push::KlarnaPush,
 ];
 
 /// All providers einmal knows, by path name.

@@ -4,8 +4,23 @@
 //! value per secret: every value is checked against every tenant secret. Nothing
 //! time-related is signed.
 //!
-//! A request without the header is a classic thin webhook (`id=tr_…`, unsigned,
-//! state must be fetched): not supported in this pass, so it is `MissingHeader`.
+//! # Classic (thin) webhooks
+//!
+//! A request without the header is a classic webhook: an unsigned form POST whose
+//! body is `id=tr_…` and nothing else, sent for every status change of the payment.
+//! It is only a hint (see [`super::thin`]): it must arrive on
+//! `/webhooks/mollie/{tenant}/{token}` with the tenant's `path_token`, becomes a
+//! `hint.payment` envelope keyed `{id}:hint:{minute}`, and the processor fetches
+//! `GET {api_base}/v2/payments/{id}` before any effect. Only payments (`tr_`) are
+//! supported; other ids (orders, subscriptions, payment links) are refused as
+//! malformed. A tenant without `path_token` does not accept classic webhooks: the
+//! missing header is then `MissingHeader` (or `NoSecret` when the tenant has no
+//! secret either). Tenants may configure both during a migration.
+//!
+//! `sign` / `signed_request` produce the next-gen form when the tenant has a secret,
+//! else the classic form (`Content-Type: application/x-www-form-urlencoded`, body
+//! `id={event_id}`); the token goes in the URL, which `einmal send` does not add (use
+//! `--url` of a proxy or call the endpoint directly).
 //!
 //! The event id field is UNCONFIRMED in Mollie's docs: we dedup on the body's
 //! top-level `id` (the event's own id in next-gen payloads), type `type`, occurred at
@@ -14,9 +29,11 @@
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use http::HeaderName;
 
 use super::sig::{self, Raw};
+use super::thin;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -49,6 +66,30 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
     })
 }
 
+/// The classic thin webhook: form body `id=tr_…`, authenticated by the path token.
+fn classic(
+    request: &WebhookRequest,
+    tenant: &TenantConfig,
+    now_secs: i64,
+) -> Result<Vec<VerifiedEvent>, ProviderError> {
+    thin::check_path_token(request, tenant)?;
+    let id = thin::single_param(&request.body, "id")?
+        .ok_or_else(|| sig::payload_error("missing form parameter `id`"))?;
+    thin::check_resource_id(&id)?;
+    if !id.starts_with("tr_") {
+        return Err(sig::payload_error(
+            "only payment ids (tr_…) are supported in classic webhooks",
+        ));
+    }
+    let envelope = thin::hint_envelope("mollie", tenant, "payment", &id, now_secs);
+    Ok(VerifiedEvent::whole(envelope, request))
+}
+
+/// Classic mode: the tenant has a path token and no signing secret.
+fn is_classic(tenant: &TenantConfig) -> bool {
+    tenant.secrets.is_empty() && thin::configured_token(tenant).is_ok()
+}
+
 impl Provider for Mollie {
     fn name(&self) -> &'static str {
         "mollie"
@@ -58,8 +99,15 @@ impl Provider for Mollie {
         &self,
         request: &WebhookRequest,
         tenant: &TenantConfig,
-        _now_secs: i64,
+        now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        if !request.headers.contains_key(&SIGNATURE) {
+            if thin::configured_token(tenant).is_ok() {
+                return classic(request, tenant, now_secs);
+            }
+            sig::secrets(tenant)?;
+            return Err(ProviderError::MissingHeader(HEADER));
+        }
         let secrets = sig::secrets(tenant)?;
         let candidates = sig::hex_signatures(request, &SIGNATURE, "sha256=", false)?;
         sig::verify_body_hmac_sha256(secrets, &candidates, &request.body)?;
@@ -74,12 +122,35 @@ impl Provider for Mollie {
         _event_id: &str,
         _now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
-        let key = sig::secrets(tenant)?[0].expose();
         let mut h = http::HeaderMap::new();
+        if is_classic(tenant) {
+            let form = "application/x-www-form-urlencoded";
+            sig::put(&mut h, &http::header::CONTENT_TYPE, form)?;
+            return Ok(h);
+        }
+        let key = sig::secrets(tenant)?[0].expose();
         let mac = hex::encode(sig::hmac_sha256(key.as_bytes(), &[body]));
         sig::put(&mut h, &SIGNATURE, &format!("sha256={mac}"))?;
         sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
+    }
+
+    /// Classic tenants: the form body `id={event_id}` (the payment id); `body` is unused.
+    fn signed_request(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
+        let headers = self.sign(body, tenant, event_id, now_secs)?;
+        if !is_classic(tenant) {
+            return Ok((headers, Bytes::copy_from_slice(body)));
+        }
+        let form = form_urlencoded::Serializer::new(String::new())
+            .append_pair("id", event_id)
+            .finish();
+        Ok((headers, Bytes::from(form)))
     }
 }
 
@@ -204,6 +275,122 @@ mod tests {
             verify(&r, &tenant(&["s"])),
             Err(ProviderError::MissingHeader(HEADER))
         );
+    }
+
+    fn classic_tenant(token: &str, secrets: &[&str]) -> TenantConfig {
+        let mut t = tenant(secrets);
+        t.options.insert("path_token".into(), token.into());
+        t
+    }
+
+    fn form(body: &str, token: Option<&str>) -> WebhookRequest {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        let mut r = WebhookRequest::post(h, body.to_owned());
+        r.path_token = token.map(str::to_string);
+        r
+    }
+
+    #[test]
+    fn classic_thin_webhook_is_a_payment_hint() {
+        let t = classic_tenant("tok", &[]);
+        let r = form("id=tr_5B8cwPMGnU6qLbRvo7qEZo", Some("tok"));
+        let v = Mollie.verify_and_extract(&r, &t, 1_734_364_624).unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].body, r.body);
+        assert_eq!(
+            v[0].envelope,
+            Envelope {
+                provider: "mollie".into(),
+                tenant: "acme".into(),
+                event_id: format!("tr_5B8cwPMGnU6qLbRvo7qEZo:hint:{}", 1_734_364_624 / 60),
+                event_type: "hint.payment".into(),
+                object_id: Some("tr_5B8cwPMGnU6qLbRvo7qEZo".into()),
+                object_version: None,
+                occurred_at: None,
+                delivery_id: None,
+            }
+        );
+        // A tenant migrating to next-gen accepts both kinds.
+        let both = classic_tenant("tok", &["s"]);
+        assert!(Mollie.verify_and_extract(&r, &both, 0).is_ok());
+        assert!(verify(&req(&[&sig_for("s", BODY)], BODY), &both).is_ok());
+    }
+
+    #[test]
+    fn classic_thin_webhook_authentication() {
+        let t = classic_tenant("tok", &[]);
+        let body = "id=tr_5B8cwPMGnU6qLbRvo7qEZo";
+        let check = |r: &WebhookRequest, t: &TenantConfig| Mollie.verify_and_extract(r, t, 0);
+        assert_eq!(
+            check(&form(body, None), &t),
+            Err(ProviderError::MissingHeader("path token"))
+        );
+        assert_eq!(
+            check(&form(body, Some("toc")), &t),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // The token is checked before the body is looked at.
+        assert_eq!(
+            check(&form("garbage", Some("toc")), &t),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // Neither a secret nor a token: refused.
+        assert_eq!(
+            check(&form(body, Some("tok")), &tenant(&[])),
+            Err(ProviderError::NoSecret)
+        );
+        // A signature header on a classic-only tenant is not a way around the token.
+        let mut r = req(&[&sig_for("s", BODY)], BODY);
+        r.path_token = Some("tok".into());
+        assert_eq!(check(&r, &t), Err(ProviderError::NoSecret));
+    }
+
+    #[test]
+    fn classic_thin_webhook_malformed_bodies() {
+        let t = classic_tenant("tok", &[]);
+        for body in [
+            "",
+            "id=",
+            "foo=tr_1",
+            "id=ord_pbjz8x",
+            "id=sub_8JfGzs6v3K",
+            "id=tr_a%2Fb",
+            "id=tr_1&id=tr_2",
+            r#"{"id":"tr_1"}"#,
+        ] {
+            let err = Mollie
+                .verify_and_extract(&form(body, Some("tok")), &t, 0)
+                .unwrap_err();
+            assert!(
+                matches!(err, ProviderError::MalformedPayload(_)),
+                "{body}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn classic_sign_round_trip() {
+        let t = classic_tenant("tok", &[]);
+        let (h, body) = Mollie.signed_request(b"{}", &t, "tr_42", 0).unwrap();
+        assert_eq!(body, "id=tr_42");
+        assert_eq!(
+            h.get(http::header::CONTENT_TYPE).unwrap(),
+            "application/x-www-form-urlencoded"
+        );
+        let mut r = WebhookRequest::post(h, body);
+        r.path_token = Some("tok".into());
+        let v = Mollie.verify_and_extract(&r, &t, 0).unwrap();
+        assert_eq!(v[0].envelope.object_id.as_deref(), Some("tr_42"));
+        // A tenant with a secret still signs next-gen.
+        let (h, body) = Mollie
+            .signed_request(BODY.as_bytes(), &classic_tenant("tok", &["s"]), "", 0)
+            .unwrap();
+        assert!(h.contains_key(HEADER));
+        assert_eq!(body, BODY);
     }
 
     #[test]

@@ -275,6 +275,26 @@ pub(super) fn decide(
                 order.effect(keys.refund(&r.id), &mut notes, |o| refund(o, &keys, id, r))?;
             }
         }
+        Event::PaymentCancelled {
+            payment_id,
+            amount,
+            currency,
+            ..
+        } => {
+            order.effect(keys.payment_cancelled(payment_id), &mut notes, |o| {
+                let order = o.get_or_insert_with(|| minimal(id, currency.as_deref(), *amount));
+                if order.status == OrderStatus::Cancelled {
+                    return Ok(Step::Skipped(format!("order {id} already cancelled")));
+                }
+                order.status = OrderStatus::Cancelled;
+                // The same notification as a Shopify cancel: one per order.
+                order.notify(NotificationKind::Cancelled, &keys.cancelled());
+                order.normalize();
+                Ok(Step::Changed(format!(
+                    "order {id} cancelled (payment {payment_id} cancelled)"
+                )))
+            })?;
+        }
         Event::Fulfillment {
             fulfillment_id,
             tracking,
@@ -352,38 +372,42 @@ pub(super) fn decide(
             })?;
         }
         Event::ShopifyCancelled { snapshot } => {
-            let cancelled = order.effect(keys.cancelled(), &mut notes, |o| {
+            order.effect(keys.cancelled(), &mut notes, |o| {
                 let order = created_order(o, id, "cancel before create")?;
-                if order.status == OrderStatus::Cancelled {
-                    return Ok(Step::Skipped(format!("order {id} already cancelled")));
-                }
+                let was_cancelled = order.status == OrderStatus::Cancelled;
                 order.status = OrderStatus::Cancelled;
                 // Also advances the version: a late, older orders/updated is superseded.
-                apply_snapshot(order, snapshot);
+                // Taken even when a payment provider (Adyen) cancelled the order first.
+                let newer = apply_snapshot(order, snapshot);
+                if was_cancelled && !newer {
+                    return Ok(Step::Skipped(format!("order {id} already cancelled")));
+                }
                 order.notify(NotificationKind::Cancelled, &keys.cancelled());
                 order.normalize();
                 Ok(Step::Changed(format!("order {id} cancelled")))
             })?;
-            if cancelled == Outcome::Changed {
-                // Put back exactly what orders/create took.
-                let reserved = order
-                    .value
-                    .as_ref()
-                    .map(|o| o.stock_reserved.clone())
-                    .unwrap_or_default();
-                for line in reserved {
-                    let Some(sku) = skus.iter_mut().find(|s| s.record.key.id == line.sku) else {
-                        return Err(DomainError::Permanent(format!(
-                            "orders/cancelled for order {id} does not list reserved SKU {}",
-                            line.sku
-                        )));
-                    };
-                    sku.effect(keys.restock(&line.sku), &mut notes, |s| {
-                        let s = s.as_mut().ok_or_else(|| unknown_sku(&line.sku))?;
-                        s.on_hand += line.quantity;
-                        Ok(Step::Changed(format!("{} +{}", line.sku, line.quantity)))
-                    })?;
-                }
+            // Put back exactly what orders/create took, once per SKU (guarded by the
+            // `#restock#{sku}` key on the SKU record). Not tied to this event changing
+            // the order: an Adyen CANCELLATION may have cancelled it already, and it
+            // never moves stock.
+            let reserved = order
+                .value
+                .as_ref()
+                .filter(|o| o.status == OrderStatus::Cancelled)
+                .map(|o| o.stock_reserved.clone())
+                .unwrap_or_default();
+            for line in reserved {
+                let Some(sku) = skus.iter_mut().find(|s| s.record.key.id == line.sku) else {
+                    return Err(DomainError::Permanent(format!(
+                        "orders/cancelled for order {id} does not list reserved SKU {}",
+                        line.sku
+                    )));
+                };
+                sku.effect(keys.restock(&line.sku), &mut notes, |s| {
+                    let s = s.as_mut().ok_or_else(|| unknown_sku(&line.sku))?;
+                    s.on_hand += line.quantity;
+                    Ok(Step::Changed(format!("{} +{}", line.sku, line.quantity)))
+                })?;
             }
         }
     }

@@ -4,8 +4,11 @@
 //!
 //! Pure and deterministic: it reads only the event (envelope + verified body) and the
 //! records it is given; no clock, no I/O, never the delivery id. Provider payloads are
-//! first reduced to a provider-neutral [`Event`] (`stripe.rs`, `shopify.rs`), which
-//! `decide.rs` turns into record changes.
+//! first reduced to a provider-neutral [`Event`] (`stripe.rs`, `shopify.rs`,
+//! `paypal.rs`, `adyen.rs`, `paddle.rs`, `square.rs`, and `thin.rs` for the fetched
+//! state of Mollie, GoPay and Klarna), which `decide.rs` turns into record changes.
+//! A provider parser may also decide that a supported event carries no business
+//! effect (a declined refund, a payment that is not final yet): [`Mapped::Ignore`].
 //!
 //! Order independence: every fact is merged commutatively (sorted lists, sums,
 //! newest-version-wins snapshots) and every missing prerequisite is a
@@ -13,12 +16,17 @@
 //! same record *data*. (The `applied` sets and versions can differ: a superseded event
 //! is ignored in one order and applied in another; the data converges.)
 
+mod adyen;
 mod decide;
 pub mod model;
+mod paddle;
+mod paypal;
 mod shopify;
+mod square;
 mod stripe;
 #[cfg(test)]
 mod tests;
+mod thin;
 
 use serde_json::Value;
 
@@ -47,6 +55,26 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("shopify", "orders/cancelled"),
     ("shopify", "refunds/create"),
     ("shopify", "fulfillments/create"),
+    ("paypal", "PAYMENT.CAPTURE.COMPLETED"),
+    ("paypal", "PAYMENT.CAPTURE.REFUNDED"),
+    ("paypal", "PAYMENT.CAPTURE.DENIED"),
+    ("adyen", "AUTHORISATION"),
+    ("adyen", "CAPTURE"),
+    ("adyen", "REFUND"),
+    ("adyen", "CANCELLATION"),
+    ("paddle", "transaction.completed"),
+    ("paddle", "transaction.paid"),
+    ("paddle", "transaction.payment_failed"),
+    ("paddle", "adjustment.created"),
+    ("paddle", "adjustment.updated"),
+    ("square", "payment.created"),
+    ("square", "payment.updated"),
+    ("square", "refund.created"),
+    ("square", "refund.updated"),
+    // Thin webhooks: the processor replaced the body with the fetched state.
+    ("mollie", "payment"),
+    ("gopay", "payment"),
+    ("klarna-push", "order"),
 ];
 
 impl ReferenceDomain {
@@ -65,8 +93,8 @@ impl ReferenceDomain {
 impl Domain for ReferenceDomain {
     fn targets(&self, event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
         Ok(match parse(event)? {
-            Some(e) => e.targets(&event.envelope.tenant),
-            None => Vec::new(),
+            Some(Mapped::Event(e)) => e.targets(&event.envelope.tenant),
+            Some(Mapped::Ignore(_)) | None => Vec::new(),
         })
     }
 
@@ -75,10 +103,14 @@ impl Domain for ReferenceDomain {
         event: &DomainEvent<'_>,
         current: &[StateRecord],
     ) -> Result<Decision, DomainError> {
-        let Some(parsed) = parse(event)? else {
-            return Ok(Decision::Ignore {
-                reason: unsupported(event),
-            });
+        let parsed = match parse(event)? {
+            Some(Mapped::Event(e)) => e,
+            Some(Mapped::Ignore(reason)) => return Ok(Decision::Ignore { reason }),
+            None => {
+                return Ok(Decision::Ignore {
+                    reason: unsupported(event),
+                })
+            }
         };
         let tenant = &event.envelope.tenant;
         let targets = parsed.targets(tenant);
@@ -100,8 +132,18 @@ fn unsupported(event: &DomainEvent<'_>) -> String {
     )
 }
 
+/// What a provider parser made of a supported event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Mapped {
+    /// A business fact for `decide`.
+    Event(Event),
+    /// A supported type that carries no business effect (not final, declined, or
+    /// no order to attach it to), with the reason; no record is loaded.
+    Ignore(String),
+}
+
 /// Reduce a supported event to its provider-neutral form; `None` if unsupported.
-pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Event>, DomainError> {
+pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Mapped>, DomainError> {
     let env = event.envelope;
     if !ReferenceDomain::supports(&env.provider, &env.event_type) {
         return Ok(None);
@@ -115,9 +157,15 @@ pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Event>, DomainErro
             env.event_type
         )));
     }
+    let ty = env.event_type.as_str();
     let parsed = match env.provider.as_str() {
-        "stripe" => stripe::parse(&env.event_type, &body, env.occurred_at)?,
-        _ => shopify::parse(&env.event_type, &body)?,
+        "stripe" => Mapped::Event(stripe::parse(ty, &body, env.occurred_at)?),
+        "shopify" => Mapped::Event(shopify::parse(ty, &body)?),
+        "paypal" => paypal::parse(ty, &body, env.occurred_at)?,
+        "adyen" => adyen::parse(ty, &body, env.occurred_at)?,
+        "paddle" => paddle::parse(ty, &body, env.occurred_at)?,
+        "square" => square::parse(ty, &body, env.occurred_at)?,
+        provider => thin::parse(provider, ty, &body)?,
     };
     Ok(Some(parsed))
 }
@@ -181,6 +229,14 @@ pub(crate) enum Event {
     ShopifyUpdated { snapshot: Snapshot },
     /// Shopify `orders/cancelled`.
     ShopifyCancelled { snapshot: Snapshot },
+    /// Adyen `CANCELLATION` (success): the payment `payment_id` was cancelled, so the
+    /// order is cancelled. Never moves stock (see `docs/domain.md`).
+    PaymentCancelled {
+        order_id: String,
+        payment_id: String,
+        amount: i64,
+        currency: Option<String>,
+    },
     /// Shopify `fulfillments/create`.
     Fulfillment {
         order_id: String,
@@ -197,6 +253,7 @@ impl Event {
             | Event::PaymentFailed { order_id, .. }
             | Event::Refunds { order_id, .. }
             | Event::ShopifyPaid { order_id, .. }
+            | Event::PaymentCancelled { order_id, .. }
             | Event::Fulfillment { order_id, .. } => order_id,
             Event::ShopifyCreate { snapshot, .. }
             | Event::ShopifyUpdated { snapshot }
@@ -241,4 +298,52 @@ pub(crate) fn missing(event_type: &str, field: &str) -> DomainError {
 
 pub(crate) fn currency(v: Option<&Value>) -> Option<String> {
     text(v).map(|c| c.to_ascii_uppercase())
+}
+
+/// A checked order id taken from `v` (string or integer); `None` if absent.
+pub(crate) fn order_id_of(v: Option<&Value>) -> Result<Option<String>, DomainError> {
+    let Some(id) = id_text(v) else {
+        return Ok(None);
+    };
+    model::check_id("order id", &id)?;
+    Ok(Some(id))
+}
+
+/// A checked provider id (payment, refund, ...) that must be present.
+pub(crate) fn required_id(
+    event_type: &str,
+    v: Option<&Value>,
+    field: &str,
+    what: &str,
+) -> Result<String, DomainError> {
+    let id = id_text(v).ok_or_else(|| missing(event_type, field))?;
+    model::check_id(what, &id)?;
+    Ok(id)
+}
+
+/// Integer minor units, given as a JSON integer or a string of digits (Paddle).
+pub(crate) fn minor_int(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            s.parse().ok()
+        }
+        _ => None,
+    }
+    .filter(|a| *a >= 0)
+}
+
+/// A decimal amount (`"49.90"`) in minor units, two decimals.
+pub(crate) fn minor_decimal(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::String(s) => model::parse_minor(s),
+        Value::Number(n) => model::parse_minor(&n.to_string()),
+        _ => None,
+    }
+    .filter(|a| *a >= 0)
+}
+
+/// An RFC 3339 timestamp in Unix seconds.
+pub(crate) fn time_of(v: Option<&Value>) -> Option<i64> {
+    crate::providers::sig::parse_rfc3339(v?.as_str()?)
 }

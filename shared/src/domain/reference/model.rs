@@ -266,6 +266,10 @@ impl EffectKeys {
     pub fn cancelled(&self) -> String {
         format!("{}#cancelled", self.prefix)
     }
+    /// A payment provider cancelled payment `payment_id` (Adyen `CANCELLATION`).
+    pub fn payment_cancelled(&self, payment_id: &str) -> String {
+        format!("{}#payment_cancelled#{payment_id}", self.prefix)
+    }
     pub fn stock(&self, sku: &str) -> String {
         format!("{}#stock#{sku}", self.prefix)
     }

@@ -1324,3 +1324,5 @@ fn samples_tell_one_consistent_story() {
         assert_eq!(got.data(), w.data(), "seed {seed}");
     }
 }
+
+mod providers;

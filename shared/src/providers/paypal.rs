@@ -1,0 +1,1356 @@
+//! PayPal: RSA (`SHA256withRSA`) signatures verified offline with PayPal's certificate,
+//! as the PayPal SDKs do.
+//!
+//! Headers: `PAYPAL-TRANSMISSION-ID`, `PAYPAL-TRANSMISSION-TIME` (RFC 3339),
+//! `PAYPAL-TRANSMISSION-SIG` (base64), `PAYPAL-CERT-URL`, `PAYPAL-AUTH-ALGO`. The signed
+//! string is `{transmission_id}|{transmission_time}|{webhook_id}|{crc32(raw body)}` with
+//! the CRC32 as an unsigned decimal and `webhook_id` the tenant's own listener id (tenant
+//! option `webhook_id`, never a header). That binding is the tenant check: the body
+//! names no tenant.
+//!
+//! What is checked, in order (everything before the certificate costs no I/O):
+//! 1. The tenant has a `webhook_id` option (else `NoSecret`).
+//! 2. All five headers are present; `PAYPAL-AUTH-ALGO` is `SHA256withRSA` (ASCII case
+//!    ignored); the transmission id holds no `|`; the signature is base64.
+//! 3. `PAYPAL-TRANSMISSION-TIME` parses as RFC 3339 and lies within
+//!    ±`tolerance_secs` of now: PayPal's own SDKs check no freshness at all.
+//! 4. `PAYPAL-CERT-URL` is exactly `https://{host}/v1/notifications/certs/{name}` with
+//!    `host` one of [`ALLOWED_CERT_HOSTS`] (no port, no userinfo, lower case) and `name`
+//!    one segment of `[A-Za-z0-9._-]` starting with a letter or digit, no query or
+//!    fragment. Anything else is rejected before any fetch (SSRF).
+//! 5. The certificate (PEM: leaf first, then any intermediates) comes from the
+//!    [`CertSource`], through a bounded per-URL cache (24 h; failures 5 min).
+//! 6. The leaf chains, through the served intermediates, to a trust anchor
+//!    (`rustls-webpki` path building: signatures, validity of every certificate at
+//!    `now`, basic constraints, name constraints, EKU `serverAuth` if an EKU is
+//!    present). Anchors: the PEM bundle named by tenant option `paypal_ca_pem` (a
+//!    path, read once per process), else the verifier's default set: the DigiCert roots
+//!    in `paypal_roots.pem` for the process-wide verifier. A configured bundle may hold
+//!    intermediates; each certificate in it is trusted as an anchor.
+//! 7. The leaf's subject has exactly one common name and it ends with `.paypal.com`
+//!    (ASCII case ignored), as in the PayPal SDKs.
+//! 8. The signature verifies with the leaf's RSA key (PKCS#1 v1.5, SHA-256, 2048–8192
+//!    bit).
+//!
+//! Not checked: revocation (no CRL or OCSP, as in the SDKs), certificate transparency,
+//! the leaf's subject alternative names, and PayPal's `verify-webhook-signature`
+//! postback API (which needs OAuth and a round trip per event).
+//!
+//! `verify_and_extract` is synchronous, so a certificate that is not cached yet is
+//! fetched in place by [`HttpsCertSource`]: the first request that names a new
+//! certificate URL blocks its thread for one HTTPS round trip (5 s timeout, no
+//! redirects, 64 KiB cap); later ones hit the cache. Fetches are serialized, so
+//! concurrent first requests fetch a URL once. An unauthenticated request can trigger
+//! at most one fetch per distinct allow-listed URL per failure TTL.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
+use http::HeaderName;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, TrustAnchor, UnixTime};
+use sha2::{Digest, Sha256};
+use webpki::{EndEntityCert, KeyUsage};
+
+use super::sig::{self, Raw};
+use super::{Provider, ProviderError, VerifiedEvent};
+use crate::config::TenantConfig;
+use crate::envelope::Envelope;
+use crate::request::WebhookRequest;
+
+pub struct PayPal;
+
+const ID: &str = "paypal-transmission-id";
+const TIME: &str = "paypal-transmission-time";
+const SIG: &str = "paypal-transmission-sig";
+const CERT_URL: &str = "paypal-cert-url";
+const ALGO: &str = "paypal-auth-algo";
+static TRANSMISSION_ID: HeaderName = HeaderName::from_static(ID);
+static TRANSMISSION_TIME: HeaderName = HeaderName::from_static(TIME);
+static TRANSMISSION_SIG: HeaderName = HeaderName::from_static(SIG);
+static CERT_URL_HEADER: HeaderName = HeaderName::from_static(CERT_URL);
+static AUTH_ALGO: HeaderName = HeaderName::from_static(ALGO);
+
+/// The only algorithm PayPal uses (and the only one accepted).
+pub const AUTH_ALGO_SHA256_RSA: &str = "SHA256withRSA";
+
+/// Hosts `PAYPAL-CERT-URL` may name (live and sandbox, classic and `api-m`).
+pub const ALLOWED_CERT_HOSTS: [&str; 4] = [
+    "api.paypal.com",
+    "api-m.paypal.com",
+    "api.sandbox.paypal.com",
+    "api-m.sandbox.paypal.com",
+];
+const CERT_PATH: &str = "/v1/notifications/certs/";
+const MAX_CERT_NAME_LEN: usize = 128;
+
+/// Fetched certificates are reused this long.
+pub const CERT_TTL_SECS: i64 = 24 * 3600;
+/// A failed fetch is not retried for this long (the URL was allow-listed but useless).
+pub const CERT_FAILURE_TTL_SECS: i64 = 300;
+/// Certificate URLs cached at once; the oldest entry makes room.
+pub const CERT_CACHE_ENTRIES: usize = 64;
+const MAX_CERT_BYTES: usize = 64 * 1024;
+const MAX_CHAIN_CERTS: usize = 8;
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The DigiCert roots the process-wide verifier trusts unless a tenant configures
+/// `paypal_ca_pem` (DigiCert Global Root CA, Global Root G2, High Assurance EV Root CA).
+pub const DEFAULT_ROOTS_PEM: &str = include_str!("paypal_roots.pem");
+
+/// Where certificates come from: HTTPS in production, a fixture in tests.
+pub trait CertSource: Send + Sync {
+    /// The PEM text served at `url` (already allow-listed). Called at most once per URL
+    /// per cache lifetime.
+    fn fetch(&self, url: &str) -> Result<Vec<u8>, String>;
+}
+
+/// A set of trust anchors for the certificate chain.
+pub struct Anchors(Vec<TrustAnchor<'static>>);
+
+impl Anchors {
+    /// Every certificate in a PEM bundle becomes an anchor; non-PEM text is ignored.
+    pub fn from_pem(pem: &[u8]) -> Result<Self, String> {
+        let mut anchors = Vec::new();
+        for der in CertificateDer::pem_slice_iter(pem) {
+            let der = der.map_err(|e| format!("bad PEM: {e}"))?;
+            let anchor = webpki::anchor_from_trusted_cert(&der)
+                .map_err(|e| format!("bad anchor certificate: {e}"))?;
+            anchors.push(anchor.to_owned());
+        }
+        if anchors.is_empty() {
+            return Err("no certificate in the bundle".into());
+        }
+        Ok(Anchors(anchors))
+    }
+}
+
+enum Cached {
+    Chain(Arc<Vec<CertificateDer<'static>>>),
+    Failed,
+}
+
+struct Entry {
+    value: Cached,
+    at: i64,
+}
+
+impl Entry {
+    fn fresh(&self, now: i64) -> bool {
+        let ttl = match self.value {
+            Cached::Chain(_) => CERT_TTL_SECS,
+            Cached::Failed => CERT_FAILURE_TTL_SECS,
+        };
+        // Requests race by a second or so; a clock that went back further is stale.
+        (-60..ttl).contains(&(now - self.at))
+    }
+}
+
+/// The verification machinery behind [`PayPal`]: a certificate source, its cache and
+/// the default anchors. The process-wide one is [`verifier`]; tests build their own.
+pub struct PayPalVerifier {
+    source: Arc<dyn CertSource>,
+    default_anchors: Arc<Anchors>,
+    cache: Mutex<HashMap<String, Entry>>,
+    /// Serializes fetches so a URL is fetched once even under concurrency; cached
+    /// lookups never wait for it.
+    fetching: Mutex<()>,
+}
+
+impl PayPalVerifier {
+    pub fn new(source: Arc<dyn CertSource>, default_anchors: Anchors) -> Self {
+        Self {
+            source,
+            default_anchors: Arc::new(default_anchors),
+            cache: Mutex::new(HashMap::new()),
+            fetching: Mutex::new(()),
+        }
+    }
+
+    /// HTTPS fetching and the embedded DigiCert roots.
+    pub fn production() -> Self {
+        let anchors =
+            Anchors::from_pem(DEFAULT_ROOTS_PEM.as_bytes()).expect("embedded DigiCert roots parse");
+        Self::new(Arc::new(HttpsCertSource), anchors)
+    }
+
+    fn cached(&self, url: &str, now: i64) -> Option<Result<Arc<Vec<CertificateDer<'static>>>, ()>> {
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = cache.get(url).filter(|e| e.fresh(now))?;
+        Some(match &entry.value {
+            Cached::Chain(chain) => Ok(chain.clone()),
+            Cached::Failed => Err(()),
+        })
+    }
+
+    /// The certificate chain served at `url` (allow-listed by the caller).
+    fn chain(
+        &self,
+        url: &str,
+        now: i64,
+    ) -> Result<Arc<Vec<CertificateDer<'static>>>, ProviderError> {
+        if let Some(hit) = self.cached(url, now) {
+            return hit.map_err(|()| ProviderError::SignatureMismatch);
+        }
+        let _fetching = self.fetching.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(hit) = self.cached(url, now) {
+            return hit.map_err(|()| ProviderError::SignatureMismatch);
+        }
+        let fetched = self.source.fetch(url).and_then(|pem| parse_chain(&pem));
+        let value = match &fetched {
+            Ok(chain) => Cached::Chain(chain.clone()),
+            Err(reason) => {
+                tracing::warn!(cert_url = url, reason = %reason, "paypal: certificate fetch failed");
+                Cached::Failed
+            }
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= CERT_CACHE_ENTRIES {
+            cache.retain(|_, e| e.fresh(now));
+        }
+        if cache.len() >= CERT_CACHE_ENTRIES {
+            let oldest = cache
+                .iter()
+                .min_by_key(|(_, e)| e.at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                cache.remove(&k);
+            }
+        }
+        cache.insert(url.to_owned(), Entry { value, at: now });
+        fetched.map_err(|_| ProviderError::SignatureMismatch)
+    }
+
+    fn anchors(&self, tenant: &TenantConfig) -> Result<Arc<Anchors>, ProviderError> {
+        match tenant.option("paypal_ca_pem") {
+            None => Ok(self.default_anchors.clone()),
+            Some(path) => configured_anchors(path),
+        }
+    }
+
+    /// [`Provider::verify_and_extract`] with this verifier's source and anchors.
+    pub fn verify_and_extract(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        let webhook_id = tenant
+            .option("webhook_id")
+            .filter(|w| !w.is_empty())
+            .ok_or(ProviderError::NoSecret)?;
+        let h = Headers::parse(request, tenant, now_secs)?;
+        let signature = sig::decode_base64(SIG, h.sig)?;
+        let cert_url = h.cert_url;
+        if !is_allowed_cert_url(cert_url) {
+            return Err(ProviderError::MalformedHeader(
+                CERT_URL,
+                "not an allowed PayPal certificate URL",
+            ));
+        }
+        let anchors = self.anchors(tenant)?;
+        let chain = self.chain(cert_url, now_secs)?;
+        let leaf = check_chain(&chain, &anchors.0, now_secs).map_err(|reason| {
+            tracing::warn!(cert_url, reason = %reason, "paypal: certificate rejected");
+            ProviderError::SignatureMismatch
+        })?;
+        let body = &request.body[..];
+        let message = signed_string(h.id, h.time, webhook_id, body);
+        leaf.verify_signature(
+            webpki::aws_lc_rs::RSA_PKCS1_2048_8192_SHA256,
+            message.as_bytes(),
+            &signature,
+        )
+        .map_err(|_| ProviderError::SignatureMismatch)?;
+        let envelope = extract(body, tenant, h.id)?;
+        Ok(VerifiedEvent::whole(envelope, request))
+    }
+}
+
+/// The process-wide verifier used by [`PayPal`]: [`install`]ed, or else
+/// [`PayPalVerifier::production`] on first use.
+pub fn verifier() -> &'static PayPalVerifier {
+    VERIFIER.get_or_init(PayPalVerifier::production)
+}
+
+static VERIFIER: OnceLock<PayPalVerifier> = OnceLock::new();
+
+/// Replace the process-wide verifier (e.g. a fixture source for an end-to-end test).
+/// Only possible before its first use; otherwise the argument is handed back.
+pub fn install(v: PayPalVerifier) -> Result<(), PayPalVerifier> {
+    VERIFIER.set(v)
+}
+
+/// Anchors from a PEM file, read once per path per process.
+fn configured_anchors(path: &str) -> Result<Arc<Anchors>, ProviderError> {
+    static LOADED: OnceLock<Mutex<HashMap<String, Arc<Anchors>>>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(Default::default);
+    let mut loaded = loaded.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(a) = loaded.get(path) {
+        return Ok(a.clone());
+    }
+    let anchors = std::fs::read(Path::new(path))
+        .map_err(|e| e.to_string())
+        .and_then(|pem| Anchors::from_pem(&pem))
+        .map_err(|reason| {
+            tracing::error!(path, reason = %reason, "paypal: cannot load paypal_ca_pem");
+            ProviderError::NoSecret
+        })?;
+    let anchors = Arc::new(anchors);
+    loaded.insert(path.to_owned(), anchors.clone());
+    Ok(anchors)
+}
+
+struct Headers<'a> {
+    id: &'a str,
+    time: &'a str,
+    sig: &'a str,
+    cert_url: &'a str,
+}
+
+impl<'a> Headers<'a> {
+    /// All headers present and well-formed, the algorithm supported, the time fresh.
+    fn parse(
+        request: &'a WebhookRequest,
+        tenant: &TenantConfig,
+        now: i64,
+    ) -> Result<Self, ProviderError> {
+        let get = |name: sig::Name, label: &'static str| {
+            sig::single_header(request, name)?.ok_or(ProviderError::MissingHeader(label))
+        };
+        let id = get(&TRANSMISSION_ID, ID)?;
+        let time = get(&TRANSMISSION_TIME, TIME)?;
+        let sig = get(&TRANSMISSION_SIG, SIG)?;
+        let cert_url = get(&CERT_URL_HEADER, CERT_URL)?;
+        let algo = get(&AUTH_ALGO, ALGO)?;
+        if !algo.eq_ignore_ascii_case(AUTH_ALGO_SHA256_RSA) {
+            return Err(ProviderError::MalformedHeader(
+                ALGO,
+                "only SHA256withRSA is supported",
+            ));
+        }
+        if id.contains('|') {
+            return Err(ProviderError::MalformedHeader(ID, "contains '|'"));
+        }
+        let ts = sig::parse_rfc3339(time)
+            .ok_or(ProviderError::MalformedHeader(TIME, "not an RFC 3339 time"))?;
+        sig::check_timestamp(ts, now, tenant.tolerance_secs, false)?;
+        Ok(Headers {
+            id,
+            time,
+            sig,
+            cert_url,
+        })
+    }
+}
+
+/// `{transmission_id}|{transmission_time}|{webhook_id}|{crc32(body) as unsigned decimal}`.
+pub fn signed_string(transmission_id: &str, time: &str, webhook_id: &str, body: &[u8]) -> String {
+    let crc = sig::Decimal::new(u64::from(crc32fast::hash(body)));
+    let crc = std::str::from_utf8(crc.as_bytes()).expect("digits are ASCII");
+    format!("{transmission_id}|{time}|{webhook_id}|{crc}")
+}
+
+/// `https://{allowed host}/v1/notifications/certs/{name}` and nothing else.
+pub fn is_allowed_cert_url(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("https://") else {
+        return false;
+    };
+    let Some((host, path)) = rest.split_once('/') else {
+        return false;
+    };
+    if !ALLOWED_CERT_HOSTS.contains(&host) {
+        return false;
+    }
+    let Some(name) = path.strip_prefix(&CERT_PATH[1..]) else {
+        return false;
+    };
+    !name.is_empty()
+        && name.len() <= MAX_CERT_NAME_LEN
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn parse_chain(pem: &[u8]) -> Result<Arc<Vec<CertificateDer<'static>>>, String> {
+    if pem.len() > MAX_CERT_BYTES {
+        return Err("certificate response too large".into());
+    }
+    let mut chain = Vec::new();
+    for der in CertificateDer::pem_slice_iter(pem) {
+        chain.push(der.map_err(|e| format!("bad PEM: {e}"))?);
+        if chain.len() > MAX_CHAIN_CERTS {
+            return Err("too many certificates".into());
+        }
+    }
+    if chain.is_empty() {
+        return Err("no certificate in the response".into());
+    }
+    Ok(Arc::new(chain))
+}
+
+/// Path to an anchor at `now`, then the common-name rule; returns the leaf, or why not.
+fn check_chain<'a>(
+    chain: &'a [CertificateDer<'static>],
+    anchors: &[TrustAnchor<'static>],
+    now: i64,
+) -> Result<EndEntityCert<'a>, String> {
+    let (leaf, intermediates) = chain.split_first().ok_or("empty chain")?;
+    let ee = EndEntityCert::try_from(leaf).map_err(|e| format!("leaf: {e}"))?;
+    let now = u64::try_from(now).map_err(|_| "negative time")?;
+    ee.verify_for_usage(
+        webpki::ALL_VERIFICATION_ALGS,
+        anchors,
+        intermediates,
+        UnixTime::since_unix_epoch(Duration::from_secs(now)),
+        KeyUsage::server_auth(),
+        None,
+        None,
+    )
+    .map_err(|e| format!("chain: {e}"))?;
+    match common_names(ee.subject()).as_deref() {
+        Some([cn]) if has_paypal_suffix(cn) => Ok(ee),
+        _ => Err("subject common name is not *.paypal.com".into()),
+    }
+}
+
+fn has_paypal_suffix(cn: &str) -> bool {
+    const SUFFIX: &str = ".paypal.com";
+    cn.len() > SUFFIX.len()
+        && cn.as_bytes()[cn.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX.as_bytes())
+}
+
+/// One DER TLV: (tag, contents, rest). Single-byte tags, definite lengths ≤ 64 KiB.
+fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&first, b) = b.split_first()?;
+    let (len, b) = match first {
+        0..=0x7f => (usize::from(first), b),
+        0x81 => (usize::from(*b.first()?), &b[1..]),
+        0x82 => (
+            usize::from(u16::from_be_bytes([*b.first()?, *b.get(1)?])),
+            &b[2..],
+        ),
+        _ => return None,
+    };
+    (tag & 0x1f != 0x1f && b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+}
+
+/// Every commonName (2.5.4.3) in a DER `Name` (contents of its SEQUENCE); `None` if
+/// malformed or a value is not a string.
+fn common_names(mut name: &[u8]) -> Option<Vec<String>> {
+    const CN_OID: &[u8] = &[0x55, 0x04, 0x03];
+    let mut out = Vec::new();
+    while !name.is_empty() {
+        let (0x31, mut set, rest) = tlv(name)? else {
+            return None;
+        };
+        name = rest;
+        while !set.is_empty() {
+            let (0x30, atv, rest) = tlv(set)? else {
+                return None;
+            };
+            set = rest;
+            let (0x06, oid, value) = tlv(atv)? else {
+                return None;
+            };
+            if oid != CN_OID {
+                continue;
+            }
+            // UTF8String, PrintableString, IA5String.
+            let (0x0c | 0x13 | 0x16, text, []) = tlv(value)? else {
+                return None;
+            };
+            out.push(std::str::from_utf8(text).ok()?.to_owned());
+        }
+    }
+    Some(out)
+}
+
+fn extract(body: &[u8], tenant: &TenantConfig, delivery: &str) -> Result<Envelope, ProviderError> {
+    let [id, kind, object_id, created] = sig::json_fields(
+        body,
+        [
+            &["id"],
+            &["event_type"],
+            &["resource", "id"],
+            &["create_time"],
+        ],
+    )?;
+    let id = id.ok_or_else(|| sig::payload_error("missing event `id`"))?;
+    let id = id
+        .str()
+        .ok_or_else(|| sig::payload_error("event `id` is not a string"))?;
+    sig::check_event_id(&id)?;
+    let kind = kind.and_then(Raw::str).filter(|k| !k.is_empty());
+    let kind = kind.ok_or_else(|| sig::payload_error("missing `event_type`"))?;
+    Ok(Envelope {
+        provider: "paypal".into(),
+        tenant: tenant.tenant.clone(),
+        event_id: id.into_owned(),
+        event_type: kind.into_owned(),
+        object_id: object_id.and_then(Raw::text).map(Cow::into_owned),
+        object_version: None,
+        occurred_at: created.and_then(Raw::time),
+        delivery_id: Some(delivery.to_owned()),
+    })
+}
+
+/// Fetches certificates over HTTPS (system roots, HTTP/1.1, no redirects) on a
+/// short-lived thread with its own runtime, so it works inside or outside Tokio.
+pub struct HttpsCertSource;
+
+impl CertSource for HttpsCertSource {
+    fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
+        let url = url.to_owned();
+        std::thread::spawn(move || fetch_https(&url))
+            .join()
+            .unwrap_or_else(|_| Err("certificate fetch panicked".into()))
+    }
+}
+
+fn fetch_https(url: &str) -> Result<Vec<u8>, String> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
+            .map_err(|e| e.to_string())?
+            .https_only()
+            .enable_http1()
+            .build();
+        let client: Client<_, Empty<bytes::Bytes>> =
+            Client::builder(TokioExecutor::new()).build(https);
+        let request = http::Request::get(url)
+            .header(http::header::ACCEPT, "*/*")
+            .body(Empty::new())
+            .map_err(|e| e.to_string())?;
+        let fetch = async {
+            let response = client.request(request).await.map_err(|e| e.to_string())?;
+            if response.status() != http::StatusCode::OK {
+                return Err(format!("HTTP {}", response.status()));
+            }
+            let body = Limited::new(response.into_body(), MAX_CERT_BYTES)
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(body.to_bytes().to_vec())
+        };
+        tokio::time::timeout(FETCH_TIMEOUT, fetch)
+            .await
+            .map_err(|_| "timed out".to_string())?
+    })
+}
+
+impl Provider for PayPal {
+    fn name(&self) -> &'static str {
+        "paypal"
+    }
+
+    fn verify_and_extract(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        verifier().verify_and_extract(request, tenant, now_secs)
+    }
+
+    /// For tests and `einmal send` only: signs with the tenant's first secret, an RSA
+    /// private key in PEM (PKCS#8 or PKCS#1), and names option `cert_url`, which must
+    /// serve the matching certificate. Real PayPal signs with its own key.
+    fn sign(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<http::HeaderMap, ProviderError> {
+        let key_pem = sig::secrets(tenant)?[0].expose();
+        let webhook_id = tenant.option("webhook_id").ok_or(ProviderError::NoSecret)?;
+        let cert_url = tenant.option("cert_url").ok_or(ProviderError::NoSecret)?;
+        let key = match PrivateKeyDer::from_pem_slice(key_pem.as_bytes()) {
+            Ok(PrivateKeyDer::Pkcs8(k)) => RsaKeyPair::from_pkcs8(k.secret_pkcs8_der()),
+            Ok(PrivateKeyDer::Pkcs1(k)) => RsaKeyPair::from_der(k.secret_pkcs1_der()),
+            _ => return Err(ProviderError::NoSecret),
+        }
+        .map_err(|_| ProviderError::NoSecret)?;
+        // A deterministic, UUID-shaped transmission id per (event, time).
+        let d = Sha256::new()
+            .chain_update(event_id)
+            .chain_update(now_secs.to_be_bytes())
+            .finalize();
+        let h = hex::encode(&d[..16]);
+        let id = format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        );
+        let time = sig::format_rfc3339(now_secs);
+        let message = signed_string(&id, &time, webhook_id, body);
+        let mut signature = vec![0; key.public_modulus_len()];
+        key.sign(
+            &RSA_PKCS1_SHA256,
+            &SystemRandom::new(),
+            message.as_bytes(),
+            &mut signature,
+        )
+        .map_err(|_| ProviderError::NoSecret)?;
+        let mut headers = http::HeaderMap::new();
+        sig::put(&mut headers, &TRANSMISSION_ID, &id)?;
+        sig::put(&mut headers, &TRANSMISSION_TIME, &time)?;
+        sig::put(
+            &mut headers,
+            &TRANSMISSION_SIG,
+            &base64::Engine::encode(&sig::B64, &signature),
+        )?;
+        sig::put(&mut headers, &CERT_URL_HEADER, cert_url)?;
+        sig::put(&mut headers, &AUTH_ALGO, AUTH_ALGO_SHA256_RSA)?;
+        sig::put(
+            &mut headers,
+            &http::header::CONTENT_TYPE,
+            "application/json",
+        )?;
+        Ok(headers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Secret;
+    use http::{HeaderMap, HeaderValue};
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose, PKCS_RSA_SHA256,
+    };
+
+    const NOW: i64 = 1_700_000_000; // 2023-11-14T22:13:20Z
+    const WEBHOOK_ID: &str = "4JH86294D6297924G";
+    const BODY: &str = r#"{"id":"WH-1","create_time":"2023-11-14T22:13:00Z","resource_type":"capture","event_type":"PAYMENT.CAPTURE.COMPLETED","resource":{"id":"5O190127TN364715T","status":"COMPLETED"}}"#;
+    const GOOD: &str = "https://api.paypal.com/v1/notifications/certs/CERT-good";
+    const SANDBOX: &str = "https://api-m.sandbox.paypal.com/v1/notifications/certs/CERT-good";
+    const EVIL_CN: &str = "https://api.paypal.com/v1/notifications/certs/CERT-evil-cn";
+    const FOREIGN: &str = "https://api.paypal.com/v1/notifications/certs/CERT-foreign";
+    const EXPIRED: &str = "https://api.paypal.com/v1/notifications/certs/CERT-expired";
+    const LEAF_ONLY: &str = "https://api.paypal.com/v1/notifications/certs/CERT-leaf-only";
+    const GARBAGE: &str = "https://api.paypal.com/v1/notifications/certs/CERT-garbage";
+    const MISSING: &str = "https://api.paypal.com/v1/notifications/certs/CERT-404";
+
+    /// Certificates minted in-process with rcgen (RSA keys from aws-lc-rs):
+    /// root → intermediate → leaf, like PayPal's DigiCert chain.
+    struct Fixture {
+        root_pem: String,
+        leaf_key_pem: String,
+        served: HashMap<&'static str, String>,
+    }
+
+    fn ca_params(cn: &str) -> CertificateParams {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2035, 1, 1);
+        p
+    }
+
+    fn leaf_params(cn: &str, from: (i32, u8, u8), to: (i32, u8, u8)) -> CertificateParams {
+        let mut p = CertificateParams::new(vec![cn.to_string()]).unwrap();
+        p.distinguished_name
+            .push(DnType::OrganizationName, "PayPal, Inc.");
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+        p.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+        p
+    }
+
+    fn fixture() -> &'static Fixture {
+        static FX: OnceLock<Fixture> = OnceLock::new();
+        FX.get_or_init(|| {
+            let key = || KeyPair::generate_for(&PKCS_RSA_SHA256).unwrap();
+            let (root_key, inter_key, other_key, leaf_key) = (key(), key(), key(), key());
+            let root_params = ca_params("Test Root CA");
+            let root = root_params.self_signed(&root_key).unwrap();
+            let root_issuer = Issuer::new(root_params, root_key);
+            let inter_params = ca_params("Test PayPal Issuing CA");
+            let inter = inter_params.signed_by(&inter_key, &root_issuer).unwrap();
+            let inter_issuer = Issuer::new(inter_params, inter_key);
+            let other_params = ca_params("Unrelated CA");
+            let other_issuer = Issuer::new(other_params, other_key);
+
+            let valid = ((2023, 1, 1), (2024, 12, 31));
+            let leaf =
+                |cn: &str, (from, to): ((i32, u8, u8), (i32, u8, u8)), by: &Issuer<'_, KeyPair>| {
+                    leaf_params(cn, from, to)
+                        .signed_by(&leaf_key, by)
+                        .unwrap()
+                        .pem()
+                };
+            let paypal_cn = "messageverificationcerts.paypal.com";
+            let chain = |leaf_pem: String| format!("{leaf_pem}{}", inter.pem());
+            let mut served = HashMap::new();
+            served.insert(GOOD, chain(leaf(paypal_cn, valid, &inter_issuer)));
+            served.insert(SANDBOX, chain(leaf(paypal_cn, valid, &inter_issuer)));
+            served.insert(
+                EVIL_CN,
+                chain(leaf(
+                    "messageverificationcerts.paypal.com.evil.example",
+                    valid,
+                    &inter_issuer,
+                )),
+            );
+            served.insert(FOREIGN, leaf(paypal_cn, valid, &other_issuer));
+            served.insert(
+                EXPIRED,
+                chain(leaf(paypal_cn, ((2022, 1, 1), (2023, 6, 1)), &inter_issuer)),
+            );
+            served.insert(LEAF_ONLY, leaf(paypal_cn, valid, &inter_issuer));
+            served.insert(GARBAGE, "<html>not a certificate</html>".into());
+            Fixture {
+                root_pem: root.pem(),
+                leaf_key_pem: leaf_key.serialize_pem(),
+                served,
+            }
+        })
+    }
+
+    /// Serves the fixture and records every fetch.
+    struct FakeSource {
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl CertSource for FakeSource {
+        fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
+            self.calls.lock().unwrap().push(url.to_owned());
+            fixture()
+                .served
+                .get(url)
+                .map(|pem| pem.clone().into_bytes())
+                .ok_or_else(|| "HTTP 404".into())
+        }
+    }
+
+    impl FakeSource {
+        fn calls(&self) -> usize {
+            self.calls.lock().unwrap().len()
+        }
+    }
+
+    fn verifier_with(anchor_pem: &str) -> (PayPalVerifier, Arc<FakeSource>) {
+        let source = Arc::new(FakeSource {
+            calls: Mutex::new(Vec::new()),
+        });
+        let anchors = Anchors::from_pem(anchor_pem.as_bytes()).unwrap();
+        (PayPalVerifier::new(source.clone(), anchors), source)
+    }
+
+    fn verifier_and_source() -> (PayPalVerifier, Arc<FakeSource>) {
+        verifier_with(&fixture().root_pem)
+    }
+
+    fn tenant(webhook_id: Option<&str>, cert_url: &str) -> TenantConfig {
+        let mut options = std::collections::BTreeMap::new();
+        if let Some(w) = webhook_id {
+            options.insert("webhook_id".to_string(), w.to_string());
+        }
+        options.insert("cert_url".to_string(), cert_url.to_string());
+        TenantConfig {
+            provider: "paypal".into(),
+            tenant: "acme".into(),
+            secrets: vec![Secret::new(fixture().leaf_key_pem.clone())],
+            tolerance_secs: 300,
+            options,
+        }
+    }
+
+    /// Headers as PayPal would send them for `body` at `at`, naming `cert_url`.
+    fn headers(body: &str, cert_url: &str, at: i64) -> HeaderMap {
+        PayPal
+            .sign(
+                body.as_bytes(),
+                &tenant(Some(WEBHOOK_ID), cert_url),
+                "WH-1",
+                at,
+            )
+            .unwrap()
+    }
+
+    fn verify_at(
+        v: &PayPalVerifier,
+        h: HeaderMap,
+        body: &str,
+        t: &TenantConfig,
+        now: i64,
+    ) -> Result<Envelope, ProviderError> {
+        let r = WebhookRequest::post(h, body.to_owned());
+        let mut events = v.verify_and_extract(&r, t, now)?;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].body, r.body);
+        Ok(events.remove(0).envelope)
+    }
+
+    fn verify(v: &PayPalVerifier, h: HeaderMap, body: &str) -> Result<Envelope, ProviderError> {
+        verify_at(v, h, body, &tenant(Some(WEBHOOK_ID), GOOD), NOW)
+    }
+
+    #[test]
+    fn valid_signature_yields_envelope() {
+        let (v, source) = verifier_and_source();
+        let h = headers(BODY, GOOD, NOW);
+        let tid = h[ID].to_str().unwrap().to_owned();
+        assert_eq!(h[ALGO], "SHA256withRSA");
+        assert_eq!(h[TIME], "2023-11-14T22:13:20Z");
+        let env = verify(&v, h, BODY).unwrap();
+        assert_eq!(
+            env,
+            Envelope {
+                provider: "paypal".into(),
+                tenant: "acme".into(),
+                event_id: "WH-1".into(),
+                event_type: "PAYMENT.CAPTURE.COMPLETED".into(),
+                object_id: Some("5O190127TN364715T".into()),
+                object_version: None,
+                occurred_at: Some(1_699_999_980),
+                delivery_id: Some(tid),
+            }
+        );
+        assert_eq!(source.calls(), 1);
+        // Sandbox host, same scheme.
+        assert!(verify(&v, headers(BODY, SANDBOX, NOW), BODY).is_ok());
+    }
+
+    #[test]
+    fn test_get_expected_sig_v13() {
+        // providers.md V13 (PayPal-Python-SDK notifications_test.py): the signed string.
+        let body = std::str::from_utf8(V13_BODY).unwrap();
+        assert_eq!(body.len(), 1288);
+        // 2771810304 = zlib.crc32(body) & 0xffffffff, computed independently in Python;
+        // it exceeds i32::MAX, so a signed rendering would differ.
+        assert_eq!(crc32fast::hash(V13_BODY), 2_771_810_304);
+        assert_eq!(
+            signed_string(
+                "dfb3be50-fd74-11e4-8bf3-77339302725b",
+                "2015-05-18T15:45:13Z",
+                "4JH86294D6297924G",
+                V13_BODY
+            ),
+            "dfb3be50-fd74-11e4-8bf3-77339302725b|2015-05-18T15:45:13Z|4JH86294D6297924G|2771810304"
+        );
+        assert_eq!(signed_string("a", "b", "c", b""), "a|b|c|0");
+        // The real V13 signature cannot be checked offline: its certificate (sandbox,
+        // long expired) is archived nowhere. Its headers pass every check before the
+        // certificate; the fixture certificate served instead is not valid in 2015,
+        // and checked in 2023 the 2015 transmission time is stale.
+        let (v, source) = verifier_and_source();
+        let mut h = HeaderMap::new();
+        for (k, val) in [
+            (ID, "dfb3be50-fd74-11e4-8bf3-77339302725b"),
+            (TIME, "2015-05-18T15:45:13Z"),
+            (SIG, V13_SIG),
+            (CERT_URL, SANDBOX),
+            (ALGO, "SHA256withRSA"),
+        ] {
+            h.insert(k, HeaderValue::from_static(val));
+        }
+        let t = tenant(Some(WEBHOOK_ID), SANDBOX);
+        let at = 1_431_963_913; // 2015-05-18T15:45:13Z
+        assert_eq!(
+            verify_at(&v, h.clone(), body, &t, at),
+            Err(ProviderError::SignatureMismatch)
+        );
+        assert_eq!(
+            verify_at(&v, h, body, &t, NOW),
+            Err(ProviderError::TimestampOutOfTolerance)
+        );
+        assert_eq!(source.calls(), 1);
+    }
+
+    #[test]
+    fn tampered_body_is_rejected() {
+        let (v, _) = verifier_and_source();
+        let h = headers(BODY, GOOD, NOW);
+        let tampered = BODY.replace("COMPLETED\"}", "DENIED\"}");
+        assert_ne!(tampered, BODY);
+        assert_eq!(
+            verify(&v, h.clone(), &tampered),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // One trailing byte changes the CRC, and so the signed string.
+        assert_eq!(
+            verify(&v, h.clone(), &format!("{BODY} ")),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // The transmission id and time are signed too.
+        let mut other_id = h.clone();
+        other_id.insert(
+            ID,
+            HeaderValue::from_static("dfb3be50-0000-0000-0000-000000000000"),
+        );
+        assert_eq!(
+            verify(&v, other_id, BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+        let mut other_time = h;
+        other_time.insert(TIME, HeaderValue::from_static("2023-11-14T22:13:21Z"));
+        assert_eq!(
+            verify(&v, other_time, BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn webhook_id_binds_the_tenant() {
+        let (v, _) = verifier_and_source();
+        let h = headers(BODY, GOOD, NOW);
+        assert_eq!(
+            verify_at(
+                &v,
+                h.clone(),
+                BODY,
+                &tenant(Some("9XL90610J3647323C"), GOOD),
+                NOW
+            ),
+            Err(ProviderError::SignatureMismatch)
+        );
+        assert_eq!(
+            verify_at(&v, h.clone(), BODY, &tenant(None, GOOD), NOW),
+            Err(ProviderError::NoSecret)
+        );
+        assert_eq!(
+            verify_at(&v, h, BODY, &tenant(Some(""), GOOD), NOW),
+            Err(ProviderError::NoSecret)
+        );
+    }
+
+    #[test]
+    fn cert_urls_off_the_allow_list_are_never_fetched() {
+        let (v, source) = verifier_and_source();
+        let bad = [
+            "http://api.paypal.com/v1/notifications/certs/CERT-good",
+            "HTTPS://api.paypal.com/v1/notifications/certs/CERT-good",
+            "https://evil.com/v1/notifications/certs/CERT-good",
+            "https://api.paypal.com@evil.com/v1/notifications/certs/CERT-good",
+            "https://evil.com@api.paypal.com/v1/notifications/certs/CERT-good",
+            "https://evil.com/api.paypal.com/v1/notifications/certs/CERT-good",
+            "https://api.paypal.com.evil.com/v1/notifications/certs/CERT-good",
+            "https://api.paypal.com:8443/v1/notifications/certs/CERT-good",
+            "https://API.PAYPAL.COM/v1/notifications/certs/CERT-good",
+            "https://api.paypal.com\\@evil.com/v1/notifications/certs/CERT-good",
+            "https://www.paypal.com/v1/notifications/certs/CERT-good",
+            "https://api.paypal.com/v1/notifications/certs/",
+            "https://api.paypal.com/v1/notifications/certs/../../oauth2/token",
+            "https://api.paypal.com/v1/notifications/certs/CERT-1/extra",
+            "https://api.paypal.com/v1/notifications/certs/CERT-1?x=https://evil.com/",
+            "https://api.paypal.com/v1/notifications/certs/CERT-1#frag",
+            "https://api.paypal.com/v1/notifications/certs/CERT%2F..",
+            "https://api.paypal.com/v1/notifications/certs/.hidden",
+            "https://api.paypal.com/v1/oauth2/token",
+            "https://api.paypal.com",
+            "file:///etc/passwd",
+            "//api.paypal.com/v1/notifications/certs/CERT-good",
+        ];
+        for url in bad {
+            assert!(!is_allowed_cert_url(url), "{url}");
+            let mut h = headers(BODY, GOOD, NOW);
+            h.insert(CERT_URL, HeaderValue::from_str(url).unwrap());
+            assert_eq!(
+                verify(&v, h, BODY),
+                Err(ProviderError::MalformedHeader(
+                    CERT_URL,
+                    "not an allowed PayPal certificate URL"
+                )),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            source.calls(),
+            0,
+            "no request may reach the certificate source"
+        );
+        for host in ALLOWED_CERT_HOSTS {
+            let url =
+                format!("https://{host}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77");
+            assert!(is_allowed_cert_url(&url), "{url}");
+        }
+    }
+
+    #[test]
+    fn certificate_is_fetched_once_and_cached() {
+        let (v, source) = verifier_and_source();
+        for i in 0..5 {
+            assert!(verify_at(
+                &v,
+                headers(BODY, GOOD, NOW + i),
+                BODY,
+                &tenant(Some(WEBHOOK_ID), GOOD),
+                NOW + i
+            )
+            .is_ok());
+        }
+        assert_eq!(source.calls(), 1);
+        // A failed fetch is cached briefly as well, then retried.
+        let t = tenant(Some(WEBHOOK_ID), MISSING);
+        for _ in 0..3 {
+            assert_eq!(
+                verify_at(&v, headers(BODY, MISSING, NOW), BODY, &t, NOW),
+                Err(ProviderError::SignatureMismatch)
+            );
+        }
+        assert_eq!(source.calls(), 2);
+        let later = NOW + CERT_FAILURE_TTL_SECS;
+        assert_eq!(
+            verify_at(&v, headers(BODY, MISSING, later), BODY, &t, later),
+            Err(ProviderError::SignatureMismatch)
+        );
+        assert_eq!(source.calls(), 3);
+        // After a day the good certificate is fetched again.
+        let next_day = NOW + CERT_TTL_SECS;
+        assert!(verify_at(
+            &v,
+            headers(BODY, GOOD, next_day),
+            BODY,
+            &tenant(Some(WEBHOOK_ID), GOOD),
+            next_day
+        )
+        .is_ok());
+        assert_eq!(source.calls(), 4);
+        // Unparsable responses are rejected (and cached as failures).
+        assert_eq!(
+            verify(&v, headers(BODY, GARBAGE, NOW), BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn cache_is_bounded() {
+        let (v, source) = verifier_and_source();
+        for i in 0..CERT_CACHE_ENTRIES + 10 {
+            let url = format!("https://api.paypal.com/v1/notifications/certs/CERT-n{i}");
+            let mut h = headers(BODY, GOOD, NOW);
+            h.insert(CERT_URL, HeaderValue::from_str(&url).unwrap());
+            assert!(verify(&v, h, BODY).is_err());
+        }
+        assert_eq!(source.calls(), CERT_CACHE_ENTRIES + 10);
+        assert!(v.cache.lock().unwrap().len() <= CERT_CACHE_ENTRIES);
+    }
+
+    #[test]
+    fn expired_certificate_is_rejected() {
+        let (v, _) = verifier_and_source();
+        assert_eq!(
+            verify(&v, headers(BODY, EXPIRED, NOW), BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // The good certificate expires at the end of 2024.
+        let in_2025 = 1_740_000_000;
+        assert_eq!(
+            verify_at(
+                &v,
+                headers(BODY, GOOD, in_2025),
+                BODY,
+                &tenant(Some(WEBHOOK_ID), GOOD),
+                in_2025
+            ),
+            Err(ProviderError::SignatureMismatch)
+        );
+        let before_valid = 1_600_000_000;
+        assert_eq!(
+            verify_at(
+                &v,
+                headers(BODY, GOOD, before_valid),
+                BODY,
+                &tenant(Some(WEBHOOK_ID), GOOD),
+                before_valid
+            ),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn certificate_must_chain_to_an_anchor_and_name_paypal() {
+        let (v, _) = verifier_and_source();
+        // Signed by a CA outside the anchor set (the leaf key is the right one).
+        assert_eq!(
+            verify(&v, headers(BODY, FOREIGN, NOW), BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // Chains fine, but the common name is not *.paypal.com.
+        assert_eq!(
+            verify(&v, headers(BODY, EVIL_CN, NOW), BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // Without the intermediate the path cannot be built.
+        assert_eq!(
+            verify(&v, headers(BODY, LEAF_ONLY, NOW), BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // Anchored at the real DigiCert roots, the test chain is not trusted.
+        let (digicert, _) = verifier_with(DEFAULT_ROOTS_PEM);
+        assert_eq!(
+            verify(&digicert, headers(BODY, GOOD, NOW), BODY),
+            Err(ProviderError::SignatureMismatch)
+        );
+        assert!(verify(&v, headers(BODY, GOOD, NOW), BODY).is_ok());
+    }
+
+    #[test]
+    fn certificate_rejection_reasons() {
+        let fx = fixture();
+        let anchors = Anchors::from_pem(fx.root_pem.as_bytes()).unwrap();
+        let reason = |url: &str, now: i64| {
+            let chain = parse_chain(fx.served[url].as_bytes()).unwrap();
+            check_chain(&chain, &anchors.0, now).err()
+        };
+        assert_eq!(reason(GOOD, NOW), None);
+        assert_eq!(reason(EXPIRED, NOW).as_deref(), Some("chain: CertExpired { time: UnixTime(1700000000), not_after: UnixTime(1685577600) }"));
+        assert!(reason(GOOD, 1_740_000_000)
+            .unwrap()
+            .starts_with("chain: CertExpired"));
+        assert!(reason(GOOD, 1_600_000_000)
+            .unwrap()
+            .starts_with("chain: CertNotValidYet"));
+        assert_eq!(
+            reason(FOREIGN, NOW).as_deref(),
+            Some("chain: UnknownIssuer")
+        );
+        assert_eq!(
+            reason(LEAF_ONLY, NOW).as_deref(),
+            Some("chain: UnknownIssuer")
+        );
+        assert_eq!(
+            reason(EVIL_CN, NOW).as_deref(),
+            Some("subject common name is not *.paypal.com")
+        );
+        assert_eq!(
+            parse_chain(fx.served[GARBAGE].as_bytes()).unwrap_err(),
+            "no certificate in the response"
+        );
+        assert_eq!(
+            check_chain(&[], &anchors.0, NOW).err().as_deref(),
+            Some("empty chain")
+        );
+    }
+
+    #[test]
+    fn tenant_ca_bundle_overrides_default_anchors() {
+        let (digicert, _) = verifier_with(DEFAULT_ROOTS_PEM);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("paypal-ca.pem");
+        std::fs::write(&path, &fixture().root_pem).unwrap();
+        let mut t = tenant(Some(WEBHOOK_ID), GOOD);
+        t.options
+            .insert("paypal_ca_pem".into(), path.to_str().unwrap().into());
+        assert!(verify_at(&digicert, headers(BODY, GOOD, NOW), BODY, &t, NOW).is_ok());
+        t.options.insert(
+            "paypal_ca_pem".into(),
+            dir.path().join("missing.pem").to_str().unwrap().into(),
+        );
+        assert_eq!(
+            verify_at(&digicert, headers(BODY, GOOD, NOW), BODY, &t, NOW),
+            Err(ProviderError::NoSecret)
+        );
+    }
+
+    #[test]
+    fn transmission_time_window() {
+        let (v, _) = verifier_and_source();
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        for (at, ok) in [
+            (NOW - 300, true),
+            (NOW + 300, true),
+            (NOW - 301, false),
+            (NOW + 301, false),
+            (NOW - 86_400, false),
+        ] {
+            let got = verify_at(&v, headers(BODY, GOOD, at), BODY, &t, NOW);
+            if ok {
+                assert!(got.is_ok(), "{at}");
+            } else {
+                assert_eq!(got, Err(ProviderError::TimestampOutOfTolerance), "{at}");
+            }
+        }
+        let mut h = headers(BODY, GOOD, NOW);
+        h.insert(TIME, HeaderValue::from_static("1700000000"));
+        assert_eq!(
+            verify(&v, h, BODY),
+            Err(ProviderError::MalformedHeader(TIME, "not an RFC 3339 time"))
+        );
+    }
+
+    #[test]
+    fn unsupported_algorithm_and_garbled_headers() {
+        let (v, source) = verifier_and_source();
+        for algo in ["SHA1withRSA", "SHA512withRSA", "sha256", "none"] {
+            let mut h = headers(BODY, GOOD, NOW);
+            h.insert(ALGO, HeaderValue::from_static(algo));
+            assert_eq!(
+                verify(&v, h, BODY),
+                Err(ProviderError::MalformedHeader(
+                    ALGO,
+                    "only SHA256withRSA is supported"
+                )),
+                "{algo}"
+            );
+        }
+        let mut h = headers(BODY, GOOD, NOW);
+        h.insert(SIG, HeaderValue::from_static("not*base64!"));
+        assert_eq!(
+            verify(&v, h, BODY),
+            Err(ProviderError::MalformedHeader(
+                SIG,
+                "signature is not valid base64"
+            ))
+        );
+        let mut h = headers(BODY, GOOD, NOW);
+        h.insert(ID, HeaderValue::from_static("a|b"));
+        assert_eq!(
+            verify(&v, h, BODY),
+            Err(ProviderError::MalformedHeader(ID, "contains '|'"))
+        );
+        // A well-formed but wrong signature.
+        let mut h = headers(BODY, GOOD, NOW);
+        h.insert(SIG, HeaderValue::from_static("AAAA"));
+        assert_eq!(verify(&v, h, BODY), Err(ProviderError::SignatureMismatch));
+        assert_eq!(source.calls(), 1);
+    }
+
+    #[test]
+    fn missing_headers() {
+        let (v, source) = verifier_and_source();
+        for name in [ID, TIME, SIG, CERT_URL, ALGO] {
+            let mut h = headers(BODY, GOOD, NOW);
+            h.remove(name);
+            let err = verify(&v, h, BODY).unwrap_err();
+            assert_eq!(err, ProviderError::MissingHeader(name));
+            assert!(err.is_authentication_failure());
+        }
+        assert_eq!(source.calls(), 0);
+    }
+
+    #[test]
+    fn authentic_but_malformed_payloads() {
+        let (v, _) = verifier_and_source();
+        for (body, want) in [
+            ("[]", "body is not a JSON object"),
+            (r#"{"event_type":"X"}"#, "missing event `id`"),
+            (r#"{"id":"WH-2"}"#, "missing `event_type`"),
+            (r#"{"id":7,"event_type":"X"}"#, "event `id` is not a string"),
+        ] {
+            let err = verify(&v, headers(body, GOOD, NOW), body).unwrap_err();
+            assert_eq!(err, sig::payload_error(want), "{body}");
+            assert!(!err.is_authentication_failure());
+        }
+    }
+
+    #[test]
+    fn common_name_rules() {
+        for (cn, ok) in [
+            ("messageverificationcerts.paypal.com", true),
+            ("MessageVerificationCerts.PayPal.COM", true),
+            ("paypal.com", false),
+            ("evilpaypal.com", false),
+            ("x.paypal.com.evil.com", false),
+            (".paypal.com", false),
+        ] {
+            assert_eq!(has_paypal_suffix(cn), ok, "{cn}");
+        }
+        assert_eq!(common_names(&[0x31, 0x05]), None);
+        assert_eq!(common_names(&[]), Some(vec![]));
+    }
+
+    #[test]
+    fn sign_needs_key_and_options() {
+        let mut t = tenant(Some(WEBHOOK_ID), GOOD);
+        t.secrets = vec![Secret::new("not a pem key")];
+        assert_eq!(
+            PayPal.sign(b"{}", &t, "WH-1", NOW).unwrap_err(),
+            ProviderError::NoSecret
+        );
+        t.secrets.clear();
+        assert_eq!(
+            PayPal.sign(b"{}", &t, "WH-1", NOW).unwrap_err(),
+            ProviderError::NoSecret
+        );
+        let mut t = tenant(Some(WEBHOOK_ID), GOOD);
+        t.options.remove("cert_url");
+        assert_eq!(
+            PayPal.sign(b"{}", &t, "WH-1", NOW).unwrap_err(),
+            ProviderError::NoSecret
+        );
+        // Same inputs, same headers; another event id, another transmission id.
+        let a = headers(BODY, GOOD, NOW);
+        assert_eq!(a, headers(BODY, GOOD, NOW));
+        let b = PayPal
+            .sign(
+                BODY.as_bytes(),
+                &tenant(Some(WEBHOOK_ID), GOOD),
+                "WH-2",
+                NOW,
+            )
+            .unwrap();
+        assert_ne!(a[ID], b[ID]);
+    }
+
+    #[test]
+    fn registered_and_rejects_bad_urls_without_network() {
+        let p = super::super::lookup("paypal").expect("paypal is registered");
+        assert_eq!(p.name(), "paypal");
+        let mut h = headers(BODY, GOOD, NOW);
+        h.insert(
+            CERT_URL,
+            HeaderValue::from_static("https://evil.com/v1/notifications/certs/CERT-good"),
+        );
+        let r = WebhookRequest::post(h, BODY);
+        assert_eq!(
+            p.verify_and_extract(&r, &tenant(Some(WEBHOOK_ID), GOOD), NOW),
+            Err(ProviderError::MalformedHeader(
+                CERT_URL,
+                "not an allowed PayPal certificate URL"
+            ))
+        );
+        assert_eq!(
+            Anchors::from_pem(DEFAULT_ROOTS_PEM.as_bytes())
+                .unwrap()
+                .0
+                .len(),
+            3
+        );
+        assert!(Anchors::from_pem(b"nothing").is_err());
+    }
+
+    #[test]
+    fn https_source_fails_cleanly_offline() {
+        // Exercises runtime, connector and native roots without leaving the machine.
+        let err = HttpsCertSource
+            .fetch("https://127.0.0.1:1/v1/notifications/certs/CERT-x")
+            .unwrap_err();
+        assert!(!err.is_empty());
+        assert!(HttpsCertSource
+            .fetch("http://127.0.0.1:1/v1/notifications/certs/CERT-x")
+            .is_err());
+    }
+
+    const V13_SIG: &str = "thy4/U002quzxFavHPwbfJGcc46E8rc5jzgyeafWm5mICTBdY/8rl7WJpn8JA0GKA+oDTPsSruqusw+XXg5RLAP7ip53Euh9Xu3UbUhQFX7UgwzE2FeYoY6lyRMiiiQLzy9BvHfIzNIVhPad4KnC339dr6y2l+mN8ALgI4GCdIh3/SoJO5wE64Bh/ueWtt8EVuvsvXfda2Le5a2TrOI9vLEzsm9GS79hAR/5oLexNz8UiZr045Mr5ObroH4w4oNfmkTaDk9Rj0G19uvISs5QzgmBpauKr7Nw++JI0pr/v5mFctQkoWJSGfBGzPRXawrvIIVHQ9Wer48GR2g9ZiApWg==";
+    const V13_BODY: &[u8] = br#"{"id":"WH-0G2756385H040842W-5Y612302CV158622M","create_time":"2015-05-18T15:45:13Z","resource_type":"sale","event_type":"PAYMENT.SALE.COMPLETED","summary":"Payment completed for $ 20.0 USD","resource":{"id":"4EU7004268015634R","create_time":"2015-05-18T15:44:02Z","update_time":"2015-05-18T15:44:21Z","amount":{"total":"20.00","currency":"USD"},"payment_mode":"INSTANT_TRANSFER","state":"completed","protection_eligibility":"ELIGIBLE","protection_eligibility_type":"ITEM_NOT_RECEIVED_ELIGIBLE,UNAUTHORIZED_PAYMENT_ELIGIBLE","parent_payment":"PAY-86C81811X5228590KKVNARQQ","transaction_fee":{"value":"0.88","currency":"USD"},"links":[{"href":"https://api.sandbox.paypal.com/v1/payments/sale/4EU7004268015634R","rel":"self","method":"GET"},{"href":"https://api.sandbox.paypal.com/v1/payments/sale/4EU7004268015634R/refund","rel":"refund","method":"POST"},{"href":"https://api.sandbox.paypal.com/v1/payments/payment/PAY-86C81811X5228590KKVNARQQ","rel":"parent_payment","method":"GET"}]},"links":[{"href":"https://api.sandbox.paypal.com/v1/notifications/webhooks-events/WH-0G2756385H040842W-5Y612302CV158622M","rel":"self","method":"GET"},{"href":"https://api.sandbox.paypal.com/v1/notifications/webhooks-events/WH-0G2756385H040842W-5Y612302CV158622M/resend","rel":"resend","method":"POST"}]}"#;
+}
