@@ -327,6 +327,72 @@ pub fn sign_notification(body: &[u8], hex_key: &str) -> Result<Vec<u8>, Provider
     serde_json::to_vec(&value).map_err(|e| json_error("body", &e))
 }
 
+/// Header of Adyen's platform webhooks (Balance Platform, Management API), which sign
+/// the raw body instead of each item. The name is UNCONFIRMED in providers.md; both
+/// spellings are case-insensitive header lookups anyway.
+static PLATFORM_SIGNATURE: http::HeaderName = http::HeaderName::from_static("hmacsignature");
+
+/// Base64 HMAC-SHA256 of the raw body with a hex key: the platform-webhook signature.
+pub fn payload_hmac(body: &[u8], hex_key: &str) -> Result<String, ProviderError> {
+    let key = sig::decode_hex("hmacSignature", hex_key).map_err(|_| ProviderError::NoSecret)?;
+    Ok(sig::B64.encode(sig::hmac_sha256(&key, &[body])))
+}
+
+/// Platform webhooks: verify the raw body, then key the event on stable fields. They
+/// carry no event id, so the key is `platform:{type}:{data id}:{created}` where the
+/// data id is `data.id`, else `data.merchantId`, else `data.companyId`, and created is
+/// `createdAt`, else `timestamp`: all unchanged when Adyen retries the same payload.
+fn verify_platform(
+    request: &WebhookRequest,
+    tenant: &TenantConfig,
+    signature: &str,
+) -> Result<Vec<VerifiedEvent>, ProviderError> {
+    let keys = keys(tenant)?;
+    let given = sig::decode_base64("hmacsignature", signature.trim())?;
+    let body = &request.body[..];
+    if !keys
+        .iter()
+        .any(|k| sig::ct_eq(&sig::hmac_sha256(k, &[body]), &given))
+    {
+        return Err(ProviderError::SignatureMismatch);
+    }
+    let [kind, id, merchant, company, created, timestamp] = sig::json_fields(
+        body,
+        [
+            &["type"],
+            &["data", "id"],
+            &["data", "merchantId"],
+            &["data", "companyId"],
+            &["createdAt"],
+            &["timestamp"],
+        ],
+    )?;
+    let kind = kind
+        .and_then(sig::Raw::str)
+        .ok_or_else(|| sig::payload_error("platform webhook has no `type`"))?;
+    let object = [id, merchant, company]
+        .into_iter()
+        .find_map(|v| v.and_then(sig::Raw::text))
+        .ok_or_else(|| sig::payload_error("platform webhook has no data id"))?;
+    let created = [created, timestamp]
+        .into_iter()
+        .find_map(|v| v.and_then(sig::Raw::text))
+        .ok_or_else(|| sig::payload_error("platform webhook has no createdAt/timestamp"))?;
+    let event_id = format!("platform:{kind}:{object}:{created}");
+    sig::check_event_id(&event_id)?;
+    let envelope = Envelope {
+        provider: NAME.to_string(),
+        tenant: tenant.tenant.clone(),
+        event_id,
+        event_type: kind.into_owned(),
+        object_id: Some(object.into_owned()),
+        object_version: None,
+        occurred_at: sig::parse_rfc3339(&created),
+        delivery_id: None,
+    };
+    Ok(VerifiedEvent::whole(envelope, request))
+}
+
 impl Provider for Adyen {
     fn name(&self) -> &'static str {
         NAME
@@ -339,6 +405,9 @@ impl Provider for Adyen {
         _now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
         // No signed timestamp: replay protection is the dedup store (providers.md §0.6).
+        if let Some(signature) = request.header(PLATFORM_SIGNATURE.as_str()) {
+            return verify_platform(request, tenant, signature);
+        }
         let keys = keys(tenant)?;
         let body = &request.body;
         let items = parse(body)?;
@@ -805,5 +874,91 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, ProviderError::MalformedPayload(_)), "{err:?}");
         assert!(crate::providers::lookup("adyen").is_some());
+    }
+
+    const V7_KEY: &str = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+    /// providers.md V7: the exact 546-character payload of the Python SDK's
+    /// `test_is_valid_hmac_payload`, leading newline and indentation included.
+    const V7_PAYLOAD: &str = concat!(
+        "\n        {\n",
+        "            \"type\": \"merchant.created\",\n",
+        "            \"environment\": \"test\",\n",
+        "            \"createdAt\": \"01-01-2024\",\n",
+        "            \"data\": {\n",
+        "                \"capabilities\": {\n",
+        "                    \"sendToTransferInstrument\": {\n",
+        "                        \"requested\": true,\n",
+        "                        \"requestedLevel\": \"notApplicable\"\n",
+        "                    }\n",
+        "                },\n",
+        "                \"companyId\": \"YOUR_COMPANY_ID\",\n",
+        "                \"merchantId\": \"YOUR_MERCHANT_ACCOUNT\",\n",
+        "                \"status\": \"PreActive\"\n",
+        "            }\n",
+        "        }\n",
+        "        "
+    );
+
+    fn platform_request(body: &str, signature: &str) -> WebhookRequest {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("HmacSignature", signature.parse().unwrap());
+        WebhookRequest::post(headers, body.to_owned())
+    }
+
+    #[test]
+    fn v7_payload_hmac_vector_and_own_vector() {
+        assert_eq!(V7_PAYLOAD.len(), 546);
+        assert_eq!(
+            payload_hmac(V7_PAYLOAD.as_bytes(), V7_KEY).unwrap(),
+            "fX74xUdztFmaXAn3IusMFFUBUSkLmDQUK0tm8xL6ZTU="
+        );
+        assert_eq!(
+            payload_hmac(br#"{"a":1}"#, V7_KEY).unwrap(),
+            "sopa0BeSQdruGUL8JgyYbeHxoBY41sd5YDAMO/M4gPY="
+        );
+    }
+
+    #[test]
+    fn platform_webhook_verifies_the_raw_body_and_keys_on_stable_fields() {
+        let t = tenant(&[V7_KEY]);
+        let events = Adyen
+            .verify_and_extract(
+                &platform_request(V7_PAYLOAD, "fX74xUdztFmaXAn3IusMFFUBUSkLmDQUK0tm8xL6ZTU="),
+                &t,
+                0,
+            )
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        let env = &events[0].envelope;
+        assert_eq!(
+            env.event_id,
+            "platform:merchant.created:YOUR_MERCHANT_ACCOUNT:01-01-2024"
+        );
+        assert_eq!(env.event_type, "merchant.created");
+        // The SDK's own negative case, a tampered body, and a wrong key.
+        let bad = platform_request(V7_PAYLOAD, "MismatchingHmacKey=");
+        assert!(Adyen.verify_and_extract(&bad, &t, 0).is_err());
+        let tampered = V7_PAYLOAD.replace("PreActive", "Active");
+        let sig = "fX74xUdztFmaXAn3IusMFFUBUSkLmDQUK0tm8xL6ZTU=";
+        assert_eq!(
+            Adyen.verify_and_extract(&platform_request(&tampered, sig), &t, 0),
+            Err(ProviderError::SignatureMismatch)
+        );
+        let other = tenant(&["00112233445566778899AABBCCDDEEFF"]);
+        assert_eq!(
+            Adyen.verify_and_extract(&platform_request(V7_PAYLOAD, sig), &other, 0),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // Rotation: the old key still verifies next to a new one.
+        let rotated = tenant(&["00112233445566778899AABBCCDDEEFF", V7_KEY]);
+        assert!(Adyen
+            .verify_and_extract(&platform_request(V7_PAYLOAD, sig), &rotated, 0)
+            .is_ok());
+        // Garbled signature header: a clean error, no panic.
+        let garbled = platform_request(V7_PAYLOAD, "***");
+        assert!(matches!(
+            Adyen.verify_and_extract(&garbled, &t, 0),
+            Err(ProviderError::MalformedHeader(..))
+        ));
     }
 }
