@@ -49,8 +49,7 @@ async fn a_secret_rotated_in_ssm_takes_effect_after_the_ttl() {
     let source = ConfigSource::refreshing(initial, loader, Duration::from_millis(200));
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(EmbeddedStore::open(dir.path(), Default::default()).unwrap());
-    let ingest = Ingestor::new(Arc::new(Config::default()), store.clone(), store.clone())
-        .with_config_source(source);
+    let ingest = Ingestor::from_source(source, store.clone(), store.clone());
 
     let old = Config::from_toml(&toml(&["whsec_old"])).unwrap();
     let new = Config::from_toml(&toml(&["whsec_new"])).unwrap();
@@ -118,8 +117,7 @@ async fn an_unreadable_parameter_keeps_the_last_good_configuration() {
     let source = ConfigSource::refreshing(initial.clone(), loader, Duration::ZERO);
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(EmbeddedStore::open(dir.path(), Default::default()).unwrap());
-    let ingest = Ingestor::new(Arc::new(Config::default()), store.clone(), store.clone())
-        .with_config_source(source);
+    let ingest = Ingestor::from_source(source, store.clone(), store.clone());
     let req = signed(&initial, "stripe", "t1", "", &stripe_body("evt_k1", 10));
     assert_eq!(ingest.ingest("stripe", "t1", &req).await.status, 200);
 }

@@ -27,6 +27,7 @@ use einmal::ports::{
     Queue, QueueMessage, Source, StoreError,
 };
 use einmal_tests::moto::{self, CallCounter, MAX_RECEIVE_COUNT};
+use einmal_tests::scenario::AtomicCalls;
 use serde_json::json;
 
 const TENANT: &str = "t1";
@@ -173,11 +174,15 @@ async fn aws() -> Backend {
             .build(),
     );
     let store = Arc::new(store);
+    // moto evaluates conditions and writes without a lock; DynamoDB does not race
+    // there. Serialise each conditional write (not the interleaving between them).
+    let lock = Arc::new(tokio::sync::Mutex::new(()));
+    let state: Arc<dyn StateStore> = Arc::new(DynamoStateStore::new(client, state_table));
     Backend {
-        inbox: store.clone(),
-        processing: store.clone(),
+        inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
+        processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
         queue: store,
-        state: Arc::new(DynamoStateStore::new(client, state_table)),
+        state: Arc::new(AtomicCalls::new(state, lock)),
         domain: Arc::default(),
         calls: Some(counter),
         _keep: Box::new(()),

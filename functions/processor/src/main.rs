@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use einmal::adapters::aws::{load_config_from_env, AwsSetupError, AwsStore};
+use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::domain::reference::ReferenceDomain;
 use einmal::lookup::HttpLookup;
@@ -23,8 +23,8 @@ async fn main() -> Result<(), Error> {
     // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
     // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    match load_config_from_env(&sdk_config).await {
-        Ok(config) => engine = engine.with_lookup(Arc::new(HttpLookup::new()), Arc::new(config)),
+    match config_source_from_env(&sdk_config).await {
+        Ok(source) => engine = engine.with_lookup_source(Arc::new(HttpLookup::new()), source),
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
         }

@@ -157,20 +157,19 @@ pub struct Ingestor {
 
 impl Ingestor {
     pub fn new(config: Arc<Config>, inbox: Arc<dyn Inbox>, queue: Arc<dyn Queue>) -> Self {
+        Self::from_source(ConfigSource::fixed(config), inbox, queue)
+    }
+
+    /// Tenants from a source that may refresh itself (AWS: SSM with a TTL).
+    pub fn from_source(config: ConfigSource, inbox: Arc<dyn Inbox>, queue: Arc<dyn Queue>) -> Self {
         Ingestor {
-            config: ConfigSource::fixed(config),
+            config,
             inbox,
             queue,
             metrics: Arc::new(IngestMetrics::default()),
             inflight_grace_ms: DEFAULT_INFLIGHT_GRACE_MS,
             now_ms: Arc::new(time::now_millis),
         }
-    }
-
-    /// Take tenants from a source that may refresh itself (AWS: SSM with a TTL).
-    pub fn with_config_source(mut self, source: ConfigSource) -> Self {
-        self.config = source;
-        self
     }
 
     pub fn with_inflight_grace_ms(mut self, grace_ms: i64) -> Self {

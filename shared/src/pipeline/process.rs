@@ -53,6 +53,7 @@ use tracing::Level;
 
 use crate::body;
 use crate::config::Config;
+use crate::config_source::ConfigSource;
 use crate::domain::state::{CommitOutcome, StateRecord, StateStore, StateWrite};
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
@@ -268,7 +269,7 @@ pub struct Processor {
     now_ms: Clock,
     jitter: Jitter,
     /// Fetches the state named by hints, with the tenants' credentials.
-    lookup: Option<(Arc<dyn ResourceLookup>, Arc<Config>)>,
+    lookup: Option<(Arc<dyn ResourceLookup>, Arc<ConfigSource>)>,
 }
 
 impl Processor {
@@ -294,8 +295,18 @@ impl Processor {
 
     /// Enrich hints (thin webhooks) through `lookup`, with the tenants of `config`.
     /// Without it, hints are dead-lettered ("no resource lookup configured").
-    pub fn with_lookup(mut self, lookup: Arc<dyn ResourceLookup>, config: Arc<Config>) -> Self {
-        self.lookup = Some((lookup, config));
+    pub fn with_lookup(self, lookup: Arc<dyn ResourceLookup>, config: Arc<Config>) -> Self {
+        self.with_lookup_source(lookup, ConfigSource::fixed(config))
+    }
+
+    /// [`Processor::with_lookup`] with tenants from a source that refreshes itself, so
+    /// rotated API credentials and new tenants take effect without a cold start.
+    pub fn with_lookup_source(
+        mut self,
+        lookup: Arc<dyn ResourceLookup>,
+        source: ConfigSource,
+    ) -> Self {
+        self.lookup = Some((lookup, Arc::new(source)));
         self
     }
 
@@ -558,11 +569,12 @@ impl Processor {
     /// Fetch the resource a hint names: the envelope the domain sees (type `kind`) and
     /// the fetched body.
     async fn enrich(&self, hint: &Envelope, kind: &str) -> Result<(Envelope, Vec<u8>), Failure> {
-        let Some((lookup, config)) = &self.lookup else {
+        let Some((lookup, source)) = &self.lookup else {
             return Err(Failure::Permanent(
                 "no resource lookup configured".to_string(),
             ));
         };
+        let config = source.current().await;
         let tenant = config.tenant(&hint.provider, &hint.tenant).ok_or_else(|| {
             Failure::Permanent(format!(
                 "tenant {}/{} is not configured for resource lookups",

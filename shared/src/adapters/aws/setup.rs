@@ -134,13 +134,21 @@ impl crate::config_source::ConfigLoader for SsmConfigLoader {
     }
 }
 
-/// The receiver's configuration: from SSM (reloaded every `ttl`) when
-/// `EINMAL_CONFIG_PARAMETER` is set, else the inline `EINMAL_CONFIG` (fixed).
+/// How long a function keeps the SSM configuration before reloading it.
+pub const CONFIG_TTL_ENV: &str = "EINMAL_CONFIG_TTL_SECS";
+const DEFAULT_CONFIG_TTL: Duration = Duration::from_secs(60);
+
+/// The functions' configuration: from SSM (reloaded every `EINMAL_CONFIG_TTL_SECS`,
+/// default 60 s) when `EINMAL_CONFIG_PARAMETER` is set, else the inline `EINMAL_CONFIG`.
 pub async fn config_source_from_env(
     sdk_config: &aws_config::SdkConfig,
-    ttl: Duration,
 ) -> Result<crate::config_source::ConfigSource, AwsSetupError> {
     use crate::config_source::ConfigSource;
+    let ttl = std::env::var(CONFIG_TTL_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_CONFIG_TTL);
     let initial = load_config_from_env(sdk_config).await?;
     match std::env::var(CONFIG_PARAMETER_ENV) {
         Ok(name) if !name.trim().is_empty() => {
