@@ -97,6 +97,23 @@ fn post(url: &str, body: &[u8], content_type: &str) -> (u16, serde_json::Value) 
 #[test]
 fn send_accepts_then_deduplicates_and_events_show_the_item() {
     let server = Server::start();
+    // The Shopify sample orders this SKU; without stock it would (rightly) dead-letter.
+    let seed = einmal(&[
+        "inventory",
+        "set",
+        "--tenant",
+        "demo",
+        "SKU-RED-M",
+        "--on-hand",
+        "5",
+        "--data-dir",
+        server.dir(),
+    ]);
+    assert!(
+        seed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seed.stderr)
+    );
     for provider in ["stripe", "shopify", "github", "standard-webhooks"] {
         let first = einmal(&[
             "send",
