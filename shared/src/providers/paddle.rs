@@ -120,24 +120,14 @@ impl Provider for Paddle {
         let secrets = sig::secrets(tenant)?;
         let groups = parse_header(request)?;
         let body = &request.body[..];
-        let mut result = Err(ProviderError::TimestampOutOfTolerance);
-        for group in groups.iter().filter(|g| !g.sigs.is_empty()) {
-            if sig::check_timestamp(group.ts, now_secs, tenant.tolerance_secs, false).is_err() {
-                continue;
-            }
-            // parse_unix admits digits only, so the value is non-negative.
-            let ts = sig::Decimal::new(group.ts.unsigned_abs());
-            result = sig::verify_any(secrets, &group.sigs, |s| {
-                Some(sig::hmac_sha256(
-                    s.expose().as_bytes(),
-                    &[ts.as_bytes(), b":", body],
-                ))
-            });
-            if result.is_ok() {
-                break;
-            }
-        }
-        result?;
+        sig::verify_timestamped_body(
+            groups.iter().map(|g| (g.ts, g.sigs.as_slice())),
+            secrets,
+            body,
+            b":",
+            now_secs,
+            tenant.tolerance_secs,
+        )?;
         let envelope = extract(body, tenant)?;
         Ok(VerifiedEvent::whole(envelope, request))
     }

@@ -149,6 +149,37 @@ pub fn verify_body_hmac_sha256(
     })
 }
 
+/// Timestamp-signed schemes (Stripe `t=…,v1=…`, Paddle `ts=…;h1=…`): HMAC-SHA256 over
+/// `"{ts}{separator}{body}"`. Groups outside the tolerance are skipped before any HMAC:
+/// a valid signature on a stale timestamp is a replay either way.
+pub fn verify_timestamped_body<'a>(
+    groups: impl IntoIterator<Item = (i64, &'a [Vec<u8>])>,
+    secrets: &[Secret],
+    body: &[u8],
+    separator: &[u8],
+    now_secs: i64,
+    tolerance_secs: u64,
+) -> Result<(), ProviderError> {
+    let mut result = Err(ProviderError::TimestampOutOfTolerance);
+    for (ts, sigs) in groups {
+        if sigs.is_empty() || check_timestamp(ts, now_secs, tolerance_secs, false).is_err() {
+            continue;
+        }
+        // Timestamps are parsed from digits only, so the value is non-negative.
+        let ts = Decimal::new(ts.unsigned_abs());
+        result = verify_any(secrets, sigs, |s| {
+            Some(hmac_sha256(
+                s.expose().as_bytes(),
+                &[ts.as_bytes(), separator, body],
+            ))
+        });
+        if result.is_ok() {
+            break;
+        }
+    }
+    result
+}
+
 /// A header name built once in a `static` (`HeaderName::from_static`), so lookups do
 /// not parse names per request. Errors report its lower-case spelling.
 pub type Name = &'static HeaderName;
