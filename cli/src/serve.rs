@@ -109,7 +109,7 @@ pub fn router(ingestor: Arc<Ingestor>) -> Router {
             any(webhook_with_token),
         )
         .route("/healthz", get(|| async { "ok" }))
-        .fallback(|| async { json(&not_found()) })
+        .fallback(|| async { respond(&IngestResponse::not_found()) })
         .with_state(ingestor)
 }
 
@@ -163,7 +163,7 @@ async fn receive(
     // same rules as on Lambda; anything larger is refused without buffering it.
     let limit = ingestor.config().ingest.max_body_bytes;
     let Ok(body) = axum::body::to_bytes(body, limit.saturating_add(1)).await else {
-        return json(&ingestor.oversize(limit));
+        return respond(&ingestor.oversize(limit));
     };
     let request = WebhookRequest {
         method,
@@ -172,17 +172,16 @@ async fn receive(
         body,
         path_token,
     };
-    json(&ingestor.ingest(&provider, &tenant, &request).await)
+    respond(&ingestor.ingest(&provider, &tenant, &request).await)
 }
 
-fn not_found() -> IngestResponse {
-    IngestResponse {
-        status: 404,
-        body: serde_json::json!({"error": "not_found", "message": "not found"}),
-    }
-}
-
-fn json(response: &IngestResponse) -> Response {
+fn respond(response: &IngestResponse) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(response.body.clone())).into_response()
+    let (content_type, body) = response.render();
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, content_type)],
+        body,
+    )
+        .into_response()
 }

@@ -107,6 +107,8 @@ async fn three_items_become_three_inbox_items_and_three_messages() {
     let body = three_item_body();
     let resp = b.ingestor.ingest("adyen", "m1", &request(&body)).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
+    // Adyen's contract: the success body is the plain text `[accepted]`.
+    assert_eq!(resp.render(), ("text/plain", "[accepted]".to_string()));
     assert_eq!(resp.body["status"], "accepted");
     assert_eq!(resp.body["duplicate"], false);
     let events = resp.body["events"].as_array().expect("one entry per item");
@@ -191,6 +193,7 @@ async fn one_bad_hmac_among_three_stores_nothing() {
         .ingest("adyen", "m1", &request(body.to_string().as_bytes()))
         .await;
     assert_eq!(resp.status, 401, "{}", resp.body);
+    assert_eq!(resp.render().0, "application/json", "errors stay JSON");
     assert_eq!(resp.body["error"], "invalid_signature");
     assert!(
         all_items(&*b.inbox).await.is_empty(),

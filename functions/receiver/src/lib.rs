@@ -14,10 +14,7 @@ pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>,
         token,
     }) = route(&req)
     else {
-        return respond(&IngestResponse {
-            status: 404,
-            body: serde_json::json!({"error": "not_found", "message": "not found"}),
-        });
+        return respond(&IngestResponse::not_found());
     };
     let (parts, body) = req.into_parts();
     let request = WebhookRequest {
@@ -75,8 +72,9 @@ fn route(req: &Request) -> Option<Route> {
 }
 
 fn respond(response: &IngestResponse) -> Result<Response<Body>, Error> {
+    let (content_type, body) = response.render();
     Ok(Response::builder()
         .status(response.status)
-        .header("content-type", "application/json")
-        .body(Body::Text(response.body.to_string()))?)
+        .header("content-type", content_type)
+        .body(Body::Text(body))?)
 }

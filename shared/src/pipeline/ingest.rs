@@ -117,11 +117,28 @@ pub struct EventOutcome {
 pub struct IngestResponse {
     pub status: u16,
     pub body: serde_json::Value,
+    /// A plain-text body some providers expect on success instead of JSON (Adyen's
+    /// `[accepted]`); `body` keeps the JSON details for logs and tests.
+    pub plain: Option<&'static str>,
 }
 
 impl IngestResponse {
+    /// The one answer for unknown routes, providers and tenants.
+    pub fn not_found() -> Self {
+        IngestResponse::from_error(&IngestError::NotFound)
+    }
+
+    /// Content type and body text as the transport should send them.
+    pub fn render(&self) -> (&'static str, String) {
+        match self.plain {
+            Some(text) => ("text/plain", text.to_string()),
+            None => ("application/json", self.body.to_string()),
+        }
+    }
+
     fn from_error(err: &IngestError) -> Self {
         IngestResponse {
+            plain: None,
             status: err.status(),
             body: json!({ "error": err.code(), "message": err.public_message() }),
         }
@@ -140,7 +157,11 @@ impl IngestResponse {
                 "events": many.iter().map(|o| json!({"event_id": o.event_id, "duplicate": o.duplicate})).collect::<Vec<_>>(),
             }),
         };
-        IngestResponse { status: 200, body }
+        IngestResponse {
+            status: 200,
+            body,
+            plain: None,
+        }
     }
 }
 
@@ -207,7 +228,10 @@ impl Ingestor {
         request: &WebhookRequest,
     ) -> IngestResponse {
         match self.try_ingest(provider, tenant, request).await {
-            Ok(outcomes) => IngestResponse::from_outcomes(&outcomes),
+            Ok(outcomes) => IngestResponse {
+                plain: providers::lookup(provider).and_then(|p| p.accepted_body()),
+                ..IngestResponse::from_outcomes(&outcomes)
+            },
             Err(err) => {
                 err.count(&self.metrics);
                 match &err {

@@ -398,6 +398,11 @@ impl Provider for Adyen {
         NAME
     }
 
+    /// Adyen's notification contract: answer `[accepted]` once every item is stored.
+    fn accepted_body(&self) -> Option<&'static str> {
+        Some("[accepted]")
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -118,6 +118,11 @@ pub trait Provider: Send + Sync {
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError>;
 
+    /// A plain-text success body the provider expects instead of our JSON (Adyen).
+    fn accepted_body(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Headers and body exactly as the provider would send `body`. Most providers sign
     /// in headers; those that sign inside the body (Adyen, Mailgun, Braintree) override.
     fn signed_request(
