@@ -2,6 +2,8 @@
 
 mod business;
 mod events;
+mod ops;
+mod reconcile;
 mod send;
 mod serve;
 mod store;
@@ -26,6 +28,8 @@ struct Cli {
 enum Command {
     /// Run the receiver over HTTP on the embedded store.
     Serve(serve::ServeArgs),
+    /// Pull recent provider events since the checkpoint and ingest what is missing.
+    Reconcile(reconcile::ReconcileArgs),
     /// Sign a sample event with the tenant's configured secret and post it.
     Send(send::SendArgs),
     /// Inspect inbox items.
@@ -43,6 +47,18 @@ enum Command {
         #[command(subcommand)]
         command: business::InventoryCommand,
     },
+    /// Dead-lettered events: list and show.
+    Dlq {
+        #[command(subcommand)]
+        command: ops::DlqCommand,
+    },
+    /// Replay one event or, with --bulk, many (audited).
+    Replay(ops::ReplayArgs),
+    /// The audit log of manual actions.
+    Audit {
+        #[command(subcommand)]
+        command: ops::AuditCommand,
+    },
 }
 
 /// Where the demo configuration lives when `--config` is not given.
@@ -55,10 +71,14 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Reconcile(args) => reconcile::run(args).await,
         Command::Send(args) => send::run(args).await,
         Command::Events { command } => events::run(command).await,
         Command::Orders { command } => business::run_orders(command).await,
         Command::Inventory { command } => business::run_inventory(command).await,
+        Command::Dlq { command } => ops::run_dlq(command).await,
+        Command::Replay(args) => ops::run_replay(args).await,
+        Command::Audit { command } => ops::run_audit(command).await,
     };
     match result {
         Ok(code) => code,

@@ -19,7 +19,11 @@ use einmal::domain::reference::ReferenceDomain;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::pipeline::process::{ProcessSettings, Processor};
+use einmal::pipeline::sweep::Sweeper;
 use einmal::request::WebhookRequest;
+
+/// How often the local sweeper runs.
+const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -63,6 +67,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     )
     .with_settings(settings)
     .with_lookup(Arc::new(lookup), config.clone());
+    let sweeper = Sweeper::new(store.clone(), store.clone(), store.clone(), store.clone());
     let ingestor = Arc::new(Ingestor::new(config, store.clone(), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -77,11 +82,20 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let metrics = ingestor.metrics().clone();
     // The processor loop runs beside the HTTP server and stops with it.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut sweep_stop = stop_rx.clone();
     let worker = tokio::spawn(async move {
         let mut stop = stop_rx;
         processor
             .run_local("serve", async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
+            })
+            .await;
+    });
+    // The sweeper: stuck items, dead leases, dead letters, backlog figures.
+    let sweep = tokio::spawn(async move {
+        sweeper
+            .run_local(SWEEP_INTERVAL, async move {
+                let _ = sweep_stop.wait_for(|stopped| *stopped).await;
             })
             .await;
     });
@@ -93,6 +107,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string());
     let _ = stop_tx.send(true);
     let _ = worker.await;
+    let _ = sweep.await;
     served?;
     eprintln!(
         "einmal: stopped; {}",

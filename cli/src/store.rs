@@ -78,3 +78,62 @@ impl StoreArgs {
         }
     }
 }
+
+/// What the operator commands (`dlq`, `replay`, `audit`) need.
+pub struct OpsStores {
+    pub replayer: einmal::pipeline::replay::Replayer,
+    pub audit: Arc<dyn einmal::audit::AuditLog>,
+}
+
+impl StoreArgs {
+    /// The inbox, the replay service and the audit log (`audit.sqlite` in --data-dir,
+    /// or the DynamoDB table named by EINMAL_AUDIT_TABLE).
+    pub async fn open_ops(&self) -> Result<OpsStores, String> {
+        use einmal::audit::{AuditLog, DynamoAuditLog, EmbeddedAuditLog};
+        use einmal::pipeline::replay::Replayer;
+        match self.backend {
+            Backend::Embedded => {
+                let store = Arc::new(
+                    EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default()).map_err(
+                        |e| format!("cannot open the store in {}: {e}", self.data_dir.display()),
+                    )?,
+                );
+                let audit: Arc<dyn AuditLog> =
+                    Arc::new(EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
+                        format!(
+                            "cannot open the audit log in {}: {e}",
+                            self.data_dir.display()
+                        )
+                    })?);
+                Ok(OpsStores {
+                    replayer: Replayer::new(
+                        store.clone(),
+                        store.clone(),
+                        store.clone(),
+                        store,
+                        audit.clone(),
+                    ),
+                    audit,
+                })
+            }
+            Backend::Aws => {
+                let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
+                let audit: Arc<dyn AuditLog> = Arc::new(
+                    DynamoAuditLog::from_env()
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
+                Ok(OpsStores {
+                    replayer: Replayer::new(
+                        store.clone(),
+                        store.clone(),
+                        store.clone(),
+                        store,
+                        audit.clone(),
+                    ),
+                    audit,
+                })
+            }
+        }
+    }
+}

@@ -418,3 +418,72 @@ fn serve_processes_events_and_orders_show_the_business_state() {
     ]);
     assert!(!missing.status.success(), "tenants are isolated");
 }
+
+#[test]
+fn replay_needs_a_reason_and_every_replay_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let no_reason = einmal(&[
+        "replay",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "t1",
+        "--event-id",
+        "evt_1",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert!(!no_reason.status.success());
+    assert!(String::from_utf8_lossy(&no_reason.stderr).contains("--reason"));
+
+    let missing = einmal(&[
+        "replay",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "t1",
+        "--event-id",
+        "evt_1",
+        "--reason",
+        "customer asked",
+        "--actor",
+        "ops-bob",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert_eq!(
+        missing.status.code(),
+        Some(1),
+        "a missing event is an error"
+    );
+    assert!(stdout(&missing).contains("missing"));
+
+    let dry = einmal(&[
+        "replay",
+        "--bulk",
+        "--state",
+        "dead_letter",
+        "--reason",
+        "look",
+        "--dry-run",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert!(dry.status.success());
+    assert!(stdout(&dry).contains("dry run"));
+
+    let audit = einmal(&["audit", "list", "--json", "--data-dir", data_dir]);
+    assert!(audit.status.success());
+    let records: serde_json::Value = serde_json::from_slice(&audit.stdout).unwrap();
+    let records = records.as_array().unwrap();
+    assert_eq!(records.len(), 1, "the dry run is not audited");
+    assert_eq!(records[0]["actor"], "ops-bob");
+    assert_eq!(records[0]["reason"], "customer asked");
+    assert_eq!(records[0]["events"][0], "stripe#t1#evt_1");
+    assert_eq!(records[0]["result"]["missing"], 1);
+
+    let dlq = einmal(&["dlq", "list", "--json", "--data-dir", data_dir]);
+    assert!(dlq.status.success());
+    assert_eq!(stdout(&dlq).trim(), "[]");
+}

@@ -7,6 +7,7 @@
 //! Lambda handlers and the `einmal` CLI are thin shells around it.
 
 pub mod adapters;
+pub mod audit;
 pub mod body;
 pub mod config;
 pub mod config_source;
@@ -16,6 +17,7 @@ pub mod lookup;
 pub mod pipeline;
 pub mod ports;
 pub mod providers;
+pub mod reconcile;
 pub mod request;
 pub mod telemetry;
 pub mod time;

@@ -285,3 +285,54 @@ pub trait Queue: Send + Sync {
         visibility: Duration,
     ) -> Result<Vec<Delivery>, QueueError>;
 }
+
+/// The sweeper's view of the inbox: items that should have moved on by now, found
+/// through an index (a sparse GSI on DynamoDB, `(state, updated_at_ms)` on SQLite),
+/// never by a table scan.
+#[async_trait]
+/// The sweeper also leaves dead letters in place ([`DeadLetterQueue::release_dead_letter`]).
+pub trait InboxSweep: DeadLetterQueue + Send + Sync {
+    /// Up to `limit` items, oldest `updated_at_ms` first: `received` or `retryable`
+    /// items last updated before `older_than_ms`, and `processing` items whose lease
+    /// ran out before `older_than_ms` (a crashed worker).
+    async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
+}
+
+/// What [`InboxReplay::requeue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeueOutcome {
+    /// Now `queued` (from this state); the caller sends the pointer.
+    Requeued { from: InboxState },
+    /// `completed` or `ignored` and not forced: left as it is.
+    AlreadyDone(InboxState),
+    /// A worker holds a live lease: it will finish the item.
+    Busy { until_ms: i64 },
+    /// No such item.
+    Missing,
+}
+
+/// Operator replay: put an inbox item back to `queued` so the processor claims it
+/// again (the processor's effect keys still prevent a repeated effect).
+#[async_trait]
+pub trait InboxReplay: Send + Sync {
+    /// One conditional write. `dead_letter`, `retryable`, `received`, `queued` and
+    /// `processing` with an expired lease become `queued` (attempts and last error
+    /// kept); `completed` / `ignored` only when `force` (the result notes it).
+    async fn requeue(
+        &self,
+        key: &InboxKey,
+        force: bool,
+        now_ms: i64,
+    ) -> Result<RequeueOutcome, StoreError>;
+}
+
+/// Removing (or releasing) messages received with
+/// [`Queue::receive_dead_letters`]: SQS has no move, replay re-sends the pointer to
+/// the main queue, then deletes the dead letter.
+#[async_trait]
+pub trait DeadLetterQueue: Send + Sync {
+    async fn delete_dead_letter(&self, receipt: &str) -> Result<(), QueueError>;
+    /// Make a received dead letter visible again at once.
+    async fn release_dead_letter(&self, receipt: &str) -> Result<(), QueueError>;
+}

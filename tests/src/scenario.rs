@@ -450,6 +450,8 @@ pub struct Backend {
     pub processing: Arc<dyn InboxProcessing>,
     pub queue: Arc<dyn Queue>,
     pub state: Arc<dyn StateStore>,
+    /// The sweeper's index queries (the store itself, unwrapped).
+    pub sweep: Arc<dyn einmal::ports::InboxSweep>,
     /// Every AWS call of the stores (AWS only).
     pub calls: Option<CallCounter>,
     pub max_receive_count: u32,
@@ -471,7 +473,8 @@ pub async fn embedded(max_receive_count: u32) -> Backend {
         name: "embedded",
         inbox: store.clone(),
         processing: store.clone(),
-        queue: store,
+        queue: store.clone(),
+        sweep: store,
         state,
         calls: None,
         max_receive_count,
@@ -517,7 +520,8 @@ pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>
         name: "aws",
         inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
         processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
-        queue: store,
+        queue: store.clone(),
+        sweep: store,
         state: Arc::new(AtomicCalls::new(state, lock)),
         calls: Some(counter),
         max_receive_count,

@@ -14,6 +14,7 @@
 
 pub(crate) mod error;
 mod item;
+mod replay;
 mod setup;
 
 use std::time::Duration;
@@ -381,8 +382,10 @@ impl InboxProcessing for AwsStore {
             .key(item::PK, Self::key_attr(key))
             .update_expression(
                 "SET #state = :processing, #lease_owner = :owner, #lease_until = :until, \
-                 #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one",
+                 #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one, \
+                 #pending = :processing",
             )
+            .expression_attribute_names("#pending", item::PENDING)
             .condition_expression(CLAIMABLE)
             .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#state", item::STATE)
@@ -462,11 +465,18 @@ impl InboxProcessing for AwsStore {
                     .expression_attribute_values(format!(":{attr}"), s_attr(value));
             }
         }
+        // The sweeper's sparse index: kept while pending, removed once terminal.
+        let mut remove = "#lease_owner, #lease_until".to_string();
+        request = request.expression_attribute_names("#pending", item::PENDING);
+        match item::pending_for(finish.state) {
+            Some(pending) => {
+                set.push("#pending = :pending".to_string());
+                request = request.expression_attribute_values(":pending", s_attr(pending));
+            }
+            None => remove.push_str(", #pending"),
+        }
         let result = request
-            .update_expression(format!(
-                "SET {} REMOVE #lease_owner, #lease_until",
-                set.join(", ")
-            ))
+            .update_expression(format!("SET {} REMOVE {remove}", set.join(", ")))
             .send()
             .await;
         match result {
@@ -494,8 +504,9 @@ impl InboxProcessing for AwsStore {
             .key(item::PK, Self::key_attr(key))
             .update_expression(
                 "SET #state = :dead, #error = :reason, #updated = :now \
-                 REMOVE #lease_owner, #lease_until",
+                 REMOVE #lease_owner, #lease_until, #pending",
             )
+            .expression_attribute_names("#pending", item::PENDING)
             .condition_expression(CLAIMABLE)
             .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#state", item::STATE)
@@ -606,6 +617,70 @@ impl Queue for AwsStore {
             QueueError::Unavailable(format!("no dead-letter queue configured ({DLQ_URL_ENV})"))
         })?;
         self.receive_from(dlq, max, visibility).await
+    }
+}
+
+/// The sweeper: one Query per pending state on the sparse `by_pending` index (hash
+/// `pending` = state name, range `updated_at_ms`), oldest first; never a Scan.
+#[async_trait]
+impl crate::ports::InboxSweep for AwsStore {
+    async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        let mut found: Vec<InboxItem> = Vec::new();
+        if limit == 0 {
+            return Ok(found);
+        }
+        for state in [
+            InboxState::Received,
+            InboxState::Retryable,
+            InboxState::Processing,
+        ] {
+            let mut request = self
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .index_name(item::BY_PENDING)
+                .key_condition_expression("#pending = :state AND #updated < :cutoff")
+                .expression_attribute_names("#pending", item::PENDING)
+                .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+                .expression_attribute_values(":state", s_attr(state.as_str()))
+                .expression_attribute_values(":cutoff", n_attr(older_than_ms))
+                .scan_index_forward(true)
+                .limit(limit.min(1000) as i32);
+            if state == InboxState::Processing {
+                request = request
+                    .filter_expression(
+                        "attribute_not_exists(#lease_until) OR #lease_until < :cutoff",
+                    )
+                    .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS);
+            }
+            let mut taken = 0;
+            let mut start = None;
+            loop {
+                let out = request
+                    .clone()
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
+                for m in out.items.unwrap_or_default() {
+                    if taken < limit {
+                        found.push(item::decode(m).map_err(StoreError::Corrupt)?);
+                        taken += 1;
+                    }
+                }
+                start = out.last_evaluated_key;
+                if start.is_none() || taken >= limit {
+                    break;
+                }
+            }
+        }
+        found.sort_by(|a, b| {
+            a.updated_at_ms
+                .cmp(&b.updated_at_ms)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        found.truncate(limit);
+        Ok(found)
     }
 }
 

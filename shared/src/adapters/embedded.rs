@@ -29,6 +29,8 @@
 //! or `change_visibility` with a stale receipt is a no-op. `send` also moves the
 //! inbox item from `received` to `queued` in the same transaction.
 
+mod replay;
+
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -41,6 +43,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use tokio::sync::oneshot;
 
 use crate::envelope::{Envelope, InboxKey};
+use crate::ports::InboxSweep;
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
     PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
@@ -347,6 +350,8 @@ fn open_writer(path: &Path) -> Result<Connection, DbError> {
             )))
         }
     }
+    // Idempotent: also added to files created before the sweeper existed.
+    conn.execute_batch(SWEEP_INDEX)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -1130,6 +1135,63 @@ impl Queue for EmbeddedStore {
         visibility: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         self.receive_from(Table::DeadLetter, max, visibility).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sweeper (stuck items, dead letters made visible again)
+
+/// The sweeper's index: per state, oldest update first.
+const SWEEP_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS inbox_by_state_updated ON inbox(state, updated_at_ms);";
+
+/// One indexed range per state; a `processing` item's lease starts at its last
+/// update, so `updated_at_ms < ?1` holds whenever the lease ran out before `?1`.
+fn stuck_items(
+    conn: &Connection,
+    older_than_ms: i64,
+    limit: usize,
+) -> Result<Vec<InboxItem>, DbError> {
+    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut items = Vec::new();
+    for state in [
+        InboxState::Received,
+        InboxState::Retryable,
+        InboxState::Processing,
+    ] {
+        let lease = if state == InboxState::Processing {
+            " AND (lease_until_ms IS NULL OR lease_until_ms < ?2)"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT {ITEM_COLUMNS} FROM inbox INDEXED BY inbox_by_state_updated \
+             WHERE state = ?1 AND updated_at_ms < ?2{lease} ORDER BY updated_at_ms LIMIT ?3"
+        );
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query(params![state.as_str(), older_than_ms, limit_sql])?;
+        while let Some(row) = rows.next()? {
+            items.push(item_from_row(row)?);
+        }
+    }
+    items.sort_by(|a, b| {
+        a.updated_at_ms
+            .cmp(&b.updated_at_ms)
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    items.truncate(limit);
+    Ok(items)
+}
+
+#[async_trait]
+impl InboxSweep for EmbeddedStore {
+    async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .read(move |conn| stuck_items(conn, older_than_ms, limit))
+            .await?)
     }
 }
 

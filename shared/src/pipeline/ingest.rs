@@ -341,6 +341,33 @@ impl Ingestor {
         }
         Ok(())
     }
+
+    /// Store one event fetched from the provider's authenticated API (reconciliation)
+    /// through the same conditional put + enqueue as a webhook, marked
+    /// [`Source::Reconcile`]. No signature: the data came from the API, not a request.
+    /// An event the inbox already holds is a duplicate and changes nothing.
+    pub async fn ingest_reconciled(
+        &self,
+        envelope: crate::envelope::Envelope,
+        body: bytes::Bytes,
+    ) -> Result<EventOutcome, IngestError> {
+        let config = self.config.current().await;
+        if config
+            .tenant(&envelope.provider, &envelope.tenant)
+            .is_none()
+        {
+            return Err(IngestError::NotFound);
+        }
+        let limit = config.ingest.max_body_bytes;
+        if body.len() > limit {
+            return Err(IngestError::BodyTooLarge { limit });
+        }
+        let now_ms = (self.now_ms)();
+        let event = VerifiedEvent { envelope, body };
+        let mut item = inbox_item(&config.ingest, event, now_ms)?;
+        item.source = Source::Reconcile;
+        self.store_and_enqueue(&item, now_ms).await
+    }
 }
 
 fn verify(

@@ -1,2 +1,4 @@
 pub mod ingest;
 pub mod process;
+pub mod replay;
+pub mod sweep;

@@ -127,6 +127,12 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
     })
 }
 
+/// The envelope of one event body as the webhook path extracts it (reconciliation
+/// reads `GET /v1/events`, whose items are exactly the webhook bodies).
+pub fn envelope_from_body(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
+    extract(body, tenant)
+}
+
 impl Provider for Stripe {
     fn name(&self) -> &'static str {
         "stripe"

@@ -37,6 +37,21 @@ pub(crate) const RESULT: &str = "result";
 pub(crate) const BODY_ENCODING: &str = "body_encoding";
 pub(crate) const BODY_LEN: &str = "body_len";
 pub(crate) const BODY: &str = "body";
+/// Sparse attribute, the hash key of the [`BY_PENDING`] index: the state name while
+/// the item is `received`, `retryable` or `processing`, absent otherwise.
+pub(crate) const PENDING: &str = "pending";
+/// The sweeper's GSI: hash [`PENDING`], range [`UPDATED_AT_MS`].
+pub(crate) const BY_PENDING: &str = "by_pending";
+
+/// The [`PENDING`] value for `state`, or `None` when the item must leave the index.
+pub(crate) fn pending_for(state: InboxState) -> Option<&'static str> {
+    match state {
+        InboxState::Received | InboxState::Retryable | InboxState::Processing => {
+            Some(state.as_str())
+        }
+        _ => None,
+    }
+}
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -63,6 +78,9 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
         m.insert(DELIVERY_ID.into(), s(v));
     }
     m.insert(STATE.into(), s(item.state.as_str()));
+    if let Some(v) = pending_for(item.state) {
+        m.insert(PENDING.into(), s(v));
+    }
     m.insert(SOURCE.into(), s(item.source.as_str()));
     m.insert(ATTEMPTS.into(), n(item.attempts.to_string()));
     m.insert(RECEIVED_AT_MS.into(), n(item.received_at_ms.to_string()));

@@ -9,6 +9,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
     TimeToLiveSpecification, TimeToLiveStatus,
 };
+use aws_sdk_dynamodb::types::{GlobalSecondaryIndex, Projection, ProjectionType};
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_sdk_ssm::operation::get_parameter::GetParameterError;
 use thiserror::Error;
@@ -208,6 +209,17 @@ pub async fn create_tables(
                 .build()
                 .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?,
         )
+        .attribute_definitions(sweep_index_attribute(
+            table,
+            item::PENDING,
+            ScalarAttributeType::S,
+        )?)
+        .attribute_definitions(sweep_index_attribute(
+            table,
+            item::UPDATED_AT_MS,
+            ScalarAttributeType::N,
+        )?)
+        .global_secondary_indexes(sweep_index(table)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
@@ -234,6 +246,49 @@ pub async fn create_tables(
         wait_table_active(dynamodb, table).await?;
     }
     enable_ttl(dynamodb, table).await
+}
+
+fn sweep_index_attribute(
+    table: &str,
+    name: &str,
+    kind: ScalarAttributeType,
+) -> Result<AttributeDefinition, AwsSetupError> {
+    AttributeDefinition::builder()
+        .attribute_name(name)
+        .attribute_type(kind)
+        .build()
+        .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))
+}
+
+/// The sweeper's sparse GSI: only pending items carry `pending` (their state name),
+/// ranged by `updated_at_ms`; one partition per state, never a scan.
+fn sweep_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    let err = |e: aws_sdk_dynamodb::error::BuildError| {
+        AwsSetupError::Resource(format!("table {table}: {e}"))
+    };
+    GlobalSecondaryIndex::builder()
+        .index_name(item::BY_PENDING)
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(item::PENDING)
+                .key_type(KeyType::Hash)
+                .build()
+                .map_err(err)?,
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(item::UPDATED_AT_MS)
+                .key_type(KeyType::Range)
+                .build()
+                .map_err(err)?,
+        )
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::All)
+                .build(),
+        )
+        .build()
+        .map_err(err)
 }
 
 async fn wait_table_active(

@@ -1,0 +1,363 @@
+//! Operator commands: `einmal dlq list|show`, `einmal replay` (one event or bulk, with
+//! a dry run and progress), `einmal audit list`. Every replay is audited.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use einmal::audit::AuditRecord;
+use einmal::envelope::InboxKey;
+use einmal::pipeline::replay::{BulkSelector, ItemOutcome, Operator, ReplayReport};
+use einmal::ports::{InboxFilter, InboxItem, InboxState};
+use einmal::providers::sig::parse_rfc3339;
+use einmal::time::now_millis;
+use serde_json::json;
+
+use crate::store::StoreArgs;
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead-lettered events: reason, attempts, age.
+    List {
+        #[arg(long)]
+        provider: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// One dead-lettered event by its inbox key (`provider#tenant#event_id`).
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Audit records, newest first.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// Replay one event (`--provider --tenant --event-id`) or, with `--bulk`, every event
+/// a filter matches. Completed events stay completed unless `--force`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Replay every event the filter matches instead of one event.
+    #[arg(long)]
+    bulk: bool,
+    #[arg(long, required_unless_present = "bulk")]
+    provider: Option<String>,
+    #[arg(long, required_unless_present = "bulk")]
+    tenant: Option<String>,
+    #[arg(long, required_unless_present = "bulk", conflicts_with = "bulk")]
+    event_id: Option<String>,
+    /// Bulk: event type (Stripe `type`, Shopify topic, …).
+    #[arg(long = "type", requires = "bulk")]
+    event_type: Option<String>,
+    /// Bulk: received at or after (RFC 3339).
+    #[arg(long, requires = "bulk", value_parser = parse_time)]
+    since: Option<i64>,
+    /// Bulk: received before (RFC 3339).
+    #[arg(long, requires = "bulk", value_parser = parse_time)]
+    until: Option<i64>,
+    /// Bulk: only events in this state (e.g. dead_letter).
+    #[arg(long, requires = "bulk", value_parser = parse_state)]
+    state: Option<InboxState>,
+    /// Bulk: most events read.
+    #[arg(long, requires = "bulk", default_value_t = 0)]
+    limit: usize,
+    /// Why (recorded in the audit log).
+    #[arg(long)]
+    reason: String,
+    /// Who (recorded in the audit log); defaults to $USER.
+    #[arg(long)]
+    actor: Option<String>,
+    /// Re-run completed / ignored events too (effects still apply at most once).
+    #[arg(long)]
+    force: bool,
+    /// Bulk: show what would be replayed; change nothing, audit nothing.
+    #[arg(long, requires = "bulk")]
+    dry_run: bool,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+fn parse_time(s: &str) -> Result<i64, String> {
+    parse_rfc3339(s)
+        .map(|secs| secs.saturating_mul(1000))
+        .ok_or_else(|| format!("not an RFC 3339 time: {s:?}"))
+}
+
+fn parse_state(s: &str) -> Result<InboxState, String> {
+    InboxState::parse(s).ok_or_else(|| {
+        let all: Vec<_> = InboxState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("unknown state {s:?}; one of {}", all.join(", "))
+    })
+}
+
+fn print_json(value: &serde_json::Value) -> Result<(), String> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+fn age(ms: i64) -> String {
+    let secs = (ms / 1000).max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn dlq_json(item: &InboxItem, now: i64) -> serde_json::Value {
+    json!({
+        "id": item.key.as_str(),
+        "provider": item.envelope.provider,
+        "tenant": item.envelope.tenant,
+        "event_id": item.envelope.event_id,
+        "event_type": item.envelope.event_type,
+        "state": item.state,
+        "reason": item.last_error,
+        "error_class": item.last_error_class,
+        "attempts": item.attempts,
+        "received_at_ms": item.received_at_ms,
+        "updated_at_ms": item.updated_at_ms,
+        "age_ms": now - item.received_at_ms,
+    })
+}
+
+pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, String> {
+    let now = now_millis();
+    match command {
+        DlqCommand::List {
+            provider,
+            tenant,
+            limit,
+            json,
+            store,
+        } => {
+            let stores = store.open().await?;
+            let items = stores
+                .inbox
+                .list(&InboxFilter {
+                    state: Some(InboxState::DeadLetter),
+                    provider,
+                    tenant,
+                    limit,
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            if json {
+                print_json(&items.iter().map(|i| dlq_json(i, now)).collect())?;
+            } else {
+                for item in &items {
+                    println!(
+                        "{}  {:<28} attempts={} age={}  {}",
+                        item.key,
+                        item.envelope.event_type,
+                        item.attempts,
+                        age(now - item.received_at_ms),
+                        item.last_error.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DlqCommand::Show { id, json, store } => {
+            let stores = store.open().await?;
+            let key = InboxKey::from_stored(id);
+            let Some(item) = stores.inbox.get(&key).await.map_err(|e| e.to_string())? else {
+                eprintln!("einmal: no event {key}");
+                return Ok(ExitCode::from(1));
+            };
+            if json {
+                print_json(&dlq_json(&item, now))?;
+            } else {
+                println!("id:          {}", item.key);
+                println!("type:        {}", item.envelope.event_type);
+                println!("state:       {}", item.state);
+                println!(
+                    "reason:      {} ({})",
+                    item.last_error.as_deref().unwrap_or("-"),
+                    item.last_error_class.as_deref().unwrap_or("-")
+                );
+                println!("attempts:    {}", item.attempts);
+                println!("age:         {}", age(now - item.received_at_ms));
+                println!("result:      {}", item.result.as_deref().unwrap_or("-"));
+            }
+            if item.state != InboxState::DeadLetter {
+                eprintln!("einmal: {key} is {}, not dead_letter", item.state);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn report_json(report: &ReplayReport) -> serde_json::Value {
+    json!({
+        "summary": report.summary,
+        "audit_id": report.audit_id,
+        "outcomes": report.outcomes.iter()
+            .map(|(k, o)| json!({"id": k.as_str(), "outcome": o.as_str()}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
+    let actor = args
+        .actor
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    if args.reason.trim().is_empty() {
+        return Err("--reason must not be empty".into());
+    }
+    let operator = Operator {
+        actor,
+        reason: args.reason.clone(),
+    };
+    let stores = args.store.open_ops().await?;
+    let report = if args.bulk {
+        let selector = BulkSelector {
+            provider: args.provider.clone(),
+            tenant: args.tenant.clone(),
+            event_type: args.event_type.clone(),
+            since_ms: args.since,
+            until_ms: args.until,
+            state: args.state,
+            force: args.force,
+            limit: args.limit,
+        };
+        let show = !args.json;
+        let mut progress = |p: einmal::pipeline::replay::Progress<'_>| {
+            if show {
+                let width = 30usize;
+                let filled = (p.done * width).checked_div(p.total).unwrap_or(width);
+                eprint!(
+                    "\r[{}{}] {}/{}",
+                    "#".repeat(filled),
+                    "-".repeat(width - filled),
+                    p.done,
+                    p.total
+                );
+                let _ = std::io::stderr().flush();
+            }
+        };
+        let report = stores
+            .replayer
+            .replay_bulk(&selector, args.dry_run, &operator, &mut progress)
+            .await
+            .map_err(|e| e.to_string())?;
+        if show && report.summary.matched > 0 {
+            eprintln!();
+        }
+        report
+    } else {
+        let (Some(provider), Some(tenant), Some(event_id)) =
+            (&args.provider, &args.tenant, &args.event_id)
+        else {
+            return Err("--provider, --tenant and --event-id are required".into());
+        };
+        let key = InboxKey::new(provider, tenant, event_id);
+        stores
+            .replayer
+            .replay_one(&key, args.force, &operator)
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    if args.json {
+        print_json(&report_json(&report))?;
+    } else {
+        if !args.bulk || report.outcomes.len() <= 20 {
+            for (key, outcome) in &report.outcomes {
+                println!("{key}  {}", outcome.as_str());
+            }
+        }
+        let s = &report.summary;
+        println!(
+            "{}matched={} replayed={} already_done={} busy={} missing={} failed={} dead_letters_removed={}{}",
+            if s.dry_run { "dry run (nothing changed): " } else { "" },
+            s.matched,
+            s.replayed,
+            s.already_done,
+            s.busy,
+            s.missing,
+            s.failed,
+            s.dead_letters_removed,
+            report
+                .audit_id
+                .as_deref()
+                .map(|id| format!(" audit={id}"))
+                .unwrap_or_default()
+        );
+    }
+    let bad = report.outcomes.iter().any(|(_, o)| {
+        matches!(
+            o,
+            ItemOutcome::Failed | ItemOutcome::Missing | ItemOutcome::Busy
+        )
+    });
+    Ok(if bad {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn audit_line(r: &AuditRecord) -> String {
+    format!(
+        "{}  {}  {:<12} by {}  events={}  result={}  reason={:?}",
+        r.id,
+        einmal::providers::sig::format_rfc3339(r.at_ms / 1000),
+        r.action,
+        r.actor,
+        r.events.len(),
+        json!({
+            "replayed": r.result["replayed"],
+            "already_done": r.result["already_done"],
+            "busy": r.result["busy"],
+            "missing": r.result["missing"],
+            "failed": r.result["failed"],
+        }),
+        r.reason
+    )
+}
+
+pub async fn run_audit(command: AuditCommand) -> Result<ExitCode, String> {
+    match command {
+        AuditCommand::List { limit, json, store } => {
+            let stores = store.open_ops().await?;
+            let records = stores.audit.list(limit).await.map_err(|e| e.to_string())?;
+            if json {
+                print_json(&serde_json::to_value(&records).map_err(|e| e.to_string())?)?;
+            } else {
+                for r in &records {
+                    println!("{}", audit_line(r));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

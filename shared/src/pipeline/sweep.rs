@@ -1,0 +1,306 @@
+//! The sweeper (scheduled Lambda, and a loop inside `einmal serve`): closes the dual
+//! write and keeps every inbox item moving (DESIGN invariants 4 and 7).
+//!
+//! One pass:
+//! 1. finds items stuck in `received` / `retryable` and `processing` items whose lease
+//!    ran out, through the store's index ([`InboxSweep::stuck`], never a scan), and
+//!    sends their pointer again: the processor's claim is idempotent, so a duplicate
+//!    message costs one refused claim, never a second effect;
+//! 2. marks `dead_letter` the items whose pointers sit in the DLQ (the messages stay
+//!    there for replay and are made visible again at once);
+//! 3. logs the backlog: one line with `backlog_count` and `oldest_pending_age_ms`.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::ports::{Inbox, InboxProcessing, InboxState, InboxSweep, Queue, QueueMessage};
+
+/// Reason stored on items the sweeper marks `dead_letter`.
+pub const DLQ_REASON: &str = "pointer reached the dead-letter queue";
+/// How long the sweeper hides the DLQ messages it reads (released again at the end).
+const DLQ_VISIBILITY: Duration = Duration::from_secs(30);
+/// SQS returns at most 10 messages per receive.
+const DLQ_BATCH: u32 = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepSettings {
+    /// An item untouched this long in `received` (or whose lease ran out this long ago)
+    /// is stuck. Default 5 minutes.
+    pub stuck_after_ms: i64,
+    /// A `retryable` item waits out its backoff first (up to `backoff_max_ms`, 15 min
+    /// by default), so it counts as stuck only after this long. Default 20 minutes.
+    pub retryable_after_ms: i64,
+    /// Items looked at (and DLQ messages read) per pass. Default 100.
+    pub batch: usize,
+}
+
+impl Default for SweepSettings {
+    fn default() -> Self {
+        SweepSettings {
+            stuck_after_ms: 5 * 60_000,
+            retryable_after_ms: 20 * 60_000,
+            batch: 100,
+        }
+    }
+}
+
+/// `stuck_after_ms` from the environment (the sweeper Lambda).
+pub const STUCK_AFTER_MS_ENV: &str = "EINMAL_SWEEP_STUCK_AFTER_MS";
+/// `retryable_after_ms` from the environment.
+pub const RETRYABLE_AFTER_MS_ENV: &str = "EINMAL_SWEEP_RETRYABLE_AFTER_MS";
+/// `batch` from the environment.
+pub const BATCH_ENV: &str = "EINMAL_SWEEP_BATCH";
+
+impl SweepSettings {
+    /// Defaults, overridden by `EINMAL_SWEEP_*` variables; a malformed one is an error.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`SweepSettings::from_env`] with an injectable lookup (tests).
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        fn read<T: std::str::FromStr>(
+            env: &impl Fn(&str) -> Option<String>,
+            name: &str,
+            default: T,
+        ) -> Result<T, String> {
+            match env(name).filter(|v| !v.trim().is_empty()) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{name} is not a valid number: {v:?}")),
+            }
+        }
+        let d = SweepSettings::default();
+        Ok(SweepSettings {
+            stuck_after_ms: read(&env, STUCK_AFTER_MS_ENV, d.stuck_after_ms)?.max(0),
+            retryable_after_ms: read(&env, RETRYABLE_AFTER_MS_ENV, d.retryable_after_ms)?.max(0),
+            batch: read(&env, BATCH_ENV, d.batch)?.max(1),
+        })
+    }
+}
+
+/// What one pass did and saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Stuck `received` / `retryable` items whose pointer was sent again.
+    pub reenqueued: usize,
+    /// `processing` items with an expired lease, sent again for the next claim.
+    pub leases_released: usize,
+    /// Items marked `dead_letter` because their pointer is in the DLQ.
+    pub dead_lettered: usize,
+    /// Pending items seen (capped at `batch`): received/retryable, and processing
+    /// items without a live lease.
+    pub backlog_count: usize,
+    /// Age of the oldest of them (by last update), 0 when there is none.
+    pub oldest_pending_age_ms: i64,
+    /// Store or queue calls that failed (the next pass tries again).
+    pub errors: usize,
+}
+
+pub struct Sweeper {
+    pub inbox: Arc<dyn Inbox>,
+    pub sweep: Arc<dyn InboxSweep>,
+    pub processing: Arc<dyn InboxProcessing>,
+    pub queue: Arc<dyn Queue>,
+    pub settings: SweepSettings,
+}
+
+impl Sweeper {
+    pub fn new(
+        inbox: Arc<dyn Inbox>,
+        sweep: Arc<dyn InboxSweep>,
+        processing: Arc<dyn InboxProcessing>,
+        queue: Arc<dyn Queue>,
+    ) -> Self {
+        Sweeper {
+            inbox,
+            sweep,
+            processing,
+            queue,
+            settings: SweepSettings::default(),
+        }
+    }
+
+    pub fn with_settings(mut self, settings: SweepSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// One pass at `now_ms`.
+    pub async fn sweep_once(&self, now_ms: i64) -> SweepReport {
+        let mut report = SweepReport::default();
+        self.requeue_stuck(now_ms, &mut report).await;
+        self.mark_dead_letters(now_ms, &mut report).await;
+        tracing::info!(
+            backlog_count = report.backlog_count,
+            oldest_pending_age_ms = report.oldest_pending_age_ms,
+            reenqueued = report.reenqueued,
+            leases_released = report.leases_released,
+            dead_lettered = report.dead_lettered,
+            errors = report.errors,
+            "sweep"
+        );
+        report
+    }
+
+    async fn requeue_stuck(&self, now_ms: i64, report: &mut SweepReport) {
+        // Everything pending up to now, oldest first: the backlog figures, and the
+        // stuck items are at its head.
+        let pending = match self.sweep.stuck(now_ms, self.settings.batch).await {
+            Ok(items) => items,
+            Err(e) => {
+                tracing::warn!(error = %e, "sweep: cannot list pending items");
+                report.errors += 1;
+                return;
+            }
+        };
+        report.backlog_count = pending.len();
+        report.oldest_pending_age_ms = pending
+            .iter()
+            .map(|i| now_ms.saturating_sub(i.updated_at_ms))
+            .max()
+            .unwrap_or(0)
+            .max(0);
+        let cutoff = now_ms.saturating_sub(self.settings.stuck_after_ms);
+        let retry_cutoff = now_ms.saturating_sub(self.settings.retryable_after_ms);
+        for item in pending {
+            let lease = match item.state {
+                InboxState::Received => false,
+                InboxState::Retryable if item.updated_at_ms < retry_cutoff => false,
+                InboxState::Processing => true,
+                _ => continue,
+            };
+            let since = if lease {
+                item.lease_until_ms.unwrap_or(item.updated_at_ms)
+            } else {
+                item.updated_at_ms
+            };
+            if since >= cutoff {
+                continue;
+            }
+            let message = QueueMessage {
+                pk: item.key.clone(),
+            };
+            match self.queue.send(&message).await {
+                Ok(()) if lease => report.leases_released += 1,
+                Ok(()) => report.reenqueued += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, pk = %item.key, "sweep: re-enqueue failed");
+                    report.errors += 1;
+                    continue;
+                }
+            }
+            tracing::info!(
+                pk = %item.key,
+                state = %item.state,
+                stuck_for_ms = now_ms.saturating_sub(since),
+                "sweep: re-enqueued"
+            );
+        }
+    }
+
+    async fn mark_dead_letters(&self, now_ms: i64, report: &mut SweepReport) {
+        let mut seen = HashSet::new();
+        let mut receipts = Vec::new();
+        while receipts.len() < self.settings.batch {
+            let batch = match self
+                .queue
+                .receive_dead_letters(DLQ_BATCH, DLQ_VISIBILITY)
+                .await
+            {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::warn!(error = %e, "sweep: cannot read the dead-letter queue");
+                    report.errors += 1;
+                    break;
+                }
+            };
+            if batch.is_empty() {
+                break;
+            }
+            for delivery in batch {
+                receipts.push(delivery.receipt);
+                let key = delivery.message.pk;
+                if !seen.insert(key.clone()) {
+                    continue;
+                }
+                match self.inbox.get(&key).await {
+                    Ok(Some(item)) if !item.state.is_terminal() => {}
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, pk = %key, "sweep: cannot read a dead letter");
+                        report.errors += 1;
+                        continue;
+                    }
+                }
+                match self
+                    .processing
+                    .mark_dead_letter(&key, DLQ_REASON, now_ms)
+                    .await
+                {
+                    Ok(()) => {
+                        report.dead_lettered += 1;
+                        tracing::warn!(pk = %key, "sweep: marked dead_letter");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, pk = %key, "sweep: cannot mark dead_letter");
+                        report.errors += 1;
+                    }
+                }
+            }
+        }
+        // The messages stay in the DLQ for replay: visible again at once.
+        for receipt in receipts {
+            if let Err(e) = self.sweep.release_dead_letter(&receipt).await {
+                tracing::debug!(error = %e, "sweep: dead letter stays hidden until its timeout");
+            }
+        }
+    }
+
+    /// The loop of `einmal serve`: one pass every `interval` until `shutdown`.
+    pub async fn run_local(&self, interval: Duration, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = self.sweep_once(crate::time::now_millis()) => {}
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_from_env_override_defaults_and_reject_garbage() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            SweepSettings::from_lookup(env(&[])).unwrap(),
+            SweepSettings::default()
+        );
+        let s = SweepSettings::from_lookup(env(&[(STUCK_AFTER_MS_ENV, "1000"), (BATCH_ENV, "7")]))
+            .unwrap();
+        assert_eq!((s.stuck_after_ms, s.batch), (1000, 7));
+        let err = SweepSettings::from_lookup(env(&[(BATCH_ENV, "many")])).unwrap_err();
+        assert!(err.contains(BATCH_ENV), "{err}");
+    }
+}

@@ -1,0 +1,374 @@
+//! Reconciliation on the embedded store with the reference domain and a fake Stripe
+//! API on loopback: an event that was never delivered as a webhook is found, ingested
+//! once (`source = reconcile`) and applied once; a second run changes nothing. Also:
+//! paging through `has_more`, and an API error that leaves the checkpoint alone.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use einmal::config::Config;
+use einmal::domain::state::StateKey;
+use einmal::pipeline::ingest::Ingestor;
+use einmal::ports::Source;
+use einmal::reconcile::{ReconcileError, ReconcileOptions, Reconciler, DEFAULT_OVERLAP_SECS};
+use einmal_tests::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
+use einmal_tests::scenario::{self, drain, orders_create, pi_succeeded, Backend, Event};
+use serde_json::{json, Value};
+
+const TENANT: &str = "t1";
+const API_KEY: &str = "sk_test_reconcile_51H";
+const ITEMS: [(&str, i64); 1] = [("RED-M", 1)];
+const TOTAL: i64 = 2_500;
+
+// ---------------------------------------------------------------------------
+// The fake Stripe API: `GET /v1/events`, newest first, paged with `starting_after`.
+
+#[derive(Default)]
+struct FakeState {
+    /// Event objects, newest first (as Stripe lists them).
+    events: Vec<Value>,
+    page_size: usize,
+    fail_next: VecDeque<u16>,
+    /// The query string of every authenticated call.
+    queries: Vec<String>,
+}
+
+#[derive(Clone)]
+struct FakeStripe {
+    base: String,
+    state: Arc<Mutex<FakeState>>,
+}
+
+impl FakeStripe {
+    async fn start(page_size: usize) -> FakeStripe {
+        let state = Arc::new(Mutex::new(FakeState {
+            page_size,
+            ..Default::default()
+        }));
+        let app = Router::new().fallback(answer).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("fake API binds");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("fake API serves");
+        });
+        FakeStripe { base, state }
+    }
+
+    /// Publish the events (any order; listed newest first).
+    fn publish(&self, events: &[&Event]) {
+        let mut s = self.state.lock().unwrap();
+        for e in events {
+            s.events
+                .push(serde_json::from_slice(&e.body).expect("stripe body"));
+        }
+        s.events
+            .sort_by_key(|e| std::cmp::Reverse(e["created"].as_i64()));
+    }
+
+    fn fail_next(&self, status: u16) {
+        self.state.lock().unwrap().fail_next.push_back(status);
+    }
+
+    fn queries(&self) -> Vec<String> {
+        self.state.lock().unwrap().queries.clone()
+    }
+}
+
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        let k = k.replace("%5B", "[").replace("%5D", "]");
+        (k == name).then(|| v.to_string())
+    })
+}
+
+async fn answer(
+    State(state): State<Arc<Mutex<FakeState>>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if uri.path() != "/v1/events" {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+    if auth != Some(&format!("Bearer {API_KEY}")) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let query = uri.query().unwrap_or_default().to_string();
+    let mut s = state.lock().unwrap();
+    s.queries.push(query.clone());
+    if let Some(status) = s.fail_next.pop_front() {
+        let status = StatusCode::from_u16(status).expect("status");
+        return (status, r#"{"error":{"message":"boom"}}"#).into_response();
+    }
+    let gte: i64 = query_param(&query, "created[gte]")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let limit: usize = query_param(&query, "limit")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let matching: Vec<&Value> = s
+        .events
+        .iter()
+        .filter(|e| e["created"].as_i64().unwrap_or(0) >= gte)
+        .collect();
+    let start = match query_param(&query, "starting_after") {
+        Some(after) => match matching.iter().position(|e| e["id"] == json!(after)) {
+            Some(i) => i + 1,
+            None => return StatusCode::BAD_REQUEST.into_response(),
+        },
+        None => 0,
+    };
+    let size = limit.min(s.page_size);
+    let page: Vec<Value> = matching
+        .iter()
+        .skip(start)
+        .take(size)
+        .map(|e| (*e).clone())
+        .collect();
+    let has_more = start + page.len() < matching.len();
+    let body = json!({"object": "list", "url": "/v1/events", "has_more": has_more, "data": page});
+    ([("content-type", "application/json")], body.to_string()).into_response()
+}
+
+// ---------------------------------------------------------------------------
+// Setup
+
+fn config(api_base: &str) -> Arc<Config> {
+    let toml = format!(
+        r#"
+[[tenant]]
+provider = "stripe"
+tenant = "{TENANT}"
+secrets = ["{STRIPE_SECRET}"]
+options = {{ api_base = "{api_base}", api_key = "{API_KEY}" }}
+
+[[tenant]]
+provider = "shopify"
+tenant = "{TENANT}"
+secrets = ["{SHOPIFY_SECRET}"]
+options = {{ shop_domain = "{}" }}
+"#,
+        scenario::SHOP
+    );
+    Arc::new(Config::from_toml(&toml).expect("config parses"))
+}
+
+struct Setup {
+    b: Backend,
+    api: FakeStripe,
+    ingestor: Arc<Ingestor>,
+    reconciler: Reconciler,
+}
+
+async fn setup(page_size: usize) -> Setup {
+    let b = scenario::embedded(10).await;
+    b.seed(&[("RED-M", 100)]).await;
+    let api = FakeStripe::start(page_size).await;
+    let ingestor = Arc::new(Ingestor::new(
+        config(&api.base),
+        b.inbox.clone(),
+        b.queue.clone(),
+    ));
+    let reconciler = Reconciler::new(ingestor.clone(), b.state.clone());
+    Setup {
+        b,
+        api,
+        ingestor,
+        reconciler,
+    }
+}
+
+fn stripe_only() -> ReconcileOptions {
+    ReconcileOptions {
+        provider: Some("stripe".into()),
+        tenant: Some(TENANT.into()),
+        since: None,
+    }
+}
+
+async fn stored_checkpoint(b: &Backend) -> Option<i64> {
+    let record = b
+        .record(&StateKey::new(TENANT, "checkpoint", "stripe"))
+        .await;
+    record.data.get("since").and_then(Value::as_i64)
+}
+
+/// Three orders exist (Shopify webhooks) and their three Stripe payments happened
+/// `now - 300`, `- 200`, `- 100` seconds ago.
+async fn three_orders_and_payments(s: &Setup) -> Vec<Event> {
+    let now = einmal::time::now_secs();
+    let p = s.b.processor(300);
+    for id in [3001u64, 3002, 3003] {
+        let create = orders_create(id, now - 3_600, &ITEMS, TOTAL, "pending");
+        assert!(!s.b.send(&s.ingestor, &create).await);
+    }
+    drain(&s.b, &p).await;
+    vec![
+        pi_succeeded("3001", "pi_r1", TOTAL, now - 300),
+        pi_succeeded("3002", "pi_r2", TOTAL, now - 200),
+        pi_succeeded("3003", "pi_r3", TOTAL, now - 100),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+
+#[tokio::test]
+async fn missed_event_is_ingested_once_and_applied_once() {
+    let s = setup(100).await;
+    let p = s.b.processor(300);
+    let payments = three_orders_and_payments(&s).await;
+    // Two are delivered as webhooks; the third is never delivered.
+    for e in &payments[..2] {
+        assert!(!s.b.send(&s.ingestor, e).await);
+    }
+    drain(&s.b, &p).await;
+    assert!(
+        !s.b.order("3003").await.is_paid(),
+        "third order not paid yet"
+    );
+    s.api.publish(&payments.iter().collect::<Vec<_>>());
+    let items_before = s.b.items().await.len();
+
+    let reports = s.reconciler.run(&stripe_only()).await.expect("run");
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert_eq!(r.error, None);
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (3, 2, 1),
+        "{r:?}"
+    );
+    let items = s.b.items().await;
+    assert_eq!(items.len(), items_before + 1, "exactly one new inbox item");
+    let reconciled: Vec<_> = items
+        .iter()
+        .filter(|i| i.source == Source::Reconcile)
+        .collect();
+    assert_eq!(reconciled.len(), 1);
+    assert_eq!(reconciled[0].key, payments[2].inbox_key());
+    assert_eq!(s.b.item(&payments[0]).await.source, Source::Webhook);
+
+    drain(&s.b, &p).await;
+    for id in ["3001", "3002", "3003"] {
+        let order = s.b.order(id).await;
+        assert!(order.is_paid(), "order {id} paid");
+        assert_eq!(order.invoices.len(), 1, "order {id}: one invoice");
+    }
+    let state_after_first = s.b.business_state().await;
+    let checkpoint = stored_checkpoint(&s.b).await.expect("checkpoint stored");
+    assert_eq!(
+        checkpoint,
+        payments[2].body_created() - DEFAULT_OVERLAP_SECS,
+        "newest created minus the overlap"
+    );
+
+    // Again: everything is present, nothing ingested, nothing applied.
+    let reports = s.reconciler.run(&stripe_only()).await.expect("second run");
+    let r = &reports[0];
+    assert_eq!(r.error, None);
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (3, 3, 0),
+        "{r:?}"
+    );
+    let handled = drain(&s.b, &p).await;
+    assert!(handled.is_empty(), "nothing enqueued: {handled:?}");
+    assert_eq!(s.b.items().await.len(), items_before + 1);
+    assert_eq!(s.b.business_state().await, state_after_first);
+    assert_eq!(stored_checkpoint(&s.b).await, Some(checkpoint));
+    let json = serde_json::to_value(r).expect("report serializes");
+    assert_eq!(json["ingested"], json!(0));
+}
+
+#[tokio::test]
+async fn pages_through_has_more() {
+    let s = setup(2).await;
+    let payments = three_orders_and_payments(&s).await;
+    s.api.publish(&payments.iter().collect::<Vec<_>>());
+
+    let r = s
+        .reconciler
+        .reconcile_tenant(s.ingestor.config().tenant("stripe", TENANT).unwrap(), None)
+        .await
+        .expect("reconciles");
+    assert_eq!((r.fetched, r.already_present, r.ingested), (3, 0, 3));
+    let queries = s.api.queries();
+    assert_eq!(queries.len(), 2, "two pages: {queries:?}");
+    assert!(queries[0].contains("created%5Bgte%5D="), "{}", queries[0]);
+    assert!(queries[0].contains("limit=100"), "{}", queries[0]);
+    assert_eq!(query_param(&queries[0], "starting_after"), None);
+    // Newest first: the second page starts after the second-newest event.
+    assert_eq!(
+        query_param(&queries[1], "starting_after").as_deref(),
+        Some(payments[1].event_id.as_str())
+    );
+    let p = s.b.processor(300);
+    drain(&s.b, &p).await;
+    for id in ["3001", "3002", "3003"] {
+        assert_eq!(s.b.order(id).await.invoices.len(), 1, "order {id}");
+    }
+}
+
+#[tokio::test]
+async fn api_error_is_clear_and_leaves_the_checkpoint() {
+    let s = setup(100).await;
+    let payments = three_orders_and_payments(&s).await;
+    s.api.publish(&[&payments[0]]);
+    let tenant = s
+        .ingestor
+        .config()
+        .tenant("stripe", TENANT)
+        .unwrap()
+        .clone();
+
+    // A first failure before any checkpoint exists: none is written.
+    s.api.fail_next(500);
+    let err = s
+        .reconciler
+        .reconcile_tenant(&tenant, None)
+        .await
+        .expect_err("a 500 fails the run");
+    assert!(matches!(err, ReconcileError::Api(_)), "{err:?}");
+    assert!(err.to_string().contains("500"), "{err}");
+    assert_eq!(stored_checkpoint(&s.b).await, None);
+    assert!(s
+        .b
+        .items()
+        .await
+        .iter()
+        .all(|i| i.source == Source::Webhook));
+
+    // A successful run sets it; a later failure does not move it.
+    s.reconciler
+        .reconcile_tenant(&tenant, None)
+        .await
+        .expect("ok");
+    let checkpoint = stored_checkpoint(&s.b).await.expect("checkpoint");
+    s.api.publish(&[&payments[1], &payments[2]]);
+    s.api.fail_next(503);
+    let reports = s.reconciler.run(&stripe_only()).await.expect("run");
+    let r = &reports[0];
+    assert_eq!(r.checkpoint, None);
+    let error = r.error.as_deref().expect("error reported");
+    assert!(error.contains("503"), "{error}");
+    assert_eq!(stored_checkpoint(&s.b).await, Some(checkpoint));
+}
+
+trait Created {
+    fn body_created(&self) -> i64;
+}
+
+impl Created for Event {
+    fn body_created(&self) -> i64 {
+        let body: Value = serde_json::from_slice(&self.body).expect("body");
+        body["created"].as_i64().expect("created")
+    }
+}

@@ -1,0 +1,242 @@
+//! The sweeper on both backends (embedded SQLite; DynamoDB + SQS in moto): a stored
+//! but never enqueued event, a crashed worker's lease, finished items left alone,
+//! dead letters marked, and (on moto) index queries only, never a scan.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use einmal::pipeline::ingest::Ingestor;
+use einmal::pipeline::sweep::{SweepSettings, Sweeper};
+use einmal::ports::{ClaimOutcome, InboxState, Queue, QueueMessage};
+use einmal_tests::fixtures::FailingQueue;
+use einmal_tests::moto::OperationLog;
+use einmal_tests::scenario::{self, check_invariants, drain, sample, Backend, Kind};
+
+const RED: &str = "SKU-RED-M";
+const BLUE: &str = "SKU-BLUE-L";
+const SEEDS: [(&str, i64); 2] = [(RED, 10), (BLUE, 5)];
+const MAX_RECEIVES: u32 = 10;
+const LEASE_MS: i64 = 300;
+
+async fn fresh(kind: Kind) -> Backend {
+    let b = kind.backend(MAX_RECEIVES).await;
+    b.seed(&SEEDS).await;
+    b
+}
+
+fn sweeper(b: &Backend) -> Sweeper {
+    Sweeper::new(
+        b.inbox.clone(),
+        b.sweep.clone(),
+        b.processing.clone(),
+        b.queue.clone(),
+    )
+}
+
+/// Deliver `orders/create` while the queue send fails: 503, stored, never enqueued.
+async fn store_without_enqueue(b: &Backend) -> scenario::Event {
+    let failing: Arc<dyn Queue> = Arc::new(FailingQueue::new(b.queue.clone(), vec![1]));
+    let ingest = Ingestor::new(scenario::config(), b.inbox.clone(), failing);
+    let create = sample("shopify-orders-create");
+    let response = ingest
+        .ingest(
+            "shopify",
+            scenario::TENANT,
+            &create.request(&scenario::config()),
+        )
+        .await;
+    assert_eq!(response.status, 503, "{}: {}", b.name, response.body);
+    assert_eq!(b.item(&create).await.state, InboxState::Received);
+    create
+}
+
+async fn assert_created_once(b: &Backend, create: &scenario::Event) {
+    let item = b.item(create).await;
+    assert_eq!(item.state, InboxState::Completed, "{}", b.name);
+    assert_eq!((b.on_hand(RED).await, b.on_hand(BLUE).await), (9, 3));
+    check_invariants(b, &SEEDS).await;
+}
+
+// 1. Stored, never enqueued: one sweep re-enqueues it.
+async fn stored_but_never_enqueued_is_processed_after_one_sweep(kind: Kind) {
+    let b = fresh(kind).await;
+    let create = store_without_enqueue(&b).await;
+    assert!(b.receive_all(Duration::from_secs(1)).await.is_empty());
+    let s = sweeper(&b);
+    let stored = b.item(&create).await;
+
+    // Not stuck yet: nothing happens.
+    let early = s.sweep_once(stored.updated_at_ms + 1_000).await;
+    assert_eq!((early.reenqueued, early.backlog_count), (0, 1), "{early:?}");
+
+    let now = stored.updated_at_ms + SweepSettings::default().stuck_after_ms + 1;
+    let report = s.sweep_once(now).await;
+    assert_eq!(report.reenqueued, 1, "{}: {report:?}", b.name);
+    assert_eq!(report.backlog_count, 1);
+    assert_eq!(
+        report.oldest_pending_age_ms,
+        SweepSettings::default().stuck_after_ms + 1
+    );
+    drain(&b, &b.processor(LEASE_MS)).await;
+    assert_created_once(&b, &create).await;
+}
+
+// 2. A crashed worker's lease: released by the sweep, the event completes.
+async fn crashed_workers_lease_is_released_and_the_event_completes(kind: Kind) {
+    let b = fresh(kind).await;
+    let create = sample("shopify-orders-create");
+    assert!(!b.send(&b.ingestor(), &create).await);
+    // The worker receives the message, claims the item and dies; its message is lost.
+    let deliveries = b.receive_all(Duration::from_secs(60)).await;
+    assert_eq!(deliveries.len(), 1);
+    let claimed_at = einmal::time::now_millis() - 10_000;
+    let claim = b
+        .processing
+        .claim(&create.inbox_key(), "crashed", claimed_at, LEASE_MS)
+        .await
+        .expect("claim");
+    assert!(matches!(claim, ClaimOutcome::Claimed(_)), "{claim:?}");
+    b.queue.ack(&deliveries[0].receipt).await.expect("ack");
+
+    let s = sweeper(&b);
+    let lease_end = claimed_at + LEASE_MS;
+    let early = s.sweep_once(lease_end + 1_000).await;
+    assert_eq!(early.leases_released, 0, "{early:?}");
+    let report = s
+        .sweep_once(lease_end + SweepSettings::default().stuck_after_ms + 1)
+        .await;
+    assert_eq!(
+        (report.leases_released, report.reenqueued),
+        (1, 0),
+        "{}: {report:?}",
+        b.name
+    );
+    drain(&b, &b.processor(LEASE_MS)).await;
+    assert_created_once(&b, &create).await;
+    assert_eq!(b.item(&create).await.attempts, 2);
+}
+
+// 3. A completed item is never re-enqueued.
+async fn completed_items_are_never_reenqueued(kind: Kind) {
+    let b = fresh(kind).await;
+    let create = sample("shopify-orders-create");
+    assert!(!b.send(&b.ingestor(), &create).await);
+    drain(&b, &b.processor(LEASE_MS)).await;
+    assert_created_once(&b, &create).await;
+
+    let far = einmal::time::now_millis() + 30 * 24 * 3600 * 1000;
+    let report = sweeper(&b).sweep_once(far).await;
+    assert_eq!(
+        (
+            report.reenqueued,
+            report.leases_released,
+            report.dead_lettered,
+            report.backlog_count
+        ),
+        (0, 0, 0, 0),
+        "{}: {report:?}",
+        b.name
+    );
+    assert!(b.receive_all(Duration::from_secs(1)).await.is_empty());
+    assert_created_once(&b, &create).await;
+}
+
+// 4. A pointer in the DLQ marks its item dead_letter; the message stays for replay.
+async fn dead_lettered_pointer_marks_the_item(kind: Kind) {
+    let b = fresh(kind).await;
+    let create = sample("shopify-orders-create");
+    assert!(!b.send(&b.ingestor(), &create).await);
+    let deliveries = b.receive_all(Duration::from_secs(60)).await;
+    assert_eq!(deliveries.len(), 1);
+    b.queue
+        .send_dead_letter(&QueueMessage {
+            pk: create.inbox_key(),
+        })
+        .await
+        .expect("to the DLQ");
+    b.queue.ack(&deliveries[0].receipt).await.expect("ack");
+
+    let s = sweeper(&b);
+    let report = s.sweep_once(einmal::time::now_millis()).await;
+    assert_eq!(report.dead_lettered, 1, "{}: {report:?}", b.name);
+    let item = b.item(&create).await;
+    assert_eq!(item.state, InboxState::DeadLetter);
+    assert_eq!(
+        item.last_error.as_deref(),
+        Some(einmal::pipeline::sweep::DLQ_REASON)
+    );
+    // Still in the DLQ, visible again.
+    let dlq = b
+        .queue
+        .receive_dead_letters(10, Duration::from_secs(1))
+        .await
+        .expect("DLQ receive");
+    assert_eq!(dlq.len(), 1, "{}: the dead letter stays for replay", b.name);
+    assert_eq!(dlq[0].message.pk, create.inbox_key());
+    // Terminal now: a later pass neither marks nor re-enqueues it.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let again = s.sweep_once(einmal::time::now_millis() + 3_600_000).await;
+    assert_eq!(
+        (again.dead_lettered, again.reenqueued, again.backlog_count),
+        (0, 0, 0),
+        "{again:?}"
+    );
+}
+
+macro_rules! on_both_backends {
+    ($($scenario:ident),* $(,)?) => {
+        mod embedded_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(super::Kind::Embedded).await
+                }
+            )*
+        }
+        mod aws_moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $scenario() {
+                    super::$scenario(super::Kind::Aws).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    stored_but_never_enqueued_is_processed_after_one_sweep,
+    crashed_workers_lease_is_released_and_the_event_completes,
+    completed_items_are_never_reenqueued,
+    dead_lettered_pointer_marks_the_item,
+);
+
+// 5. On DynamoDB the sweep reads through the index: Query, never Scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aws_sweep_queries_the_index_and_never_scans() {
+    let operations = OperationLog::new();
+    let b = scenario::aws_logged(MAX_RECEIVES, Some(operations.clone())).await;
+    b.seed(&SEEDS).await;
+    let create = store_without_enqueue(&b).await;
+    let stored = b.item(&create).await;
+    let calls = b.calls.clone().expect("aws counts calls");
+    operations.take();
+    calls.reset();
+
+    let report = sweeper(&b)
+        .sweep_once(stored.updated_at_ms + SweepSettings::default().stuck_after_ms + 1)
+        .await;
+    assert_eq!(report.reenqueued, 1, "{report:?}");
+    let ops = operations.take();
+    assert_eq!(calls.count(), ops.len(), "{ops:?}");
+    assert!(!ops.iter().any(|op| op == "Scan"), "{ops:?}");
+    assert_eq!(ops.iter().filter(|op| *op == "Query").count(), 3, "{ops:?}");
+    let dynamodb: Vec<&String> = ops
+        .iter()
+        .filter(|op| !matches!(op.as_str(), "SendMessage" | "ReceiveMessage"))
+        .collect();
+    assert!(dynamodb.iter().all(|op| *op == "Query"), "{ops:?}");
+
+    drain(&b, &b.processor(LEASE_MS)).await;
+    assert_created_once(&b, &create).await;
+}
