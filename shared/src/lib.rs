@@ -19,5 +19,6 @@ pub mod ports;
 pub mod providers;
 pub mod reconcile;
 pub mod request;
+pub mod retention;
 pub mod telemetry;
 pub mod time;

@@ -125,6 +125,9 @@ async fn three_items_become_three_inbox_items_and_three_messages() {
         let stored = b.inbox.get(&key).await.unwrap().expect("stored");
         assert_eq!(stored.source, Source::Webhook);
         assert_eq!(stored.envelope.tenant, "m1");
+        // Adyen retries for 30 days: retention covers that plus the replay margin.
+        let days = (stored.expires_at - stored.received_at_ms / 1000) / 86_400;
+        assert_eq!(days, 37);
         assert_eq!(
             stored.envelope.event_type,
             ["AUTHORISATION", "CAPTURE", "REFUND"][i]

@@ -18,6 +18,7 @@ use crate::ports::{
 };
 use crate::providers::{self, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
+use crate::retention;
 use crate::telemetry::IngestMetrics;
 use crate::time;
 
@@ -408,7 +409,8 @@ fn inbox_item(
             limit,
         });
     }
-    let retention_secs = i64::from(settings.retention_days) * 86_400;
+    let days = retention::retention_days(&event.envelope.provider, settings.retention_days);
+    let retention_secs = i64::from(days) * 86_400;
     Ok(InboxItem {
         key: event.envelope.key(),
         envelope: event.envelope,
