@@ -10,7 +10,7 @@ use clap::Args;
 use einmal::config::Config;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::providers::sig::parse_rfc3339;
-use einmal::reconcile::{ReconcileOptions, Reconciler};
+use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
 
 use crate::store::StoreArgs;
 
@@ -31,6 +31,12 @@ pub struct ReconcileArgs {
     /// Start here (RFC 3339) instead of the stored checkpoint.
     #[arg(long)]
     pub since: Option<String>,
+    /// Why (recorded in the audit log).
+    #[arg(long, default_value = "scheduled")]
+    pub reason: String,
+    /// Who (recorded in the audit log); defaults to $USER.
+    #[arg(long)]
+    pub actor: Option<String>,
     /// Print the reports as JSON.
     #[arg(long)]
     pub json: bool,
@@ -45,13 +51,36 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
     let stores = args.store.open().await?;
     let state = args.store.open_state().await?;
     let ingestor = Arc::new(Ingestor::new(config, stores.inbox, stores.queue));
-    let reconciler = Reconciler::new(ingestor, state);
+    let audit = args.store.open_audit().await?;
+    let reconciler = Reconciler::new(ingestor, state.clone());
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,
         since,
     };
-    let reports = reconciler.run(&options).await.map_err(|e| e.to_string())?;
+    let reports = reconciler
+        .run_with(&options, Some(state.as_ref()))
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(audit) = &audit {
+        let actor = args
+            .actor
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(|| "unknown".into());
+        let record = audit_record(
+            &actor,
+            &args.reason,
+            &options,
+            &reports,
+            einmal::time::now_millis(),
+        );
+        audit
+            .append(&record)
+            .await
+            .map_err(|e| format!("reconciled, but the audit record failed: {e}"))?;
+    }
     if args.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
         println!("{text}");
@@ -72,6 +101,20 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
                 "{:<10} {:<16} {:>8} {:>8} {:>9}  {} → {end}",
                 r.provider, r.tenant, r.fetched, r.already_present, r.ingested, r.since
             );
+        }
+        let differences: Vec<_> = reports.iter().flat_map(|r| &r.differences).collect();
+        if !differences.is_empty() {
+            println!();
+            println!(
+                "{:<10} {:<16} {:<28} {:<16} {:<10} OURS",
+                "PROVIDER", "TENANT", "OBJECT", "ORDER", "PROVIDER"
+            );
+            for d in differences {
+                println!(
+                    "{:<10} {:<16} {:<28} {:<16} {:<10} {}",
+                    d.provider, d.tenant, d.object_id, d.order_id, d.provider_status, d.our_status
+                );
+            }
         }
     }
     Ok(if reports.iter().any(|r| r.error.is_some()) {

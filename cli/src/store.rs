@@ -86,6 +86,32 @@ pub struct OpsStores {
 }
 
 impl StoreArgs {
+    /// The audit log alone: `audit.sqlite` in --data-dir, or on AWS the table named by
+    /// EINMAL_AUDIT_TABLE (`None` when that is not set).
+    pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, String> {
+        use einmal::audit::{DynamoAuditLog, EmbeddedAuditLog, AUDIT_TABLE_ENV};
+        match self.backend {
+            Backend::Embedded => {
+                let audit = EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
+                    format!(
+                        "cannot open the audit log in {}: {e}",
+                        self.data_dir.display()
+                    )
+                })?;
+                Ok(Some(Arc::new(audit)))
+            }
+            Backend::Aws => {
+                if !std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
+                    return Ok(None);
+                }
+                let audit = DynamoAuditLog::from_env()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Some(Arc::new(audit)))
+            }
+        }
+    }
+
     /// The inbox, the replay service and the audit log (`audit.sqlite` in --data-dir,
     /// or the DynamoDB table named by EINMAL_AUDIT_TABLE).
     pub async fn open_ops(&self) -> Result<OpsStores, String> {

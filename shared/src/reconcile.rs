@@ -25,6 +25,17 @@
 //! ids (no duplicates), and only a newer `updated_at` yields a new event, which the
 //! domain's version check orders against the webhooks.
 //!
+//! # Differences
+//!
+//! Given the business [`StateStore`] ([`Reconciler::run_with`]), a run also compares
+//! what the provider says with our `order` records for the objects it saw: the newest
+//! state of each Stripe `payment_intent` (order from `metadata.order_id`) and each
+//! Shopify order. When the provider says paid (`status = succeeded` /
+//! `financial_status = paid`) and our order is missing or not paid, the report lists a
+//! [`Difference`]; `our_status` is `missing`, the order's `payment_status`, or
+//! `pending processing` when this run just ingested an event of the object (the
+//! processor has not applied it yet).
+//!
 //! # Checkpoint
 //!
 //! Stored in the [`StateStore`] as the record `{tenant}#checkpoint#{provider}` with
@@ -46,7 +57,9 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use thiserror::Error;
 
+use crate::audit::AuditRecord;
 use crate::config::TenantConfig;
+use crate::domain::reference::{order_key, Order};
 use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use crate::envelope::Envelope;
 use crate::lookup::{classify_status, LookupError, API_BASE_OPTION};
@@ -114,6 +127,40 @@ pub struct TenantReport {
     pub checkpoint: Option<String>,
     /// Why the run failed; the checkpoint was not advanced.
     pub error: Option<String>,
+    /// Inbox keys of the events ingested now.
+    #[serde(default)]
+    pub ingested_events: Vec<String>,
+    /// Provider says paid, our order is not (computed only with a business state
+    /// store, see [`Reconciler::run_with`]).
+    #[serde(default)]
+    pub differences: Vec<Difference>,
+}
+
+/// `our_status` of an object whose event this run just ingested.
+pub const PENDING_PROCESSING: &str = "pending processing";
+/// `our_status` of an order we have no record of.
+pub const MISSING: &str = "missing";
+
+/// The provider says an object is paid; our order says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difference {
+    pub provider: String,
+    pub tenant: String,
+    /// Payment intent id (Stripe) or order id (Shopify).
+    pub object_id: String,
+    pub order_id: String,
+    /// `succeeded` (Stripe) / `paid` (Shopify).
+    pub provider_status: String,
+    /// [`MISSING`], [`PENDING_PROCESSING`] or the order's `payment_status`.
+    pub our_status: String,
+}
+
+/// The newest provider state of one object seen by a run.
+struct Observed {
+    order_id: String,
+    status: String,
+    paid: bool,
+    ingested_now: bool,
 }
 
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -183,6 +230,16 @@ impl Reconciler {
         &self,
         options: &ReconcileOptions,
     ) -> Result<Vec<TenantReport>, ReconcileError> {
+        self.run_with(options, None).await
+    }
+
+    /// [`Self::run`], and with `business` the differences between provider state and
+    /// our `order` records (`None`: none computed).
+    pub async fn run_with(
+        &self,
+        options: &ReconcileOptions,
+        business: Option<&dyn StateStore>,
+    ) -> Result<Vec<TenantReport>, ReconcileError> {
         let config = self.ingestor.config();
         if let Some(p) = options.provider.as_deref() {
             if !PROVIDERS.contains(&p) {
@@ -208,7 +265,7 @@ impl Reconciler {
             {
                 continue;
             }
-            reports.push(self.report(tenant, options.since).await);
+            reports.push(self.report_with(tenant, options.since, business).await);
         }
         if explicit && reports.is_empty() {
             return Err(ReconcileError::Config("no such provider/tenant".into()));
@@ -218,7 +275,17 @@ impl Reconciler {
 
     /// [`Self::reconcile_tenant`] with the error folded into the report.
     pub async fn report(&self, tenant: &TenantConfig, since: Option<i64>) -> TenantReport {
-        match self.reconcile_tenant(tenant, since).await {
+        self.report_with(tenant, since, None).await
+    }
+
+    /// [`Self::reconcile_tenant_with`] with the error folded into the report.
+    pub async fn report_with(
+        &self,
+        tenant: &TenantConfig,
+        since: Option<i64>,
+        business: Option<&dyn StateStore>,
+    ) -> TenantReport {
+        match self.reconcile_tenant_with(tenant, since, business).await {
             Ok(report) => report,
             Err(err) => {
                 tracing::warn!(provider = %tenant.provider, tenant = %tenant.tenant, error = %err, "reconciliation failed");
@@ -235,6 +302,8 @@ impl Reconciler {
                     ingested: 0,
                     checkpoint: None,
                     error: Some(err.to_string()),
+                    ingested_events: Vec::new(),
+                    differences: Vec::new(),
                 }
             }
         }
@@ -246,6 +315,16 @@ impl Reconciler {
         &self,
         tenant: &TenantConfig,
         since: Option<i64>,
+    ) -> Result<TenantReport, ReconcileError> {
+        self.reconcile_tenant_with(tenant, since, None).await
+    }
+
+    /// [`Self::reconcile_tenant`], plus the differences against `business` (if given).
+    pub async fn reconcile_tenant_with(
+        &self,
+        tenant: &TenantConfig,
+        since: Option<i64>,
+        business: Option<&dyn StateStore>,
     ) -> Result<TenantReport, ReconcileError> {
         let (stored, record) = self.checkpoint(tenant).await?;
         let start = since.unwrap_or(stored);
@@ -269,18 +348,29 @@ impl Reconciler {
             ingested: 0,
             checkpoint: None,
             error: None,
+            ingested_events: Vec::new(),
+            differences: Vec::new(),
         };
         let mut newest = None::<i64>;
+        let mut observed: std::collections::BTreeMap<String, Observed> = Default::default();
         for event in fetched {
             newest = newest.max(Some(event.at));
+            let seen = business.and_then(|_| observe(&event));
             let outcome = self
                 .ingestor
                 .ingest_reconciled(event.envelope, event.body)
                 .await?;
+            if let Some((object_id, mut seen)) = seen {
+                // Oldest first: the newest state wins; "just ingested" sticks.
+                seen.ingested_now =
+                    !outcome.duplicate || observed.get(&object_id).is_some_and(|o| o.ingested_now);
+                observed.insert(object_id, seen);
+            }
             if outcome.duplicate {
                 report.already_present += 1;
             } else {
                 report.ingested += 1;
+                report.ingested_events.push(outcome.key.as_str().to_owned());
                 tracing::info!(
                     provider = %tenant.provider, tenant = %tenant.tenant,
                     event_id = %outcome.event_id, "reconciliation ingested a missing event"
@@ -292,6 +382,9 @@ impl Reconciler {
             self.store_checkpoint(record, next).await?;
         }
         report.checkpoint = Some(format_rfc3339(next.max(stored)));
+        if let Some(business) = business {
+            report.differences = differences(business, tenant, observed).await?;
+        }
         Ok(report)
     }
 
@@ -508,6 +601,141 @@ impl Reconciler {
             Ok(result) => Ok(result?),
             Err(_) => Err(LookupError::Transient("provider API timed out".into()).into()),
         }
+    }
+}
+
+/// The object id and provider state of a fetched event the differences look at:
+/// Stripe `payment_intent.*` events with `metadata.order_id`, and Shopify orders.
+fn observe(event: &Fetched) -> Option<(String, Observed)> {
+    let body: serde_json::Value = serde_json::from_slice(&event.body).ok()?;
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    match event.envelope.provider.as_str() {
+        "stripe" if event.envelope.event_type.starts_with("payment_intent.") => {
+            let object = body.pointer("/data/object")?;
+            let status = object.get("status").and_then(text).unwrap_or_default();
+            Some((
+                object.get("id").and_then(text)?,
+                Observed {
+                    order_id: object.pointer("/metadata/order_id").and_then(text)?,
+                    paid: status == "succeeded",
+                    status,
+                    ingested_now: false,
+                },
+            ))
+        }
+        "shopify" => {
+            let id = body.get("id").and_then(text)?;
+            let status = body
+                .get("financial_status")
+                .and_then(text)
+                .unwrap_or_default();
+            Some((
+                id.clone(),
+                Observed {
+                    order_id: id,
+                    paid: status == "paid",
+                    status,
+                    ingested_now: false,
+                },
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The observed objects the provider says are paid and our order does not.
+async fn differences(
+    business: &dyn StateStore,
+    tenant: &TenantConfig,
+    observed: std::collections::BTreeMap<String, Observed>,
+) -> Result<Vec<Difference>, ReconcileError> {
+    let paid: Vec<(String, Observed)> = observed.into_iter().filter(|(_, o)| o.paid).collect();
+    if paid.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<StateKey> = paid
+        .iter()
+        .map(|(_, o)| order_key(&tenant.tenant, &o.order_id))
+        .collect();
+    let records = business.load(&keys).await?;
+    let mut out = Vec::new();
+    for ((object_id, seen), record) in paid.into_iter().zip(records) {
+        let ours = if record.exists() {
+            match serde_json::from_value::<Order>(record.data) {
+                Ok(order) if order.is_paid() => continue,
+                Ok(order) => serde_json::to_value(order.payment_status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                Err(_) => "unreadable".to_owned(),
+            }
+        } else {
+            MISSING.to_owned()
+        };
+        let our_status = if seen.ingested_now {
+            PENDING_PROCESSING.to_owned()
+        } else {
+            ours
+        };
+        out.push(Difference {
+            provider: tenant.provider.clone(),
+            tenant: tenant.tenant.clone(),
+            object_id,
+            order_id: seen.order_id,
+            provider_status: seen.status,
+            our_status,
+        });
+    }
+    Ok(out)
+}
+
+/// The audit record of one reconciliation run (`action = reconcile`): the selector is
+/// provider/tenant/since, the events are the inbox keys ingested, the result the
+/// per-tenant counts.
+pub fn audit_record(
+    actor: &str,
+    reason: &str,
+    options: &ReconcileOptions,
+    reports: &[TenantReport],
+    at_ms: i64,
+) -> AuditRecord {
+    AuditRecord {
+        id: AuditRecord::new_id(at_ms),
+        at_ms,
+        actor: actor.to_owned(),
+        action: "reconcile".to_owned(),
+        reason: reason.to_owned(),
+        selector: json!({
+            "provider": options.provider,
+            "tenant": options.tenant,
+            "since": options.since.map(format_rfc3339),
+        }),
+        events: reports
+            .iter()
+            .flat_map(|r| r.ingested_events.iter().cloned())
+            .collect(),
+        result: json!({
+            "tenants": reports.iter().map(|r| json!({
+                "provider": r.provider,
+                "tenant": r.tenant,
+                "since": r.since,
+                "fetched": r.fetched,
+                "already_present": r.already_present,
+                "ingested": r.ingested,
+                "differences": r.differences.len(),
+                "checkpoint": r.checkpoint,
+                "error": r.error,
+            })).collect::<Vec<_>>(),
+            "fetched": reports.iter().map(|r| r.fetched).sum::<usize>(),
+            "already_present": reports.iter().map(|r| r.already_present).sum::<usize>(),
+            "ingested": reports.iter().map(|r| r.ingested).sum::<usize>(),
+            "differences": reports.iter().map(|r| r.differences.len()).sum::<usize>(),
+            "failed": reports.iter().filter(|r| r.error.is_some()).count(),
+        }),
     }
 }
 

@@ -2,6 +2,8 @@
 //! API on loopback: an event that was never delivered as a webhook is found, ingested
 //! once (`source = reconcile`) and applied once; a second run changes nothing. Also:
 //! paging through `has_more`, and an API error that leaves the checkpoint alone.
+//! Shopify against a fake `orders.json` (an order version never delivered as a
+//! webhook), and the differences report (paid at the provider, not paid here).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -12,15 +14,23 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use einmal::config::Config;
 use einmal::domain::state::StateKey;
+use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::ports::Source;
-use einmal::reconcile::{ReconcileError, ReconcileOptions, Reconciler, DEFAULT_OVERLAP_SECS};
+use einmal::providers::sig::parse_rfc3339;
+use einmal::reconcile::{
+    audit_record, shopify_event_id, Difference, ReconcileError, ReconcileOptions, Reconciler,
+    DEFAULT_OVERLAP_SECS, PENDING_PROCESSING,
+};
 use einmal_tests::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
-use einmal_tests::scenario::{self, drain, orders_create, pi_succeeded, Backend, Event};
+use einmal_tests::scenario::{
+    self, drain, order_body, orders_create, pi_succeeded, shop_time, utc, Backend, Event,
+};
 use serde_json::{json, Value};
 
 const TENANT: &str = "t1";
 const API_KEY: &str = "sk_test_reconcile_51H";
+const SHOPIFY_TOKEN: &str = "shpat_reconcile_token";
 const ITEMS: [(&str, i64); 1] = [("RED-M", 1)];
 const TOTAL: i64 = 2_500;
 
@@ -35,6 +45,8 @@ struct FakeState {
     fail_next: VecDeque<u16>,
     /// The query string of every authenticated call.
     queries: Vec<String>,
+    /// Shopify order snapshots served by `orders.json`.
+    orders: Vec<Value>,
 }
 
 #[derive(Clone)]
@@ -71,6 +83,11 @@ impl FakeStripe {
             .sort_by_key(|e| std::cmp::Reverse(e["created"].as_i64()));
     }
 
+    /// Serve these Shopify orders (filtered by `updated_at_min`).
+    fn publish_orders(&self, orders: Vec<Value>) {
+        self.state.lock().unwrap().orders = orders;
+    }
+
     fn fail_next(&self, status: u16) {
         self.state.lock().unwrap().fail_next.push_back(status);
     }
@@ -93,6 +110,9 @@ async fn answer(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
+    if uri.path() == "/admin/api/2024-10/orders.json" {
+        return shopify_orders(&state, &headers, &uri);
+    }
     if uri.path() != "/v1/events" {
         return StatusCode::NOT_FOUND.into_response();
     }
@@ -137,6 +157,36 @@ async fn answer(
     ([("content-type", "application/json")], body.to_string()).into_response()
 }
 
+/// The fake Shopify `GET orders.json` (one page; `updated_at_min` honoured).
+fn shopify_orders(state: &Mutex<FakeState>, headers: &HeaderMap, uri: &Uri) -> Response {
+    let token = headers
+        .get("x-shopify-access-token")
+        .and_then(|v| v.to_str().ok());
+    if token != Some(SHOPIFY_TOKEN) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let query = uri.query().unwrap_or_default().to_string();
+    let mut s = state.lock().unwrap();
+    s.queries.push(query.clone());
+    let min = query_param(&query, "updated_at_min")
+        .map(|v| v.replace("%3A", ":").replace("%2B", "+"))
+        .and_then(|v| parse_rfc3339(&v))
+        .unwrap_or(0);
+    let orders: Vec<Value> = s
+        .orders
+        .iter()
+        .filter(|o| {
+            o["updated_at"]
+                .as_str()
+                .and_then(parse_rfc3339)
+                .is_some_and(|at| at >= min)
+        })
+        .cloned()
+        .collect();
+    let body = json!({ "orders": orders });
+    ([("content-type", "application/json")], body.to_string()).into_response()
+}
+
 // ---------------------------------------------------------------------------
 // Setup
 
@@ -153,7 +203,7 @@ options = {{ api_base = "{api_base}", api_key = "{API_KEY}" }}
 provider = "shopify"
 tenant = "{TENANT}"
 secrets = ["{SHOPIFY_SECRET}"]
-options = {{ shop_domain = "{}" }}
+options = {{ shop_domain = "{}", api_base = "{api_base}", access_token = "{SHOPIFY_TOKEN}" }}
 "#,
         scenario::SHOP
     );
@@ -188,6 +238,14 @@ async fn setup(page_size: usize) -> Setup {
 fn stripe_only() -> ReconcileOptions {
     ReconcileOptions {
         provider: Some("stripe".into()),
+        tenant: Some(TENANT.into()),
+        since: None,
+    }
+}
+
+fn shopify_only() -> ReconcileOptions {
+    ReconcileOptions {
+        provider: Some("shopify".into()),
         tenant: Some(TENANT.into()),
         since: None,
     }
@@ -360,6 +418,172 @@ async fn api_error_is_clear_and_leaves_the_checkpoint() {
     let error = r.error.as_deref().expect("error reported");
     assert!(error.contains("503"), "{error}");
     assert_eq!(stored_checkpoint(&s.b).await, Some(checkpoint));
+}
+
+#[tokio::test]
+async fn shopify_order_version_never_delivered_is_ingested_once() {
+    let s = setup(100).await;
+    let p = s.b.processor(300);
+    let now = einmal::time::now_secs();
+    // Both orders were created four days ago (outside the first run's 3-day window)
+    // and delivered as `orders/create` webhooks.
+    let created = now - 4 * 86_400;
+    for id in [4001u64, 4002] {
+        let create = orders_create(id, created, &ITEMS, TOTAL, "pending");
+        assert!(!s.b.send(&s.ingestor, &create).await);
+    }
+    drain(&s.b, &p).await;
+    assert_eq!(
+        s.b.order("4002").await.shopify_updated_at,
+        Some(utc(created))
+    );
+    // The shop lists both; 4002 was updated (paid) an hour ago and that
+    // `orders/updated` webhook never came.
+    let updated = now - 3_600;
+    s.api.publish_orders(vec![
+        order_body(4001, created, &ITEMS, TOTAL, "pending"),
+        order_body(4002, updated, &ITEMS, TOTAL, "paid"),
+    ]);
+    let items_before = s.b.items().await.len();
+
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("run");
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert_eq!(r.error, None);
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (1, 0, 1),
+        "{r:?}"
+    );
+    let queries = s.api.queries();
+    assert_eq!(queries.len(), 1, "{queries:?}");
+    assert!(queries[0].contains("updated_at_min="), "{}", queries[0]);
+    assert!(queries[0].contains("status=any"), "{}", queries[0]);
+    let expected_key = InboxKey::new(
+        "shopify",
+        TENANT,
+        &shopify_event_id(scenario::SHOP, "4002", &shop_time(updated)),
+    );
+    assert_eq!(r.ingested_events, vec![expected_key.as_str().to_owned()]);
+    let items = s.b.items().await;
+    assert_eq!(items.len(), items_before + 1, "exactly one new inbox item");
+    let reconciled: Vec<_> = items
+        .iter()
+        .filter(|i| i.source == Source::Reconcile)
+        .collect();
+    assert_eq!(reconciled.len(), 1);
+    assert_eq!(reconciled[0].key, expected_key);
+    // Shopify says paid; we just ingested the version that says so.
+    assert_eq!(
+        r.differences,
+        vec![Difference {
+            provider: "shopify".into(),
+            tenant: TENANT.into(),
+            object_id: "4002".into(),
+            order_id: "4002".into(),
+            provider_status: "paid".into(),
+            our_status: PENDING_PROCESSING.into(),
+        }]
+    );
+
+    let handled = drain(&s.b, &p).await;
+    assert_eq!(handled.len(), 1, "{handled:?}");
+    assert_eq!(
+        s.b.order("4002").await.shopify_updated_at,
+        Some(utc(updated))
+    );
+    assert_eq!(
+        s.b.order("4001").await.shopify_updated_at,
+        Some(utc(created))
+    );
+    let state_after_first = s.b.business_state().await;
+
+    // Again: the same version is present; nothing ingested, nothing applied.
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("second run");
+    let r = &reports[0];
+    assert_eq!(r.error, None);
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (1, 1, 0),
+        "{r:?}"
+    );
+    assert!(r.ingested_events.is_empty());
+    let handled = drain(&s.b, &p).await;
+    assert!(handled.is_empty(), "nothing enqueued: {handled:?}");
+    assert_eq!(s.b.items().await.len(), items_before + 1);
+    assert_eq!(s.b.business_state().await, state_after_first);
+    // `orders/updated` carries no payment: until `orders/paid` arrives, the order is
+    // still unpaid here, and the report says so.
+    let ours = s.b.order("4002").await;
+    assert!(!ours.is_paid());
+    assert_eq!(r.differences.len(), 1, "{:?}", r.differences);
+    assert_eq!(r.differences[0].our_status, "pending");
+}
+
+#[tokio::test]
+async fn paid_at_stripe_but_not_here_is_a_difference_until_processed() {
+    let s = setup(100).await;
+    let p = s.b.processor(300);
+    let payments = three_orders_and_payments(&s).await;
+    for e in &payments[..2] {
+        assert!(!s.b.send(&s.ingestor, e).await);
+    }
+    drain(&s.b, &p).await;
+    s.api.publish(&payments.iter().collect::<Vec<_>>());
+
+    let options = stripe_only();
+    let reports = s
+        .reconciler
+        .run_with(&options, Some(s.b.state.as_ref()))
+        .await
+        .expect("run");
+    let r = &reports[0];
+    assert_eq!(r.ingested, 1, "{r:?}");
+    assert_eq!(
+        r.differences,
+        vec![Difference {
+            provider: "stripe".into(),
+            tenant: TENANT.into(),
+            object_id: "pi_r3".into(),
+            order_id: "3003".into(),
+            provider_status: "succeeded".into(),
+            our_status: PENDING_PROCESSING.into(),
+        }]
+    );
+    let audit = audit_record("ops", "scheduled", &options, &reports, 1_700_000_000_000);
+    assert_eq!(audit.action, "reconcile");
+    assert_eq!(
+        audit.events,
+        vec![payments[2].inbox_key().as_str().to_owned()]
+    );
+    assert_eq!(audit.selector["provider"], json!("stripe"));
+    assert_eq!(audit.result["ingested"], json!(1));
+    assert_eq!(audit.result["differences"], json!(1));
+
+    drain(&s.b, &p).await;
+    assert!(s.b.order("3003").await.is_paid());
+    // Without the business store no differences are computed.
+    let reports = s.reconciler.run(&options).await.expect("run without");
+    assert!(reports[0].differences.is_empty());
+    let reports = s
+        .reconciler
+        .run_with(&options, Some(s.b.state.as_ref()))
+        .await
+        .expect("second run");
+    assert_eq!(reports[0].ingested, 0);
+    assert!(
+        reports[0].differences.is_empty(),
+        "{:?}",
+        reports[0].differences
+    );
 }
 
 trait Created {

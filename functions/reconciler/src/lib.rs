@@ -5,8 +5,10 @@
 //! `{"provider": "stripe", "tenant": "t1", "since": "2024-01-01T00:00:00Z"}` (all
 //! optional). Any other event shape (the default scheduled event) reconciles all.
 
+use einmal::audit::AuditLog;
+use einmal::domain::state::StateStore;
 use einmal::providers::sig::parse_rfc3339;
-use einmal::reconcile::{ReconcileOptions, Reconciler};
+use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
 use serde_json::{json, Value};
 
 /// The options named by the invocation payload.
@@ -26,16 +28,53 @@ pub fn options(payload: &Value) -> Result<ReconcileOptions, String> {
 /// Run once; an error in any tenant fails the invocation (so the schedule's retry and
 /// alarms see it) after every tenant was tried.
 pub async fn handle(reconciler: &Reconciler, payload: &Value) -> Result<Value, String> {
+    handle_with(reconciler, None, None, payload).await
+}
+
+/// [`handle`] with the business state store (differences) and the audit log (one
+/// record per run: actor `reconciler-lambda`, reason `scheduled` or the payload's
+/// `reason`).
+pub async fn handle_with(
+    reconciler: &Reconciler,
+    business: Option<&dyn StateStore>,
+    audit: Option<&dyn AuditLog>,
+    payload: &Value,
+) -> Result<Value, String> {
+    let options = options(payload)?;
     let reports = reconciler
-        .run(&options(payload)?)
+        .run_with(&options, business)
         .await
         .map_err(|e| e.to_string())?;
+    if let Some(audit) = audit {
+        let reason = payload
+            .get("reason")
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+            .unwrap_or("scheduled");
+        let record = audit_record(
+            "reconciler-lambda",
+            reason,
+            &options,
+            &reports,
+            einmal::time::now_millis(),
+        );
+        if let Err(e) = audit.append(&record).await {
+            tracing::error!(error = %e, "audit record of the reconciliation failed");
+        }
+    }
     for r in &reports {
         tracing::info!(
             provider = %r.provider, tenant = %r.tenant, fetched = r.fetched,
             already_present = r.already_present, ingested = r.ingested,
-            error = r.error.as_deref(), "reconciled"
+            error = r.error.as_deref(), differences = r.differences.len(), "reconciled"
         );
+        for d in &r.differences {
+            tracing::warn!(
+                provider = %d.provider, tenant = %d.tenant, object_id = %d.object_id,
+                order_id = %d.order_id, provider_status = %d.provider_status,
+                our_status = %d.our_status, "provider and business state differ"
+            );
+        }
     }
     let failed: Vec<String> = reports
         .iter()

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use einmal::adapters::aws::{config_source_from_env, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
+use einmal::audit::{AuditLog, DynamoAuditLog, AUDIT_TABLE_ENV};
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::Reconciler;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
@@ -18,11 +19,26 @@ async fn main() -> Result<(), Error> {
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = config_source_from_env(&sdk_config).await?;
     let ingestor = Arc::new(Ingestor::from_source(source, store.clone(), store));
+    // Audited when the audit table is configured.
+    let audit: Option<Arc<dyn AuditLog>> =
+        if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
+            Some(Arc::new(DynamoAuditLog::from_env().await?))
+        } else {
+            None
+        };
+    let business = state.clone();
     let reconciler = &Reconciler::new(ingestor, state);
+    let business = &business;
+    let audit = &audit;
     run(service_fn(|event: LambdaEvent<Value>| async move {
-        reconciler::handle(reconciler, &event.payload)
-            .await
-            .map_err(Error::from)
+        reconciler::handle_with(
+            reconciler,
+            Some(business.as_ref()),
+            audit.as_deref(),
+            &event.payload,
+        )
+        .await
+        .map_err(Error::from)
     }))
     .await
 }
