@@ -44,12 +44,7 @@ impl Provider for GoPay {
         let id = thin::single_param(query.as_bytes(), "id")?.ok_or_else(|| {
             ProviderError::MalformedPayload("missing query parameter `id`".into())
         })?;
-        thin::check_resource_id(&id)?;
-        let envelope = thin::hint_envelope(NAME, tenant, "payment", &id, now_secs);
-        Ok(vec![VerifiedEvent {
-            envelope,
-            body: Bytes::new(),
-        }])
+        thin::bodiless_hint(NAME, tenant, "payment", &id, now_secs)
     }
 
     fn sign(

@@ -65,12 +65,7 @@ impl Provider for KlarnaPush {
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
         thin::check_path_token(request, tenant)?;
         let id = order_id(request.query.as_deref().unwrap_or_default())?;
-        thin::check_resource_id(&id)?;
-        let envelope = thin::hint_envelope(NAME, tenant, "order", &id, now_secs);
-        Ok(vec![VerifiedEvent {
-            envelope,
-            body: Bytes::new(),
-        }])
+        thin::bodiless_hint(NAME, tenant, "order", &id, now_secs)
     }
 
     fn sign(

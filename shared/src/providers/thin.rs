@@ -132,6 +132,22 @@ pub fn hint_envelope(
     }
 }
 
+/// The one event of a hint whose body carries nothing worth storing (GoPay, Klarna
+/// push): the id is validated, and the processor fetches the real state later.
+pub fn bodiless_hint(
+    provider: &str,
+    tenant: &TenantConfig,
+    kind: &str,
+    resource_id: &str,
+    now_secs: i64,
+) -> Result<Vec<super::VerifiedEvent>, ProviderError> {
+    check_resource_id(resource_id)?;
+    Ok(vec![super::VerifiedEvent {
+        envelope: hint_envelope(provider, tenant, kind, resource_id, now_secs),
+        body: bytes::Bytes::new(),
+    }])
+}
+
 /// `{resource_id}:hint:{now_secs / 60}`.
 pub fn hint_event_id(resource_id: &str, now_secs: i64) -> String {
     format!(
