@@ -3,6 +3,8 @@
 //! Counters are plain atomics so the hot path pays a few nanoseconds; the Lambda
 //! functions publish them as CloudWatch metrics, `einmal serve` on shutdown.
 
+pub mod catalog;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
