@@ -86,7 +86,7 @@ metrics! {
     DEAD_LETTERS = "DeadLetters", Count, Processor, BY_DEPLOYMENT;
     // business (processor): provider event timestamp → effect committed
     EFFECT_LAG = "EffectLag", Milliseconds, Processor, BY_DEPLOYMENT;
-    /// 1 when a payment event's effect landed within the SLI threshold, else 0.
+    // 1 when a payment event's effect landed within the SLI threshold, else 0.
     PAYMENT_WITHIN_SLO = "PaymentWithinSlo", None, Processor, BY_DEPLOYMENT;
     // backlog (sweeper)
     PENDING_ITEMS = "PendingItems", Count, Sweeper, BY_DEPLOYMENT;

@@ -1,9 +1,14 @@
-//! Counters for the intake path and log setup.
+//! Telemetry: metrics in CloudWatch Embedded Metric Format ([`emf`], names from
+//! [`catalog`]), redacted JSON logs ([`redact`]), X-Ray trace context ([`trace`]).
 //!
-//! Counters are plain atomics so the hot path pays a few nanoseconds; the Lambda
-//! functions publish them as CloudWatch metrics, `einmal serve` on shutdown.
+//! The intake counters here are plain atomics so the hot path pays a few nanoseconds;
+//! `einmal serve` logs them periodically and at shutdown. The Lambda functions print
+//! one EMF line per invocation instead.
 
 pub mod catalog;
+pub mod emf;
+pub mod redact;
+pub mod trace;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -53,15 +58,67 @@ impl IngestMetrics {
     }
 }
 
-/// JSON logs to stderr, filtered by `RUST_LOG` (default `info`). Payloads and secrets
-/// are never passed to log macros in this crate; only ids and outcomes are.
-pub fn init_json_logs() {
+/// Crates that log request or event bodies at DEBUG/TRACE (the Lambda runtime logs
+/// the raw invocation event, the SDK and hyper whole HTTP exchanges). Their fields are
+/// masked by name anyway; capping them at INFO keeps unnamed payload text out too,
+/// whatever `RUST_LOG` says.
+const PAYLOAD_LOGGERS: &[&str] = &[
+    "lambda_runtime",
+    "lambda_http",
+    "lambda_runtime_api_client",
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+    "aws_smithy_http",
+    "aws_smithy_http_client",
+    "aws_sdk_dynamodb",
+    "aws_sdk_sqs",
+    "aws_sdk_ssm",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "axum",
+];
+
+/// The log filter: `RUST_LOG` (default `info`), with [`PAYLOAD_LOGGERS`] capped at INFO.
+pub fn log_filter() -> tracing_subscriber::EnvFilter {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .json()
+    cap_payload_loggers(filter)
+}
+
+/// `filter` with [`PAYLOAD_LOGGERS`] capped at INFO.
+pub fn cap_payload_loggers(
+    mut filter: tracing_subscriber::EnvFilter,
+) -> tracing_subscriber::EnvFilter {
+    for target in PAYLOAD_LOGGERS {
+        if let Ok(directive) = format!("{target}=info").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    filter
+}
+
+/// The JSON log subscriber writing to `writer`: flat lines, sensitive fields and
+/// registered secret values masked ([`redact`]). Tests capture logs with it.
+pub fn json_log_subscriber<W>(
+    filter: tracing_subscriber::EnvFilter,
+    writer: W,
+) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_current_span(false)
-        .try_init();
+        .event_format(redact::RedactingJson)
+        .fmt_fields(redact::RedactingFields)
+        .with_writer(writer)
+        .finish()
+}
+
+/// JSON logs to stderr, filtered by `RUST_LOG` (default `info`), redacted ([`redact`]).
+/// Payloads and secrets are never passed to log macros in this crate; the redaction
+/// rule is the safety net for everything else.
+pub fn init_json_logs() {
+    let _ =
+        tracing::subscriber::set_global_default(json_log_subscriber(log_filter(), std::io::stderr));
 }

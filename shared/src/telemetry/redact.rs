@@ -1,0 +1,417 @@
+//! The log redaction rule and the lean JSON log format.
+//!
+//! Secrets, signatures and payload bodies never reach the logs, whoever logs them
+//! (our code, the Lambda runtime at TRACE, which logs the raw event as `body`, or an
+//! SDK at DEBUG):
+//!
+//! 1. **By field name**: a field whose name has a sensitive part ([`is_sensitive_name`]:
+//!    `secret`, `signature`, `authorization`, `body`, `payload`, `token`, `password`,
+//!    `headers`, `cookie`, `credentials`, `api_key`, ...) is written as `"[redacted]"`,
+//!    in events and in span fields alike.
+//! 2. **By value**: every configured secret value (signing secrets, path tokens, API
+//!    credentials; [`register_config`]) is replaced by `[redacted]` wherever it appears
+//!    in a line, the message and error texts included.
+//!
+//! The format is one flat JSON object per line: `ts`, `level`, the event's fields
+//! (`message` first), then the fields of the spans in scope (root first). Our own
+//! lines carry no `target` (bytes are billed); lines of other crates do.
+
+use std::fmt;
+use std::sync::RwLock;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+use super::emf::push_json_str;
+use crate::config::Config;
+
+/// What a masked value becomes.
+pub const REDACTED: &str = "[redacted]";
+/// Shorter secret values are not masked by value (they would mask innocent text);
+/// field-name masking still applies.
+pub const MIN_SECRET_LEN: usize = 8;
+
+/// Name parts that mark a field as sensitive.
+const SENSITIVE_PARTS: &[&str] = &[
+    "secret",
+    "secrets",
+    "signature",
+    "signatures",
+    "sig",
+    "hmac",
+    "authorization",
+    "auth",
+    "body",
+    "payload",
+    "raw",
+    "token",
+    "password",
+    "passwd",
+    "apikey",
+    "headers",
+    "header",
+    "cookie",
+    "credential",
+    "credentials",
+];
+
+/// Two-part names that are sensitive together (`api_key`, `private_key`).
+const SENSITIVE_PAIRS: &[(&str, &str)] = &[("api", "key"), ("private", "key"), ("signing", "key")];
+
+/// True when a field (or tenant option) name denotes a secret, a signature or a body.
+/// Case-insensitive; names are split on `_`, `-`, `.` and camelCase.
+pub fn is_sensitive_name(name: &str) -> bool {
+    let mut parts: Vec<String> = Vec::with_capacity(4);
+    let mut current = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if c == '_' || c == '-' || c == '.' || c == ' ' {
+            if !current.is_empty() {
+                parts.push(std::mem::take(&mut current));
+            }
+            prev_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && prev_lower && !current.is_empty() {
+            parts.push(std::mem::take(&mut current));
+        }
+        prev_lower = c.is_lowercase() || c.is_ascii_digit();
+        current.extend(c.to_lowercase());
+    }
+    if !current.is_empty() {
+        parts.push(current);
+    }
+    parts.iter().any(|p| SENSITIVE_PARTS.contains(&p.as_str()))
+        || parts
+            .windows(2)
+            .any(|w| SENSITIVE_PAIRS.contains(&(w[0].as_str(), w[1].as_str())))
+}
+
+static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Mask `value` in every log line from now on (and its JSON-escaped form). Values
+/// shorter than [`MIN_SECRET_LEN`] are ignored.
+pub fn register_secret(value: &str) {
+    if value.len() < MIN_SECRET_LEN {
+        return;
+    }
+    let mut escaped = String::with_capacity(value.len() + 2);
+    push_json_str(&mut escaped, value);
+    let escaped = escaped[1..escaped.len() - 1].to_string();
+    let mut secrets = SECRETS.write().unwrap_or_else(|p| p.into_inner());
+    for v in [value.to_string(), escaped] {
+        if !secrets.contains(&v) {
+            secrets.push(v);
+        }
+    }
+    // Longest first, so a secret containing another is masked whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+}
+
+/// Register every secret of a configuration: each tenant's signing secrets, and the
+/// values of options with sensitive names (`path_token`, `api_key`, `access_token`,
+/// `api_password`; an `env:VAR` value is resolved from the environment).
+pub fn register_config(config: &Config) {
+    for tenant in config.tenants() {
+        for secret in &tenant.secrets {
+            register_secret(secret.expose());
+        }
+        for (name, value) in &tenant.options {
+            if !is_sensitive_name(name) {
+                continue;
+            }
+            match value.strip_prefix("env:") {
+                Some(var) => {
+                    if let Ok(resolved) = std::env::var(var) {
+                        register_secret(&resolved);
+                    }
+                }
+                None => register_secret(value),
+            }
+        }
+    }
+}
+
+/// Replace every registered secret in `line`.
+pub fn mask_secrets(line: &mut String) {
+    let secrets = SECRETS.read().unwrap_or_else(|p| p.into_inner());
+    for secret in secrets.iter() {
+        if line.contains(secret.as_str()) {
+            *line = line.replace(secret.as_str(), REDACTED);
+        }
+    }
+}
+
+/// Writes fields as `"name":value` pairs separated by commas, masking sensitive names.
+struct JsonFieldsVisitor<'a> {
+    out: &'a mut String,
+    first: bool,
+}
+
+impl JsonFieldsVisitor<'_> {
+    fn key(&mut self, field: &Field) -> bool {
+        let name = field.name();
+        if name.starts_with("log.") {
+            return false;
+        }
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        push_json_str(self.out, name);
+        self.out.push(':');
+        if name != "message" && is_sensitive_name(name) {
+            push_json_str(self.out, REDACTED);
+            return false;
+        }
+        true
+    }
+}
+
+impl Visit for JsonFieldsVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if self.key(field) {
+            push_json_str(self.out, value);
+        }
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.key(field) {
+            self.out.push_str(&value.to_string());
+        }
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.key(field) {
+            self.out.push_str(&value.to_string());
+        }
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if self.key(field) {
+            self.out.push_str(if value { "true" } else { "false" });
+        }
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if self.key(field) {
+            if value.is_finite() {
+                self.out.push_str(&value.to_string());
+            } else {
+                push_json_str(self.out, &value.to_string());
+            }
+        }
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        if self.key(field) {
+            push_json_str(self.out, &value.to_string());
+        }
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if self.key(field) {
+            push_json_str(self.out, &format!("{value:?}"));
+        }
+    }
+}
+
+/// Span fields in the same flat, masked form (stored per span by the fmt layer).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RedactingFields;
+
+impl<'writer> FormatFields<'writer> for RedactingFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut out = String::new();
+        fields.record(&mut JsonFieldsVisitor {
+            out: &mut out,
+            first: true,
+        });
+        writer.write_str(&out)
+    }
+
+    fn add_fields(
+        &self,
+        current: &'writer mut FormattedFields<Self>,
+        fields: &tracing::span::Record<'_>,
+    ) -> fmt::Result {
+        let mut out = String::new();
+        fields.record(&mut JsonFieldsVisitor {
+            out: &mut out,
+            first: current.fields.is_empty(),
+        });
+        current.fields.push_str(&out);
+        Ok(())
+    }
+}
+
+/// One flat JSON object per event, secrets masked (see the module docs).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RedactingJson;
+
+impl<S, N> FormatEvent<S, N> for RedactingJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = String::with_capacity(320);
+        line.push_str("{\"ts\":\"");
+        SystemTime.format_time(&mut Writer::new(&mut line))?;
+        line.push_str("\",\"level\":\"");
+        line.push_str(event.metadata().level().as_str());
+        line.push('"');
+        let target = event.metadata().target();
+        if !target.starts_with("einmal") {
+            line.push_str(",\"target\":");
+            push_json_str(&mut line, target);
+        }
+        line.push(',');
+        event.record(&mut JsonFieldsVisitor {
+            out: &mut line,
+            first: true,
+        });
+        if line.ends_with(',') {
+            line.pop();
+        }
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let ext = span.extensions();
+                if let Some(fields) = ext.get::<FormattedFields<N>>() {
+                    if !fields.fields.is_empty() {
+                        line.push(',');
+                        line.push_str(&fields.fields);
+                    }
+                }
+            }
+        }
+        line.push('}');
+        mask_secrets(&mut line);
+        line.push('\n');
+        writer.write_str(&line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::fmt::MakeWriter;
+
+    #[test]
+    fn sensitive_names() {
+        for name in [
+            "secret",
+            "webhook_secret",
+            "signature",
+            "Stripe-Signature",
+            "x_hub_signature_256",
+            "authorization",
+            "body",
+            "raw_body",
+            "payload",
+            "path_token",
+            "access_token",
+            "api_key",
+            "apiKey",
+            "api_password",
+            "headers",
+            "privateKey",
+        ] {
+            assert!(is_sensitive_name(name), "{name}");
+        }
+        for name in [
+            "provider",
+            "tenant",
+            "event_id",
+            "delivery_id",
+            "object_id",
+            "trace_id",
+            "state",
+            "pk",
+            "message",
+            "api_base",
+            "api_username",
+            "shop_domain",
+            "requestId",
+            "xrayTraceId",
+        ] {
+            assert!(!is_sensitive_name(name), "{name}");
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl<'a> MakeWriter<'a> for Capture {
+        type Writer = Capture;
+        fn make_writer(&'a self) -> Self::Writer {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn lines_are_flat_json_with_names_and_values_masked() {
+        register_secret("whsec_unit_test_secret_value");
+        register_secret("short");
+        let capture = Capture::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .event_format(RedactingJson)
+            .fmt_fields(RedactingFields)
+            .with_writer(capture.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("invoke", requestId = "req-1", token = "tok-xyz");
+            let _g = span.enter();
+            tracing::info!(
+                provider = "stripe",
+                event_id = "evt_1",
+                attempts = 3u64,
+                ok = true,
+                signature = "t=1,v1=abcdef",
+                "accepted with whsec_unit_test_secret_value inside"
+            );
+            tracing::trace!(body = "{\"card\":\"4242\"}", "raw JSON event received");
+            tracing::warn!(error = %"quote \" and short", "x");
+        });
+        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        let first = &lines[0];
+        assert_eq!(first["level"], "INFO");
+        assert_eq!(first["provider"], "stripe");
+        assert_eq!(first["event_id"], "evt_1");
+        assert_eq!(first["attempts"], 3);
+        assert_eq!(first["ok"], true);
+        assert_eq!(first["signature"], REDACTED);
+        assert_eq!(first["requestId"], "req-1");
+        assert_eq!(first["token"], REDACTED);
+        assert_eq!(first["message"], "accepted with [redacted] inside");
+        assert!(first.get("target").is_none());
+        assert_eq!(lines[1]["body"], REDACTED);
+        assert_eq!(lines[2]["error"], "quote \" and short");
+        for bad in ["whsec_unit_test", "abcdef", "4242", "tok-xyz"] {
+            assert!(!text.contains(bad), "{bad} leaked: {text}");
+        }
+    }
+}
