@@ -1,0 +1,1296 @@
+//! Checks of `infra/template.yaml` against the code, without AWS:
+//!
+//! - every alarm (metric-math entries included) and every dashboard metric refers to a
+//!   metric the code emits (`einmal::telemetry::catalog`: namespace, name, exact
+//!   dimension set) or one AWS emits (a small explicit table), and a typo fails;
+//! - every `EINMAL_*` variable the template sets is one the code reads, and each
+//!   function gets the ones it requires;
+//! - least privilege: the receiver may do exactly what the ack path needs, no `*`;
+//! - the queue: visibility timeout >= 6x the processor timeout, `maxReceiveCount` ==
+//!   the processor's `EINMAL_MAX_RECEIVE_COUNT`, partial batch responses;
+//! - tables, functions and routes mirror what the code and the README expect.
+//!
+//! `cfn-lint`, `sam validate --lint` and `sam build` run in `tests/run.sh`
+//! (`infra/check.sh`): they need Python tools and cross-compilation, not cargo.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use einmal::adapters::aws::{
+    CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
+};
+use einmal::adapters::aws_state::{STATE_INDEX, STATE_TABLE_ENV};
+use einmal::audit::AUDIT_TABLE_ENV;
+use einmal::pipeline::process::{LEASE_MS_ENV, MAX_RECEIVE_COUNT_ENV};
+use einmal::telemetry::catalog;
+// Every function gets the deployment (stack) name: the `Deployment` dimension.
+use einmal::telemetry::emf::{DEPLOYMENT_ENV, SLI_THRESHOLD_ENV};
+use serde_yaml::{Mapping, Value};
+
+/// Metrics AWS publishes that the template may use: namespace, name, dimension names.
+const AWS_METRICS: &[(&str, &[&str], &[&str])] = &[
+    (
+        "AWS/SQS",
+        &[
+            "ApproximateNumberOfMessagesVisible",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateAgeOfOldestMessage",
+            "NumberOfMessagesSent",
+            "NumberOfMessagesReceived",
+            "NumberOfMessagesDeleted",
+        ],
+        &["QueueName"],
+    ),
+    (
+        "AWS/Lambda",
+        &[
+            "Errors",
+            "Throttles",
+            "Invocations",
+            "Duration",
+            "ConcurrentExecutions",
+        ],
+        &["FunctionName"],
+    ),
+    (
+        "AWS/ApiGateway",
+        &["5xx", "4xx", "Count", "Latency", "IntegrationLatency"],
+        &["ApiId"],
+    ),
+];
+
+/// What a dimension value must point at: `QueueName` a queue's `QueueName`,
+/// `FunctionName` a function, `ApiId` the HTTP API, `Deployment` the stack name.
+fn expected_dimension_target(dimension: &str) -> Option<&'static str> {
+    match dimension {
+        "QueueName" => Some("AWS::SQS::Queue"),
+        "FunctionName" => Some("AWS::Serverless::Function"),
+        "ApiId" => Some("AWS::Serverless::HttpApi"),
+        _ => None,
+    }
+}
+
+// ----------------------------------------------------------------------------- loading
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn template_text() -> String {
+    let path = repo_root().join("infra/template.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn parse(text: &str) -> Value {
+    serde_yaml::from_str(text).expect("infra/template.yaml is YAML")
+}
+
+fn template() -> Value {
+    parse(&template_text())
+}
+
+fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.as_mapping().and_then(|m| m.get(Value::from(key)))
+}
+
+fn path<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Value> {
+    keys.iter().try_fold(v, |v, k| get(v, k))
+}
+
+fn resources(t: &Value) -> &Mapping {
+    get(t, "Resources")
+        .and_then(Value::as_mapping)
+        .expect("template has Resources")
+}
+
+fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
+    get(get(t, "Resources").unwrap(), name).unwrap_or_else(|| panic!("no resource {name}"))
+}
+
+fn resources_of<'a>(t: &'a Value, kind: &str) -> Vec<(String, &'a Value)> {
+    resources(t)
+        .iter()
+        .filter(|(_, r)| get(r, "Type").and_then(Value::as_str) == Some(kind))
+        .map(|(k, r)| (k.as_str().unwrap().to_string(), r))
+        .collect()
+}
+
+fn props(r: &Value) -> &Value {
+    get(r, "Properties").expect("resource has Properties")
+}
+
+fn resource_type<'a>(t: &'a Value, name: &str) -> Option<&'a str> {
+    get(get(t, "Resources")?, name)
+        .and_then(|r| get(r, "Type"))
+        .and_then(Value::as_str)
+}
+
+/// An intrinsic function in short (`!Ref X`) or long (`{Ref: X}`) form, normalized to
+/// its long name (`Ref`, `Fn::GetAtt`, `Fn::Sub`, `Fn::If`, ...) and its argument.
+fn intrinsic(v: &Value) -> Option<(String, &Value)> {
+    match v {
+        Value::Tagged(t) => {
+            let tag = t.tag.to_string();
+            let name = tag.trim_start_matches('!');
+            let long = if name == "Ref" || name == "Condition" {
+                name.to_string()
+            } else {
+                format!("Fn::{name}")
+            };
+            Some((long, &t.value))
+        }
+        Value::Mapping(m) if m.len() == 1 => {
+            let (k, v) = m.iter().next()?;
+            let k = k.as_str()?;
+            (k == "Ref" || k.starts_with("Fn::")).then(|| (k.to_string(), v))
+        }
+        _ => None,
+    }
+}
+
+/// `!Ref X` → `X`.
+fn ref_target(v: &Value) -> Option<&str> {
+    match intrinsic(v)? {
+        (f, arg) if f == "Ref" => arg.as_str(),
+        _ => None,
+    }
+}
+
+/// `!GetAtt X.Attr` (or the list form) → `(X, Attr)`.
+fn getatt(v: &Value) -> Option<(String, String)> {
+    match intrinsic(v)? {
+        (f, Value::String(s)) if f == "Fn::GetAtt" => {
+            let (r, a) = s.split_once('.')?;
+            Some((r.to_string(), a.to_string()))
+        }
+        (f, Value::Sequence(s)) if f == "Fn::GetAtt" && s.len() == 2 => {
+            Some((s[0].as_str()?.to_string(), s[1].as_str()?.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// A scalar as text, or a `!Ref` to a parameter as its default. `None` for anything
+/// else (an attribute only known at deploy time).
+fn resolve(t: &Value, v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => {
+            let name = ref_target(v)?;
+            let default = path(t, &["Parameters", name, "Default"])?;
+            match default {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            }
+        }
+    }
+}
+
+fn resolve_number(t: &Value, v: &Value) -> Option<f64> {
+    resolve(t, v)?.trim().parse().ok()
+}
+
+// ------------------------------------------------------------------- metric references
+
+/// One metric a template alarm or dashboard refers to.
+#[derive(Debug)]
+struct MetricRef {
+    origin: String,
+    namespace: String,
+    name: String,
+    /// Dimension name → what its value is (`Ref:X`, `GetAtt:X.Attr`, or the literal).
+    dimensions: BTreeMap<String, String>,
+    unit: Option<String>,
+}
+
+fn describe_value(v: &Value) -> String {
+    if let Some(r) = ref_target(v) {
+        return format!("Ref:{r}");
+    }
+    if let Some((r, a)) = getatt(v) {
+        return format!("GetAtt:{r}.{a}");
+    }
+    match v {
+        Value::String(s) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn alarm_metric(origin: &str, m: &Value, unit: Option<&Value>) -> Result<MetricRef, String> {
+    let text = |key: &str| {
+        get(m, key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{origin}: no literal {key}"))
+    };
+    let mut dimensions = BTreeMap::new();
+    for d in get(m, "Dimensions")
+        .and_then(Value::as_sequence)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let name = get(d, "Name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("{origin}: a dimension without a literal Name"))?;
+        let value =
+            get(d, "Value").ok_or_else(|| format!("{origin}: dimension {name} without a Value"))?;
+        if dimensions
+            .insert(name.to_string(), describe_value(value))
+            .is_some()
+        {
+            return Err(format!("{origin}: dimension {name} twice"));
+        }
+    }
+    Ok(MetricRef {
+        origin: origin.to_string(),
+        namespace: text("Namespace")?,
+        name: text("MetricName")?,
+        dimensions,
+        unit: unit.and_then(Value::as_str).map(str::to_owned),
+    })
+}
+
+/// Every metric every alarm uses; metric-math alarms contribute each `MetricStat`.
+fn alarm_metrics(t: &Value) -> Result<Vec<MetricRef>, String> {
+    let mut out = Vec::new();
+    let alarms = resources_of(t, "AWS::CloudWatch::Alarm");
+    if alarms.is_empty() {
+        return Err("the template has no alarms".into());
+    }
+    for (name, alarm) in alarms {
+        let p = props(alarm);
+        if get(p, "AlarmActions").is_none() {
+            return Err(format!("alarm {name} notifies nobody (no AlarmActions)"));
+        }
+        match (get(p, "MetricName"), get(p, "Metrics")) {
+            (Some(_), None) => out.push(alarm_metric(&name, p, get(p, "Unit"))?),
+            (None, Some(Value::Sequence(entries))) => {
+                let mut ids = BTreeSet::new();
+                let mut expressions = Vec::new();
+                for entry in entries {
+                    let id = get(entry, "Id")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| format!("alarm {name}: a Metrics entry without Id"))?;
+                    ids.insert(id.to_string());
+                    match (get(entry, "MetricStat"), get(entry, "Expression")) {
+                        (Some(stat), None) => {
+                            let metric = get(stat, "Metric").ok_or_else(|| {
+                                format!("alarm {name}/{id}: MetricStat without Metric")
+                            })?;
+                            out.push(alarm_metric(
+                                &format!("{name}/{id}"),
+                                metric,
+                                get(stat, "Unit"),
+                            )?);
+                        }
+                        (None, Some(expr)) => {
+                            let text = match intrinsic(expr) {
+                                Some((f, Value::String(s))) if f == "Fn::Sub" => s.clone(),
+                                _ => expr
+                                    .as_str()
+                                    .ok_or_else(|| {
+                                        format!("alarm {name}/{id}: Expression is not text")
+                                    })?
+                                    .to_string(),
+                            };
+                            expressions.push((id.to_string(), text));
+                        }
+                        _ => {
+                            return Err(format!(
+                                "alarm {name}/{id}: needs MetricStat or Expression"
+                            ))
+                        }
+                    }
+                }
+                if expressions.is_empty() {
+                    return Err(format!("alarm {name}: Metrics without an expression"));
+                }
+                // Every lower-case identifier in an expression names a metric entry.
+                for (id, text) in expressions {
+                    let text = strip_subs(&text);
+                    for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                        let is_id = word.chars().next().is_some_and(|c| c.is_ascii_lowercase());
+                        if is_id && !ids.contains(word) {
+                            return Err(format!(
+                                "alarm {name}/{id}: expression uses `{word}`, which is no metric id"
+                            ));
+                        }
+                    }
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "alarm {name}: needs MetricName or Metrics (not both)"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `${...}` substitutions removed (they are parameters, not metric ids).
+fn strip_subs(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        match rest[start..].find('}') {
+            Some(end) => {
+                out.push('0');
+                rest = &rest[start + end + 1..];
+            }
+            None => {
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The dashboard body with `${X}` inside strings replaced by `Ref:X` / `GetAtt:X.A` /
+/// the pseudo parameter, and bare `${Param}` numbers by their defaults.
+fn dashboard_json(t: &Value) -> Result<serde_json::Value, String> {
+    let dashboards = resources_of(t, "AWS::CloudWatch::Dashboard");
+    let [(_, dashboard)] = dashboards.as_slice() else {
+        return Err(format!(
+            "expected one dashboard, found {}",
+            dashboards.len()
+        ));
+    };
+    let body = get(props(dashboard), "DashboardBody").ok_or("dashboard without a body")?;
+    let text = match intrinsic(body) {
+        Some((f, Value::String(s))) if f == "Fn::Sub" => s.clone(),
+        _ => body
+            .as_str()
+            .ok_or("DashboardBody is not text")?
+            .to_string(),
+    };
+    let mut out = String::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find("${") {
+        let quoted = rest[..start].ends_with('"') || out.ends_with('"') && start == 0;
+        out.push_str(&rest[..start]);
+        let end = rest[start..]
+            .find('}')
+            .ok_or("unclosed ${ in the dashboard")?
+            + start;
+        let inner = &rest[start + 2..end];
+        let replacement = if inner.starts_with("AWS::") {
+            inner.to_string()
+        } else if let Some((r, a)) = inner.split_once('.') {
+            format!("GetAtt:{r}.{a}")
+        } else if quoted {
+            format!("Ref:{inner}")
+        } else {
+            resolve(
+                t,
+                &Value::Tagged(Box::new(serde_yaml::value::TaggedValue {
+                    tag: serde_yaml::value::Tag::new("Ref"),
+                    value: Value::from(inner),
+                })),
+            )
+            .ok_or_else(|| format!("dashboard: ${{{inner}}} has no default"))?
+        };
+        out.push_str(&replacement);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    serde_json::from_str(&out).map_err(|e| format!("dashboard body is not JSON: {e}"))
+}
+
+fn dashboard_metrics(t: &Value) -> Result<Vec<MetricRef>, String> {
+    let body = dashboard_json(t)?;
+    let widgets = body["widgets"]
+        .as_array()
+        .ok_or("dashboard without widgets")?;
+    let mut out = Vec::new();
+    for (i, w) in widgets.iter().enumerate() {
+        if w["type"] != "metric" {
+            continue;
+        }
+        let title = w["properties"]["title"].as_str().unwrap_or("?");
+        let metrics = w["properties"]["metrics"]
+            .as_array()
+            .ok_or_else(|| format!("widget {i} ({title}) has no metrics"))?;
+        for m in metrics {
+            let parts = m.as_array().ok_or("a dashboard metric is not an array")?;
+            let texts: Vec<&str> = parts.iter().filter_map(|p| p.as_str()).collect();
+            let origin = format!("dashboard widget {title:?}");
+            let unpaired = texts
+                .get(2..)
+                .is_some_and(|d| !d.chunks_exact(2).remainder().is_empty());
+            if texts.len() < 2 || unpaired || texts.contains(&".") {
+                return Err(format!("{origin}: write every metric out in full: {m}"));
+            }
+            let mut dimensions = BTreeMap::new();
+            for pair in texts[2..].chunks(2) {
+                dimensions.insert(pair[0].to_string(), pair[1].to_string());
+            }
+            out.push(MetricRef {
+                origin,
+                namespace: texts[0].to_string(),
+                name: texts[1].to_string(),
+                dimensions,
+                unit: None,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Why `m` is not a metric the code or AWS emits, if it is not.
+fn check_metric(t: &Value, m: &MetricRef, alarm: bool) -> Result<(), String> {
+    let origin = &m.origin;
+    let dims: BTreeSet<&str> = m.dimensions.keys().map(String::as_str).collect();
+    if m.namespace == catalog::NAMESPACE {
+        let spec = catalog::find(&m.name).ok_or_else(|| {
+            format!(
+                "{origin}: {}/{} is not in the metric catalog",
+                m.namespace, m.name
+            )
+        })?;
+        let known = spec
+            .dimension_sets
+            .iter()
+            .any(|set| set.iter().copied().collect::<BTreeSet<_>>() == dims);
+        if !known {
+            return Err(format!(
+                "{origin}: {} is emitted with dimensions {:?}, not {dims:?}",
+                m.name, spec.dimension_sets
+            ));
+        }
+        if alarm && dims != BTreeSet::from([catalog::DEPLOYMENT]) {
+            return Err(format!(
+                "{origin}: alarms use the deployment-only dimension set, not {dims:?}"
+            ));
+        }
+        let deployment = &m.dimensions[catalog::DEPLOYMENT];
+        if deployment != "Ref:AWS::StackName" && deployment != "AWS::StackName" {
+            return Err(format!(
+                "{origin}: the {} dimension is the stack name (EINMAL_DEPLOYMENT), not {deployment}",
+                catalog::DEPLOYMENT
+            ));
+        }
+        if let Some(unit) = &m.unit {
+            if unit != spec.unit.as_str() {
+                return Err(format!(
+                    "{origin}: {} is published in {:?}, not {unit}",
+                    m.name, spec.unit
+                ));
+            }
+        }
+        return Ok(());
+    }
+    let (_, names, expected) = AWS_METRICS
+        .iter()
+        .find(|(ns, _, _)| *ns == m.namespace)
+        .ok_or_else(|| {
+            format!(
+                "{origin}: namespace {} is neither ours nor a known AWS one",
+                m.namespace
+            )
+        })?;
+    if !names.contains(&m.name.as_str()) {
+        return Err(format!(
+            "{origin}: {}/{} is not a metric AWS emits",
+            m.namespace, m.name
+        ));
+    }
+    if dims != expected.iter().copied().collect::<BTreeSet<_>>() {
+        return Err(format!(
+            "{origin}: {}/{} has dimensions {expected:?}, not {dims:?}",
+            m.namespace, m.name
+        ));
+    }
+    for (dimension, value) in &m.dimensions {
+        let Some(kind) = expected_dimension_target(dimension) else {
+            continue;
+        };
+        let target = value
+            .strip_prefix("Ref:")
+            .or_else(|| value.strip_prefix("GetAtt:"))
+            .ok_or_else(|| {
+                format!("{origin}: {dimension} must refer to a resource, not {value:?}")
+            })?;
+        let (resource, attribute) = match target.split_once('.') {
+            Some((r, a)) => (r, Some(a)),
+            None => (target, None),
+        };
+        let actual = resource_type(t, resource);
+        if actual != Some(kind) {
+            return Err(format!(
+                "{origin}: {dimension} refers to {resource} ({actual:?}), not a {kind}"
+            ));
+        }
+        if dimension == "QueueName" && attribute != Some("QueueName") {
+            return Err(format!(
+                "{origin}: QueueName must be !GetAtt {resource}.QueueName"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn metric_problems(t: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    match alarm_metrics(t) {
+        Ok(metrics) => problems.extend(
+            metrics
+                .iter()
+                .filter_map(|m| check_metric(t, m, true).err()),
+        ),
+        Err(e) => problems.push(e),
+    }
+    match dashboard_metrics(t) {
+        Ok(metrics) => problems.extend(
+            metrics
+                .iter()
+                .filter_map(|m| check_metric(t, m, false).err()),
+        ),
+        Err(e) => problems.push(e),
+    }
+    problems
+}
+
+#[test]
+fn every_alarm_and_dashboard_metric_is_one_the_code_or_aws_emits() {
+    let t = template();
+    let problems = metric_problems(&t);
+    assert!(problems.is_empty(), "{problems:#?}");
+    // The alarms the runbook relies on are there.
+    let metrics = alarm_metrics(&t).unwrap();
+    let used: BTreeSet<(&str, &str)> = metrics
+        .iter()
+        .map(|m| (m.namespace.as_str(), m.name.as_str()))
+        .collect();
+    for wanted in [
+        ("AWS/SQS", "ApproximateNumberOfMessagesVisible"),
+        ("AWS/SQS", "ApproximateAgeOfOldestMessage"),
+        ("AWS/ApiGateway", "5xx"),
+        ("AWS/Lambda", "Errors"),
+        ("AWS/Lambda", "Throttles"),
+        (catalog::NAMESPACE, catalog::STUCK_ITEMS),
+        (catalog::NAMESPACE, catalog::SIGNATURE_FAILURES),
+        (catalog::NAMESPACE, catalog::WEBHOOKS_ACCEPTED),
+        (catalog::NAMESPACE, catalog::WEBHOOKS_DUPLICATE),
+        (catalog::NAMESPACE, catalog::PAYMENT_WITHIN_SLO),
+    ] {
+        assert!(used.contains(&wanted), "no alarm on {wanted:?}");
+    }
+    // Errors and throttles of every function.
+    for (function, _) in resources_of(&t, "AWS::Serverless::Function") {
+        for metric in ["Errors", "Throttles"] {
+            let found = metrics.iter().any(|m| {
+                m.namespace == "AWS/Lambda"
+                    && m.name == metric
+                    && m.dimensions.get("FunctionName") == Some(&format!("Ref:{function}"))
+            });
+            assert!(found, "no {metric} alarm for {function}");
+        }
+    }
+    // The dashboard has the four groups.
+    let body = dashboard_json(&t).unwrap();
+    let headers: Vec<String> = body["widgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["type"] == "text")
+        .map(|w| {
+            w["properties"]["markdown"]
+                .as_str()
+                .unwrap_or("")
+                .to_lowercase()
+        })
+        .collect();
+    for group in ["intake", "queue", "worker", "business"] {
+        assert!(
+            headers.iter().any(|h| h.contains(group)),
+            "dashboard has no {group} group: {headers:?}"
+        );
+    }
+}
+
+#[test]
+fn a_typo_in_an_alarm_or_dashboard_metric_fails_the_check() {
+    let text = template_text();
+    let mutations: &[(&str, &str, &str, &str)] = &[
+        ("custom metric name", "MetricName: StuckItems", "MetricName: StuckItem", "StuckItem is not in the metric catalog"),
+        ("namespace", "Namespace: Einmal\n", "Namespace: einmal\n", "namespace einmal is neither ours"),
+        ("AWS metric name", "MetricName: ApproximateAgeOfOldestMessage", "MetricName: ApproximateAgeOfOldestMessages", "is not a metric AWS emits"),
+        ("AWS dimension name", "- Name: QueueName", "- Name: Queue", "has dimensions [\"QueueName\"]"),
+        ("metric-math metric", "MetricName: WebhooksDuplicate\n", "MetricName: WebhooksDuplicates\n", "WebhooksDuplicates is not in the metric catalog"),
+        ("metric-math id", "FILL(duplicates, 0) / (", "FILL(duplicate, 0) / (", "which is no metric id"),
+        ("breakdown dimension on an alarm", "MetricName: SignatureFailures\n      Dimensions:\n", "MetricName: SignatureFailures\n      Dimensions:\n        - Name: Provider\n          Value: stripe\n", "deployment-only dimension set"),
+        ("deployment value", "- Name: Deployment\n          Value: !Ref AWS::StackName", "- Name: Deployment\n          Value: einmal", "is the stack name"),
+        ("dimension pointing at the wrong resource", "Value: !Ref ProcessorFunction", "Value: !Ref WorkQueue", "refers to WorkQueue"),
+        ("dashboard metric", "\"EffectLag\"", "\"EffectLagg\"", "EffectLagg is not in the metric catalog"),
+        ("dashboard dimension", "\"Deployment\", \"${AWS::StackName}\", {\"label\": \"completed\"}", "\"Stack\", \"${AWS::StackName}\", {\"label\": \"completed\"}", "not {\"Stack\"}"),
+    ];
+    for (what, from, to, expected) in mutations {
+        assert!(
+            text.contains(from),
+            "mutation {what}: {from:?} is not in the template"
+        );
+        let broken = parse(&text.replacen(from, to, 1));
+        let problems = metric_problems(&broken);
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "a typo in the {what} went unnoticed: {problems:?}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------ environment
+
+/// Every `"EINMAL_*"` string literal in the code that runs in the functions and the CLI.
+fn variables_the_code_reads() -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                for (i, _) in text.match_indices("\"EINMAL_") {
+                    let name: String = text[i + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    if text[i + 1 + name.len()..].starts_with('"') {
+                        out.insert(name);
+                    }
+                }
+            }
+        }
+    }
+    let root = repo_root();
+    let mut out = BTreeSet::new();
+    for dir in ["shared/src", "functions", "cli/src"] {
+        walk(&root.join(dir), &mut out);
+    }
+    out
+}
+
+/// The environment of a function: `Globals.Function` merged with its own.
+fn environment(t: &Value, function: &str) -> BTreeMap<String, Value> {
+    let mut env = BTreeMap::new();
+    for vars in [
+        path(t, &["Globals", "Function", "Environment", "Variables"]),
+        path(props(resource(t, function)), &["Environment", "Variables"]),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        for (k, v) in vars.as_mapping().expect("Variables is a mapping") {
+            env.insert(k.as_str().unwrap().to_string(), v.clone());
+        }
+    }
+    env
+}
+
+const FUNCTIONS: [&str; 4] = [
+    "ReceiverFunction",
+    "ProcessorFunction",
+    "SweeperFunction",
+    "ReconcilerFunction",
+];
+
+#[test]
+fn every_einmal_variable_is_read_by_the_code_and_each_function_has_what_it_needs() {
+    let t = template();
+    let read = variables_the_code_reads();
+    assert!(
+        read.contains(TABLE_ENV),
+        "the source scan found nothing: {read:?}"
+    );
+    assert!(
+        read.contains(DEPLOYMENT_ENV),
+        "the code does not read {DEPLOYMENT_ENV} (the Deployment dimension of every metric)"
+    );
+    let required: [(&str, &[&str]); 4] = [
+        (
+            "ReceiverFunction",
+            &[TABLE_ENV, QUEUE_URL_ENV, CONFIG_PARAMETER_ENV],
+        ),
+        (
+            "ProcessorFunction",
+            &[
+                TABLE_ENV,
+                QUEUE_URL_ENV,
+                DLQ_URL_ENV,
+                STATE_TABLE_ENV,
+                CONFIG_PARAMETER_ENV,
+                MAX_RECEIVE_COUNT_ENV,
+                LEASE_MS_ENV,
+                SLI_THRESHOLD_ENV,
+            ],
+        ),
+        ("SweeperFunction", &[TABLE_ENV, QUEUE_URL_ENV, DLQ_URL_ENV]),
+        (
+            "ReconcilerFunction",
+            &[
+                TABLE_ENV,
+                QUEUE_URL_ENV,
+                STATE_TABLE_ENV,
+                AUDIT_TABLE_ENV,
+                CONFIG_PARAMETER_ENV,
+            ],
+        ),
+    ];
+    for (function, needs) in required {
+        let env = environment(&t, function);
+        for name in env.keys().filter(|k| k.starts_with("EINMAL_")) {
+            assert!(
+                read.contains(name),
+                "{function} sets {name}, which no code reads"
+            );
+        }
+        for name in needs.iter().copied().chain([DEPLOYMENT_ENV]) {
+            assert!(env.contains_key(name), "{function} lacks {name}");
+        }
+        // Secrets by reference: the SSM parameter's name, never the TOML inline.
+        assert!(
+            !env.contains_key(CONFIG_ENV),
+            "{function} sets {CONFIG_ENV} inline"
+        );
+        if let Some(v) = env.get(CONFIG_PARAMETER_ENV) {
+            let target = ref_target(v).unwrap_or("");
+            assert_eq!(
+                path(&t, &["Parameters", target, "Type"]).and_then(Value::as_str),
+                Some("String"),
+                "{function}: {CONFIG_PARAMETER_ENV} must be a template parameter"
+            );
+        }
+        assert_eq!(
+            env.get(DEPLOYMENT_ENV).and_then(ref_target),
+            Some("AWS::StackName"),
+            "{function}: {DEPLOYMENT_ENV} is the stack name"
+        );
+        let refs = |name: &str| env.get(name).and_then(ref_target).map(str::to_owned);
+        if env.contains_key(TABLE_ENV) {
+            assert_eq!(refs(TABLE_ENV).as_deref(), Some("InboxTable"), "{function}");
+        }
+        if env.contains_key(QUEUE_URL_ENV) {
+            assert_eq!(
+                refs(QUEUE_URL_ENV).as_deref(),
+                Some("WorkQueue"),
+                "{function}"
+            );
+        }
+        if env.contains_key(DLQ_URL_ENV) {
+            assert_eq!(
+                refs(DLQ_URL_ENV).as_deref(),
+                Some("DeadLetterQueue"),
+                "{function}"
+            );
+        }
+        if env.contains_key(STATE_TABLE_ENV) {
+            assert_eq!(
+                refs(STATE_TABLE_ENV).as_deref(),
+                Some("StateTable"),
+                "{function}"
+            );
+        }
+        if env.contains_key(AUDIT_TABLE_ENV) {
+            assert_eq!(
+                refs(AUDIT_TABLE_ENV).as_deref(),
+                Some("AuditTable"),
+                "{function}"
+            );
+        }
+    }
+    // The lease outlives the processor's invocation.
+    let env = environment(&t, "ProcessorFunction");
+    let lease_ms = resolve_number(&t, &env[LEASE_MS_ENV]).unwrap();
+    let timeout_s = function_timeout(&t, "ProcessorFunction");
+    assert!(
+        lease_ms > timeout_s * 1000.0,
+        "lease {lease_ms} ms <= timeout {timeout_s} s"
+    );
+}
+
+// ------------------------------------------------------------------ IAM
+
+/// Inline policy statements of a function (both branches of an `!If`), and the
+/// policies that are not inline documents (managed policy names, SAM policy templates).
+fn statements(function: &Value) -> (Vec<Value>, Vec<String>) {
+    let mut inline = Vec::new();
+    let mut other = Vec::new();
+    fn push(v: &Value, out: &mut Vec<Value>) {
+        match intrinsic(v) {
+            Some((f, Value::Sequence(args))) if f == "Fn::If" && args.len() == 3 => {
+                push(&args[1], out);
+                push(&args[2], out);
+            }
+            Some((f, Value::String(s))) if f == "Ref" && s == "AWS::NoValue" => {}
+            _ => out.push(v.clone()),
+        }
+    }
+    let policies = match get(props(function), "Policies") {
+        None => Vec::new(),
+        Some(Value::Sequence(s)) => s.clone(),
+        Some(other) => vec![other.clone()],
+    };
+    for policy in policies {
+        match get(&policy, "Statement") {
+            Some(Value::Sequence(list)) => {
+                for s in list {
+                    push(s, &mut inline);
+                }
+            }
+            _ => other.push(format!("{policy:?}")),
+        }
+    }
+    (inline, other)
+}
+
+fn list(v: Option<&Value>) -> Vec<Value> {
+    match v {
+        None => Vec::new(),
+        Some(Value::Sequence(s)) => s.clone(),
+        Some(one) => vec![one.clone()],
+    }
+}
+
+#[test]
+fn functions_have_least_privilege_and_no_wildcard_actions() {
+    let t = template();
+    for (name, function) in resources_of(&t, "AWS::Serverless::Function") {
+        let (inline, other) = statements(function);
+        assert!(
+            other.is_empty(),
+            "{name} has policies other than inline statements: {other:?}"
+        );
+        assert!(!inline.is_empty(), "{name} has no policy");
+        for s in &inline {
+            assert_eq!(
+                get(s, "Effect").and_then(Value::as_str),
+                Some("Allow"),
+                "{name}: {s:?}"
+            );
+            assert!(
+                get(s, "NotAction").is_none() && get(s, "NotResource").is_none(),
+                "{name}: {s:?}"
+            );
+            for action in list(get(s, "Action")) {
+                let action = action
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name}: action {action:?}"));
+                assert!(!action.contains('*'), "{name}: wildcard action {action}");
+            }
+            for r in list(get(s, "Resource")) {
+                assert_ne!(r.as_str(), Some("*"), "{name}: wildcard resource in {s:?}");
+            }
+        }
+    }
+
+    // The receiver: exactly the ack path, on exactly its resources.
+    let (inline, _) = statements(resource(&t, "ReceiverFunction"));
+    let mut granted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in &inline {
+        let resources: Vec<String> = list(get(s, "Resource"))
+            .iter()
+            .map(describe_value)
+            .collect();
+        for action in list(get(s, "Action")) {
+            granted
+                .entry(action.as_str().unwrap().to_string())
+                .or_default()
+                .extend(resources.iter().cloned());
+        }
+    }
+    let actions: BTreeSet<&str> = granted.keys().map(String::as_str).collect();
+    assert_eq!(
+        actions,
+        BTreeSet::from([
+            "dynamodb:PutItem",
+            "dynamodb:GetItem",
+            "dynamodb:UpdateItem",
+            "sqs:SendMessage",
+            "ssm:GetParameter",
+            // only when the SecureString uses a customer-managed key
+            "kms:Decrypt",
+        ]),
+        "receiver actions"
+    );
+    for action in [
+        "dynamodb:PutItem",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+    ] {
+        assert_eq!(
+            granted[action],
+            BTreeSet::from(["GetAtt:InboxTable.Arn".to_string()]),
+            "{action}"
+        );
+    }
+    assert_eq!(
+        granted["sqs:SendMessage"],
+        BTreeSet::from(["GetAtt:WorkQueue.Arn".to_string()])
+    );
+    let ssm = &granted["ssm:GetParameter"];
+    assert!(
+        ssm.len() == 1
+            && ssm
+                .iter()
+                .all(|r| r.contains("parameter${ConfigParameterName}")),
+        "ssm:GetParameter only on the config parameter: {ssm:?}"
+    );
+    assert_eq!(
+        granted["kms:Decrypt"],
+        BTreeSet::from(["Ref:ConfigKmsKeyArn".to_string()])
+    );
+}
+
+// ------------------------------------------------------------------ queue
+
+fn function_timeout(t: &Value, function: &str) -> f64 {
+    let own = get(props(resource(t, function)), "Timeout");
+    let global = path(t, &["Globals", "Function", "Timeout"]);
+    own.or(global)
+        .and_then(|v| resolve_number(t, v))
+        .unwrap_or(3.0)
+}
+
+#[test]
+fn queue_redrive_matches_the_processor() {
+    let t = template();
+    let queue = props(resource(&t, "WorkQueue"));
+    let visibility = resolve_number(
+        &t,
+        get(queue, "VisibilityTimeout").expect("VisibilityTimeout"),
+    )
+    .expect("a literal visibility timeout");
+    let timeout = function_timeout(&t, "ProcessorFunction");
+    assert!(
+        visibility >= 6.0 * timeout,
+        "visibility timeout {visibility} s < 6 x processor timeout {timeout} s"
+    );
+
+    let redrive = get(queue, "RedrivePolicy").expect("RedrivePolicy");
+    assert_eq!(
+        get(redrive, "deadLetterTargetArn").and_then(getatt),
+        Some(("DeadLetterQueue".to_string(), "Arn".to_string()))
+    );
+    let max_receive = get(redrive, "maxReceiveCount").expect("maxReceiveCount");
+    let env = environment(&t, "ProcessorFunction");
+    let processor = &env[MAX_RECEIVE_COUNT_ENV];
+    // Equal by construction (the same parameter) or as literals; a parameter on one
+    // side and a literal on the other could drift at deploy time.
+    match (ref_target(max_receive), ref_target(processor)) {
+        (Some(a), Some(b)) => assert_eq!(a, b, "maxReceiveCount and {MAX_RECEIVE_COUNT_ENV}"),
+        (None, None) => assert_eq!(
+            resolve(&t, max_receive),
+            resolve(&t, processor),
+            "maxReceiveCount and {MAX_RECEIVE_COUNT_ENV}"
+        ),
+        _ => panic!("maxReceiveCount and {MAX_RECEIVE_COUNT_ENV} must both be literals or both the same parameter"),
+    }
+    let count = resolve_number(&t, max_receive).unwrap();
+    assert!(count >= 2.0, "maxReceiveCount {count}");
+
+    // The processor consumes this queue, reports partial failures, has a concurrency cap.
+    let events = get(props(resource(&t, "ProcessorFunction")), "Events")
+        .and_then(Value::as_mapping)
+        .expect("processor events");
+    let sqs: Vec<&Value> = events
+        .values()
+        .filter(|e| get(e, "Type").and_then(Value::as_str) == Some("SQS"))
+        .map(props)
+        .collect();
+    let [event] = sqs.as_slice() else {
+        panic!(
+            "the processor needs exactly one SQS event, found {}",
+            sqs.len()
+        );
+    };
+    assert_eq!(
+        get(event, "Queue").and_then(getatt),
+        Some(("WorkQueue".to_string(), "Arn".to_string()))
+    );
+    assert!(
+        list(get(event, "FunctionResponseTypes"))
+            .iter()
+            .any(|v| v.as_str() == Some("ReportBatchItemFailures")),
+        "ReportBatchItemFailures"
+    );
+    assert!(
+        path(event, &["ScalingConfig", "MaximumConcurrency"]).is_some(),
+        "ScalingConfig.MaximumConcurrency"
+    );
+    // Visibility changes use the records' receipt handles: same queue.
+    assert_eq!(
+        env.get(QUEUE_URL_ENV).and_then(ref_target),
+        Some("WorkQueue")
+    );
+}
+
+// ------------------------------------------------------------------ tables, functions, routes
+
+fn attribute_types(table: &Value) -> BTreeMap<String, String> {
+    list(get(table, "AttributeDefinitions"))
+        .iter()
+        .map(|a| {
+            (
+                get(a, "AttributeName")
+                    .and_then(Value::as_str)
+                    .unwrap()
+                    .to_string(),
+                get(a, "AttributeType")
+                    .and_then(Value::as_str)
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+fn key_schema(v: &Value) -> Vec<(String, String)> {
+    list(get(v, "KeySchema"))
+        .iter()
+        .map(|k| {
+            (
+                get(k, "AttributeName")
+                    .and_then(Value::as_str)
+                    .unwrap()
+                    .to_string(),
+                get(k, "KeyType")
+                    .and_then(Value::as_str)
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+fn index<'a>(table: &'a Value, name: &str) -> &'a Value {
+    let indexes = get(table, "GlobalSecondaryIndexes").expect("GlobalSecondaryIndexes");
+    indexes
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|i| get(i, "IndexName").and_then(Value::as_str) == Some(name))
+        .unwrap_or_else(|| panic!("no index {name}"))
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    (a.to_string(), b.to_string())
+}
+
+#[test]
+fn tables_mirror_the_code_and_are_protected() {
+    let t = template();
+    for (name, table) in resources_of(&t, "AWS::DynamoDB::Table") {
+        let p = props(table);
+        assert_eq!(
+            get(p, "BillingMode").and_then(Value::as_str),
+            Some("PAY_PER_REQUEST"),
+            "{name}"
+        );
+        assert_eq!(
+            path(
+                p,
+                &[
+                    "PointInTimeRecoverySpecification",
+                    "PointInTimeRecoveryEnabled"
+                ]
+            )
+            .and_then(Value::as_bool),
+            Some(true),
+            "{name}: point-in-time recovery"
+        );
+        assert_eq!(
+            path(p, &["SSESpecification", "SSEEnabled"]).and_then(Value::as_bool),
+            Some(true),
+            "{name}: SSE"
+        );
+        assert_eq!(
+            get(table, "DeletionPolicy").and_then(Value::as_str),
+            Some("Retain"),
+            "{name}"
+        );
+    }
+
+    // Inbox: as `create_tables` in shared/src/adapters/aws/setup.rs.
+    let inbox = props(resource(&t, "InboxTable"));
+    assert_eq!(key_schema(inbox), vec![pair("pk", "HASH")]);
+    let types = attribute_types(inbox);
+    assert_eq!(types.get("pk").map(String::as_str), Some("S"));
+    assert_eq!(types.get("pending").map(String::as_str), Some("S"));
+    assert_eq!(types.get("updated_at_ms").map(String::as_str), Some("N"));
+    let pending = index(inbox, "by_pending");
+    assert_eq!(
+        key_schema(pending),
+        vec![pair("pending", "HASH"), pair("updated_at_ms", "RANGE")]
+    );
+    // The sweeper decodes whole items from the index.
+    assert_eq!(
+        path(pending, &["Projection", "ProjectionType"]).and_then(Value::as_str),
+        Some("ALL")
+    );
+    assert_eq!(
+        path(inbox, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),
+        Some("expires_at")
+    );
+    assert_eq!(
+        path(inbox, &["TimeToLiveSpecification", "Enabled"]).and_then(Value::as_bool),
+        Some(true)
+    );
+
+    // State: as `create_state_table` in shared/src/adapters/aws_state.rs.
+    let state = props(resource(&t, "StateTable"));
+    assert_eq!(key_schema(state), vec![pair("pk", "HASH")]);
+    let by_kind = index(state, STATE_INDEX);
+    assert_eq!(
+        key_schema(by_kind),
+        vec![pair("tenant_kind", "HASH"), pair("pk", "RANGE")]
+    );
+    assert_eq!(
+        path(by_kind, &["Projection", "ProjectionType"]).and_then(Value::as_str),
+        Some("ALL")
+    );
+    let types = attribute_types(state);
+    assert_eq!(types.get("tenant_kind").map(String::as_str), Some("S"));
+
+    // Audit: as `create_audit_table` in shared/src/audit.rs.
+    let audit = props(resource(&t, "AuditTable"));
+    assert_eq!(
+        key_schema(audit),
+        vec![pair("pk", "HASH"), pair("sk", "RANGE")]
+    );
+}
+
+#[test]
+fn functions_are_arm64_rust_binaries_with_json_logs_and_tracing() {
+    let t = template();
+    let globals = path(&t, &["Globals", "Function"])
+        .cloned()
+        .unwrap_or(Value::Null);
+    let setting = |p: &Value, key: &str| get(p, key).or_else(|| get(&globals, key)).cloned();
+    let found: BTreeSet<String> = resources_of(&t, "AWS::Serverless::Function")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(found, FUNCTIONS.iter().map(|s| s.to_string()).collect());
+    for name in FUNCTIONS {
+        let function = resource(&t, name);
+        let p = props(function);
+        assert_eq!(
+            setting(p, "Runtime").as_ref().and_then(Value::as_str),
+            Some("provided.al2023"),
+            "{name}"
+        );
+        assert_eq!(
+            setting(p, "Handler").as_ref().and_then(Value::as_str),
+            Some("bootstrap"),
+            "{name}"
+        );
+        assert_eq!(
+            setting(p, "Tracing").as_ref().and_then(Value::as_str),
+            Some("Active"),
+            "{name}"
+        );
+        let arch = list(setting(p, "Architectures").as_ref());
+        assert_eq!(arch, vec![Value::from("arm64")], "{name}");
+        assert!(
+            get(p, "MemorySize").is_some(),
+            "{name}: memory size is part of the cost model"
+        );
+
+        // Built by cargo-lambda from the crate of the same name.
+        let meta = get(function, "Metadata").expect("Metadata");
+        assert_eq!(
+            get(meta, "BuildMethod").and_then(Value::as_str),
+            Some("rust-cargolambda"),
+            "{name}"
+        );
+        let binary = path(meta, &["BuildProperties", "Binary"])
+            .and_then(Value::as_str)
+            .unwrap();
+        let code_uri = get(p, "CodeUri").and_then(Value::as_str).unwrap();
+        assert_eq!(code_uri, format!("../functions/{binary}"), "{name}");
+        let manifest = repo_root()
+            .join("functions")
+            .join(binary)
+            .join("Cargo.toml");
+        let cargo = std::fs::read_to_string(&manifest)
+            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        assert!(
+            cargo.contains(&format!("name = \"{binary}\"")),
+            "{}: no bin {binary}",
+            manifest.display()
+        );
+
+        // JSON logs into an explicit log group with a retention.
+        let logging = get(p, "LoggingConfig").expect("LoggingConfig");
+        assert_eq!(
+            get(logging, "LogFormat").and_then(Value::as_str),
+            Some("JSON"),
+            "{name}"
+        );
+        let group = get(logging, "LogGroup")
+            .and_then(ref_target)
+            .expect("LogGroup: !Ref");
+        assert_eq!(
+            resource_type(&t, group),
+            Some("AWS::Logs::LogGroup"),
+            "{name}"
+        );
+        assert!(
+            get(props(resource(&t, group)), "RetentionInDays").is_some(),
+            "{group}"
+        );
+    }
+}
+
+#[test]
+fn the_api_routes_every_webhook_path_to_the_receiver() {
+    let t = template();
+    let events = get(props(resource(&t, "ReceiverFunction")), "Events")
+        .and_then(Value::as_mapping)
+        .expect("receiver events");
+    let routes: BTreeSet<(String, String)> = events
+        .values()
+        .filter(|e| get(e, "Type").and_then(Value::as_str) == Some("HttpApi"))
+        .map(|e| {
+            let p = props(e);
+            assert_eq!(get(p, "ApiId").and_then(ref_target), Some("WebhookApi"));
+            (
+                get(p, "Method")
+                    .and_then(Value::as_str)
+                    .unwrap()
+                    .to_uppercase(),
+                get(p, "Path").and_then(Value::as_str).unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut expected = BTreeSet::new();
+    for method in ["POST", "GET"] {
+        for p in [
+            "/webhooks/{provider}/{tenant}",
+            "/webhooks/{provider}/{tenant}/{token}",
+        ] {
+            expected.insert((method.to_string(), p.to_string()));
+        }
+    }
+    assert_eq!(routes, expected);
+    // Nothing else is exposed.
+    for name in FUNCTIONS.iter().filter(|f| **f != "ReceiverFunction") {
+        let events = get(props(resource(&t, name)), "Events").and_then(Value::as_mapping);
+        let http = events
+            .into_iter()
+            .flat_map(|m| m.values())
+            .any(|e| get(e, "Type").and_then(Value::as_str) == Some("HttpApi"));
+        assert!(!http, "{name} is reachable over HTTP");
+    }
+}
