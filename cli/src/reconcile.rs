@@ -16,13 +16,14 @@ use crate::store::StoreArgs;
 
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
-    /// Tenant configuration (TOML); `api_key` (Stripe) / `access_token` (Shopify)
-    /// options, possibly `env:VAR`, and optionally `api_base`.
+    /// Tenant configuration (TOML); `api_key` (Stripe, Mollie) / `access_token`
+    /// (Shopify, GoPay) / `api_username` + `api_password` (Klarna push) options,
+    /// possibly `env:VAR`, and optionally `api_base`.
     #[arg(long, default_value_os_t = crate::default_config_path())]
     pub config: PathBuf,
     #[command(flatten)]
     pub store: StoreArgs,
-    /// Only this provider (stripe, shopify).
+    /// Only this provider (stripe, shopify, mollie, gopay, klarna-push).
     #[arg(long)]
     pub provider: Option<String>,
     /// Only this tenant.
@@ -50,9 +51,10 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
     let config = Arc::new(Config::load(&args.config).map_err(|e| e.to_string())?);
     let stores = args.store.open().await?;
     let state = args.store.open_state().await?;
+    let inbox = stores.inbox.clone();
     let ingestor = Arc::new(Ingestor::new(config, stores.inbox, stores.queue));
     let audit = args.store.open_audit().await?;
-    let reconciler = Reconciler::new(ingestor, state.clone());
+    let reconciler = Reconciler::new(ingestor, state.clone()).with_inbox(inbox);
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,
@@ -85,7 +87,9 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
         println!("{text}");
     } else if reports.is_empty() {
-        println!("no tenant to reconcile (set `api_key` / `access_token` options)");
+        println!(
+            "no tenant to reconcile (set `api_key` / `access_token` / `api_username` options)"
+        );
     } else {
         println!(
             "{:<10} {:<16} {:>8} {:>8} {:>9}  since → checkpoint",

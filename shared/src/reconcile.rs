@@ -11,7 +11,11 @@
 //! | `stripe`  | `GET {api_base}/v1/events?created[gte]={checkpoint}&limit=100[&starting_after=…]`, paged through `has_more` | `Authorization: Bearer {api_key}` |
 //! | `shopify` | `GET {api_base}/admin/api/2024-10/orders.json?updated_at_min={checkpoint}&status=any&limit=250`, paged through `Link: <…>; rel="next"` | `X-Shopify-Access-Token: {access_token}` |
 //!
-//! `api_base` defaults to `https://api.stripe.com` and `https://{shop_domain}`.
+//! | `mollie`  | `GET {api_base}/v2/payments?limit=250`, newest first, paged through `_links.next` (the `from` cursor) | `Authorization: Bearer {api_key}` |
+//! | `gopay`, `klarna-push` | no list API: one resource lookup per watched payment ([`crate::lookup`]) | as the processor's lookup |
+//!
+//! `api_base` defaults to `https://api.stripe.com`, `https://{shop_domain}` and the
+//! lookup defaults (`https://api.mollie.com`, …).
 //! Credentials are tenant options and may be `env:VAR` (see [`crate::lookup`]); a
 //! tenant without its credential option is not reconciled. Credentials are never
 //! logged.
@@ -24,6 +28,42 @@
 //! order JSON as body. The id is stable per order *version*: re-running finds the same
 //! ids (no duplicates), and only a newer `updated_at` yields a new event, which the
 //! domain's version check orders against the webhooks.
+//!
+//! # Thin providers: payment status (Mollie classic, GoPay, Klarna push)
+//!
+//! Their webhooks are hints without state, so what can be missed is a *status change*.
+//! A run finds the payments whose final state at the provider (paid; failed, canceled,
+//! expired; read as the reference domain reads them) our business state does not show,
+//! and ingests a hint for each through the normal path (`source = reconcile`): the
+//! same `hint.{kind}` envelope and `{id}:hint:{minute}` event id as a webhook
+//! (`providers::thin`), so a real hint of the same minute is a duplicate, and a later
+//! one is one more hint whose effect the domain's keys (order + action) keep single.
+//! The processor then fetches the state and applies it exactly once. "Does not show"
+//! means: for paid, the order is missing or not paid; for a failure, the order is
+//! missing or neither paid nor failed. Payments that are not final, or that name no
+//! order, change nothing.
+//!
+//! - **Mollie** lists payments: newest first, until a page reaches one created before
+//!   the checkpoint. Each listed payment is compared with our order.
+//! - **GoPay, Klarna push** have no list API. The payments we know about are the ones
+//!   their hints named: the tenant's newest [`MAX_WATCHED_ITEMS`] inbox items received
+//!   since the checkpoint. A resource is looked up (one API call) when none of its
+//!   hints completed (a final state was applied), none is still in processing, and at
+//!   least one ended `ignored` (fetched, not final yet). Dead-lettered hints are left
+//!   to the DLQ and replay. A payment never announced by any hint is not known here;
+//!   the domain has no record of it either. (This lists the inbox: a filtered Scan on
+//!   DynamoDB, fine for a scheduled run over a 30-day table of hints.)
+//! - The checkpoint becomes the oldest point that may still change: the oldest open
+//!   payment (Mollie `createdAt`; GoPay/Klarna: the first hint of a payment still open
+//!   or still in processing), at most the newest `createdAt` seen (Mollie) / now minus
+//!   the overlap; never backwards. A payment that stays open keeps it from passing.
+//! - Each such payment is a [`Difference`] (`provider_status` is the provider's own
+//!   word: `paid`, `PAID`, `CAPTURED`, `canceled`, …), reported with or without a
+//!   business store given (the decision needs one: without it, the checkpoint's
+//!   [`StateStore`] is read, which is the business store in every deployment).
+//!   `already_present` counts payments already in sync, and those whose hint of this
+//!   minute the inbox already held (the next run looks again).
+//! - A lookup or list error fails the tenant's run (checkpoint unchanged).
 //!
 //! # Differences
 //!
@@ -59,14 +99,14 @@ use thiserror::Error;
 
 use crate::audit::AuditRecord;
 use crate::config::TenantConfig;
-use crate::domain::reference::{order_key, Order};
+use crate::domain::reference::{order_key, Order, PaymentStatus};
 use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use crate::envelope::Envelope;
-use crate::lookup::{classify_status, LookupError, API_BASE_OPTION};
+use crate::lookup::{classify_status, HttpLookup, LookupError, ResourceLookup, API_BASE_OPTION};
 use crate::pipeline::ingest::{IngestError, Ingestor};
-use crate::ports::StoreError;
+use crate::ports::{Inbox, InboxFilter, InboxState, StoreError};
 use crate::providers::sig::{format_rfc3339, parse_rfc3339};
-use crate::providers::stripe;
+use crate::providers::{stripe, thin};
 use crate::time;
 
 /// Kind of the checkpoint records in the state store (id = provider).
@@ -83,7 +123,13 @@ pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
 /// A run stops with an error (checkpoint not advanced) after this many pages.
 pub const MAX_PAGES: usize = 1_000;
 /// Providers reconciliation knows.
-pub const PROVIDERS: [&str; 2] = ["stripe", "shopify"];
+pub const PROVIDERS: [&str; 5] = ["stripe", "shopify", "mollie", "gopay", "klarna-push"];
+/// The thin-event providers among them (payment status, see the module docs).
+pub const THIN_PROVIDERS: [&str; 3] = ["mollie", "gopay", "klarna-push"];
+/// Page size of Mollie's `GET /v2/payments` (its maximum).
+pub const MOLLIE_PAGE_SIZE: usize = 250;
+/// Newest hint items read per GoPay / Klarna push tenant and run.
+pub const MAX_WATCHED_ITEMS: usize = 2_000;
 
 const SHOPIFY_API_VERSION: &str = "2024-10";
 
@@ -117,11 +163,14 @@ pub struct TenantReport {
     pub tenant: String,
     /// The start of the window read (RFC 3339).
     pub since: String,
-    /// Events (Stripe) or order versions (Shopify) read from the API.
+    /// Events (Stripe), order versions (Shopify) or payments (thin providers) read from
+    /// the API.
     pub fetched: usize,
-    /// Of those, already in the inbox (a webhook or an earlier run brought them).
+    /// Of those, already in the inbox (a webhook or an earlier run brought them);
+    /// thin providers: already in sync with our order (see the module docs).
     pub already_present: usize,
-    /// Of those, missing from the inbox and ingested now (`source = reconcile`).
+    /// Of those, missing from the inbox and ingested now (`source = reconcile`); thin
+    /// providers: the hints ingested now.
     pub ingested: usize,
     /// The checkpoint stored after the run (RFC 3339); `None` when the run failed.
     pub checkpoint: Option<String>,
@@ -141,15 +190,16 @@ pub const PENDING_PROCESSING: &str = "pending processing";
 /// `our_status` of an order we have no record of.
 pub const MISSING: &str = "missing";
 
-/// The provider says an object is paid; our order says otherwise.
+/// The provider says an object is paid (thin providers: or finally failed); our order
+/// says otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Difference {
     pub provider: String,
     pub tenant: String,
-    /// Payment intent id (Stripe) or order id (Shopify).
+    /// Payment intent id (Stripe), order id (Shopify), payment / order id (thin).
     pub object_id: String,
     pub order_id: String,
-    /// `succeeded` (Stripe) / `paid` (Shopify).
+    /// `succeeded` (Stripe) / `paid` (Shopify) / the thin provider's status.
     pub provider_status: String,
     /// [`MISSING`], [`PENDING_PROCESSING`] or the order's `payment_status`.
     pub our_status: String,
@@ -175,6 +225,10 @@ pub struct Reconciler {
     env: EnvLookup,
     now_secs: Clock,
     overlap_secs: i64,
+    /// Fetches one payment / order of a thin provider (as the processor does).
+    lookup: Arc<dyn ResourceLookup>,
+    /// Where GoPay / Klarna push find the payments they watch (see the module docs).
+    inbox: Option<Arc<dyn Inbox>>,
 }
 
 /// One fetched event, ready for the ingestor.
@@ -210,7 +264,22 @@ impl Reconciler {
             env: Arc::new(|var| std::env::var(var).ok()),
             now_secs: Arc::new(time::now_secs),
             overlap_secs: DEFAULT_OVERLAP_SECS,
+            lookup: Arc::new(HttpLookup::new()),
+            inbox: None,
         }
+    }
+
+    /// The inbox the hints of GoPay and Klarna push tenants are read from; without it
+    /// their reconciliation fails with a configuration error.
+    pub fn with_inbox(mut self, inbox: Arc<dyn Inbox>) -> Self {
+        self.inbox = Some(inbox);
+        self
+    }
+
+    /// Replace the resource lookup of the thin providers (default: [`HttpLookup`]).
+    pub fn with_lookup(mut self, lookup: Arc<dyn ResourceLookup>) -> Self {
+        self.lookup = lookup;
+        self
     }
 
     /// Pin the clock (tests).
@@ -328,6 +397,11 @@ impl Reconciler {
     ) -> Result<TenantReport, ReconcileError> {
         let (stored, record) = self.checkpoint(tenant).await?;
         let start = since.unwrap_or(stored);
+        if THIN_PROVIDERS.contains(&tenant.provider.as_str()) {
+            return self
+                .reconcile_thin(tenant, start, stored, record, business)
+                .await;
+        }
         let mut fetched = match tenant.provider.as_str() {
             "stripe" => self.fetch_stripe(tenant, start).await?,
             "shopify" => self.fetch_shopify(tenant, start).await?,
@@ -604,6 +678,357 @@ impl Reconciler {
     }
 }
 
+/// What a thin provider's payment status means, read as the reference domain reads
+/// it (`domain::reference` thin mappings): only final states are facts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PaymentState {
+    Paid,
+    Failed,
+    Open,
+}
+
+/// One payment (Klarna: order) of a thin provider, as its API reports it now.
+struct ThinPayment {
+    /// The resource id a hint names (`tr_…`, the GoPay payment id, the Klarna order id).
+    id: String,
+    status: String,
+    state: PaymentState,
+    order_id: Option<String>,
+    /// Mollie: `createdAt`; GoPay / Klarna push: the first hint's arrival (unix secs).
+    at: i64,
+}
+
+/// The hint kind of a thin provider (`hint.payment` / `hint.order`).
+fn hint_kind(provider: &str) -> &'static str {
+    if provider == "klarna-push" {
+        "order"
+    } else {
+        "payment"
+    }
+}
+
+fn json_text(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Read one fetched or listed resource of a thin provider.
+fn thin_payment(provider: &str, body: &serde_json::Value) -> Result<ThinPayment, ReconcileError> {
+    let (id, status, order) = match provider {
+        "mollie" => ("/id", "/status", "/metadata/order_id"),
+        "gopay" => ("/id", "/state", "/order_number"),
+        _ => ("/order_id", "/status", "/merchant_reference1"),
+    };
+    let id = json_text(body.pointer(id))
+        .ok_or_else(|| ReconcileError::Payload(format!("{provider}: resource without an id")))?;
+    thin::check_resource_id(&id)
+        .map_err(|e| ReconcileError::Payload(format!("{provider}: resource id: {e}")))?;
+    let status = json_text(body.pointer(status)).ok_or_else(|| {
+        ReconcileError::Payload(format!("{provider} {id}: resource without a status"))
+    })?;
+    let state = match (provider, status.as_str()) {
+        ("mollie", "paid") | ("gopay", "PAID") => PaymentState::Paid,
+        ("klarna-push", "AUTHORIZED" | "PART_CAPTURED" | "CAPTURED") => PaymentState::Paid,
+        ("mollie", "failed" | "canceled" | "expired")
+        | ("gopay", "CANCELED" | "TIMEOUTED")
+        | ("klarna-push", "CANCELLED") => PaymentState::Failed,
+        _ => PaymentState::Open,
+    };
+    Ok(ThinPayment {
+        id,
+        status,
+        state,
+        order_id: json_text(body.pointer(order)),
+        at: 0,
+    })
+}
+
+impl Reconciler {
+    /// Mollie, GoPay, Klarna push: find the payments whose final state at the provider
+    /// our business state does not show, and ingest a hint for each (see the module
+    /// docs).
+    async fn reconcile_thin(
+        &self,
+        tenant: &TenantConfig,
+        start: i64,
+        stored: i64,
+        checkpoint: StateRecord,
+        business: Option<&dyn StateStore>,
+    ) -> Result<TenantReport, ReconcileError> {
+        let provider = tenant.provider.as_str();
+        let now = (self.now_secs)();
+        let (payments, pending_since) = match provider {
+            "mollie" => (self.list_mollie(tenant, start).await?, None),
+            _ => self.watched(tenant, start).await?,
+        };
+        // The next run starts at the oldest payment that may still change (open at the
+        // provider, or its hint still in processing), and at most at the newest seen
+        // (Mollie) / now (the others) minus the overlap.
+        let oldest_open = payments
+            .iter()
+            .filter(|p| p.state == PaymentState::Open)
+            .map(|p| p.at)
+            .chain(pending_since)
+            .min();
+        let newest = if provider == "mollie" {
+            payments.iter().map(|p| p.at).max()
+        } else {
+            Some(now)
+        }
+        .map(|n| n - self.overlap_secs);
+        let next = match (newest, oldest_open) {
+            (Some(n), Some(o)) => Some(n.min(o)),
+            (n, o) => n.or(o),
+        }
+        .map_or(stored, |n| n.max(stored));
+
+        let mut report = TenantReport {
+            provider: tenant.provider.clone(),
+            tenant: tenant.tenant.clone(),
+            since: format_rfc3339(start),
+            fetched: payments.len(),
+            already_present: 0,
+            ingested: 0,
+            checkpoint: None,
+            error: None,
+            ingested_events: Vec::new(),
+            differences: Vec::new(),
+        };
+        let store = business.unwrap_or(self.state.as_ref());
+        let finals: Vec<&ThinPayment> = payments
+            .iter()
+            .filter(|p| p.state != PaymentState::Open && p.order_id.is_some())
+            .collect();
+        let mut orders = Vec::with_capacity(finals.len());
+        for chunk in finals.chunks(100) {
+            let keys: Vec<StateKey> = chunk
+                .iter()
+                .map(|p| order_key(&tenant.tenant, p.order_id.as_deref().unwrap_or_default()))
+                .collect();
+            orders.extend(store.load(&keys).await?);
+        }
+        let kind = hint_kind(provider);
+        for (payment, record) in finals.into_iter().zip(orders) {
+            let ours = if record.exists() {
+                serde_json::from_value::<Order>(record.data)
+                    .map(Some)
+                    .map_err(|_| "unreadable".to_owned())
+            } else {
+                Ok(None)
+            };
+            let in_sync = match (&ours, payment.state) {
+                (Ok(Some(order)), PaymentState::Paid) => order.is_paid(),
+                (Ok(Some(order)), PaymentState::Failed) => {
+                    order.is_paid() || order.payment_status == PaymentStatus::Failed
+                }
+                _ => false,
+            };
+            if in_sync {
+                report.already_present += 1;
+                continue;
+            }
+            let ours = match ours {
+                Ok(Some(order)) => serde_json::to_value(order.payment_status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                Ok(None) => MISSING.to_owned(),
+                Err(unreadable) => unreadable,
+            };
+            // The same envelope and event id as a webhook hint of this minute: a real
+            // hint arriving now is a duplicate of this one (and a later one is a new
+            // hint whose effects the domain's keys make exactly-once).
+            let envelope = thin::hint_envelope(provider, tenant, kind, &payment.id, now);
+            let body = if provider == "mollie" {
+                Bytes::from(format!("id={}", payment.id))
+            } else {
+                Bytes::new()
+            };
+            let outcome = self.ingestor.ingest_reconciled(envelope, body).await?;
+            let our_status = if outcome.duplicate {
+                // A hint of this minute is already stored; the next run looks again.
+                report.already_present += 1;
+                ours
+            } else {
+                report.ingested += 1;
+                report.ingested_events.push(outcome.key.as_str().to_owned());
+                tracing::info!(
+                    provider, tenant = %tenant.tenant, object_id = %payment.id,
+                    event_id = %outcome.event_id, "reconciliation ingested a hint"
+                );
+                PENDING_PROCESSING.to_owned()
+            };
+            report.differences.push(Difference {
+                provider: tenant.provider.clone(),
+                tenant: tenant.tenant.clone(),
+                object_id: payment.id.clone(),
+                order_id: payment.order_id.clone().unwrap_or_default(),
+                provider_status: payment.status.clone(),
+                our_status,
+            });
+        }
+        if next > stored || !checkpoint.exists() {
+            self.store_checkpoint(checkpoint, next).await?;
+        }
+        report.checkpoint = Some(format_rfc3339(next));
+        Ok(report)
+    }
+
+    /// Mollie's payments created at or after `since`, newest first:
+    /// `GET /v2/payments?limit=250`, then `_links.next` (same API base only) until a
+    /// page reaches a payment older than `since`.
+    async fn list_mollie(
+        &self,
+        tenant: &TenantConfig,
+        since: i64,
+    ) -> Result<Vec<ThinPayment>, ReconcileError> {
+        let base = api_base(tenant, "https://api.mollie.com")?.to_string();
+        let auth = format!("Bearer {}", self.credential(tenant, "api_key")?);
+        #[derive(Deserialize)]
+        struct Page {
+            #[serde(rename = "_embedded", default)]
+            embedded: Option<Embedded>,
+            #[serde(rename = "_links", default)]
+            links: Option<Links>,
+        }
+        #[derive(Deserialize)]
+        struct Embedded {
+            #[serde(default)]
+            payments: Vec<serde_json::Value>,
+        }
+        #[derive(Deserialize)]
+        struct Links {
+            next: Option<Href>,
+        }
+        #[derive(Deserialize)]
+        struct Href {
+            href: String,
+        }
+        let mut url = Some(format!("{base}/v2/payments?limit={MOLLIE_PAGE_SIZE}"));
+        let mut out = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let Some(current) = url.take() else {
+                return Ok(out);
+            };
+            let (body, _) = self
+                .get(&current, http::header::AUTHORIZATION.as_str(), &auth)
+                .await?;
+            let page: Page = serde_json::from_slice(&body)
+                .map_err(|e| ReconcileError::Payload(format!("payments list: {e}")))?;
+            let mut reached_older = false;
+            for raw in page.embedded.map(|e| e.payments).unwrap_or_default() {
+                let mut payment = thin_payment("mollie", &raw)?;
+                payment.at = raw
+                    .get("createdAt")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(parse_rfc3339)
+                    .ok_or_else(|| {
+                        ReconcileError::Payload(format!("payment {}: bad createdAt", payment.id))
+                    })?;
+                if payment.at < since {
+                    reached_older = true;
+                    continue;
+                }
+                out.push(payment);
+            }
+            if reached_older {
+                return Ok(out);
+            }
+            url = page
+                .links
+                .and_then(|l| l.next)
+                .map(|n| n.href)
+                .filter(|next| next.starts_with(&format!("{base}/")));
+        }
+        Err(ReconcileError::Payload(format!(
+            "more than {MAX_PAGES} pages of payments"
+        )))
+    }
+
+    /// GoPay / Klarna push (no list API): the resources named by this tenant's hints
+    /// received since `since` that no hint has completed, none is still processing,
+    /// and at least one ended `ignored` (the fetched state was not final), each fetched
+    /// once now. Also the arrival of the oldest hint still in processing.
+    async fn watched(
+        &self,
+        tenant: &TenantConfig,
+        since: i64,
+    ) -> Result<(Vec<ThinPayment>, Option<i64>), ReconcileError> {
+        let provider = tenant.provider.as_str();
+        let inbox = self.inbox.as_ref().ok_or_else(|| {
+            ReconcileError::Config(format!(
+                "reconciling {provider} reads the inbox, which is not configured"
+            ))
+        })?;
+        let items = inbox
+            .list(&InboxFilter {
+                state: None,
+                provider: Some(tenant.provider.clone()),
+                tenant: Some(tenant.tenant.clone()),
+                limit: MAX_WATCHED_ITEMS,
+            })
+            .await?;
+        struct Seen {
+            first_ms: i64,
+            completed: bool,
+            pending: bool,
+            ignored: bool,
+        }
+        let mut by_id: std::collections::BTreeMap<String, Seen> = Default::default();
+        for item in items {
+            if !item.envelope.event_type.starts_with(thin::HINT_PREFIX)
+                || item.received_at_ms < since.saturating_mul(1000)
+            {
+                continue;
+            }
+            let Some(id) = item.envelope.object_id.clone() else {
+                continue;
+            };
+            let seen = by_id.entry(id).or_insert(Seen {
+                first_ms: i64::MAX,
+                completed: false,
+                pending: false,
+                ignored: false,
+            });
+            seen.first_ms = seen.first_ms.min(item.received_at_ms);
+            match item.state {
+                InboxState::Completed => seen.completed = true,
+                InboxState::Ignored => seen.ignored = true,
+                // Dead letters are the DLQ's and replay's business.
+                InboxState::DeadLetter => {}
+                _ => seen.pending = true,
+            }
+        }
+        let kind = hint_kind(provider);
+        let mut pending_since = None::<i64>;
+        let mut out = Vec::new();
+        for (id, seen) in by_id {
+            let first = seen.first_ms.div_euclid(1000);
+            if seen.completed {
+                continue;
+            }
+            if seen.pending {
+                pending_since = Some(pending_since.map_or(first, |p| p.min(first)));
+                continue;
+            }
+            if !seen.ignored {
+                continue;
+            }
+            let body = self.lookup.fetch(tenant, provider, kind, &id).await?;
+            let value: serde_json::Value = serde_json::from_slice(&body)
+                .map_err(|e| ReconcileError::Payload(format!("{provider} {id}: {e}")))?;
+            let mut payment = thin_payment(provider, &value)?;
+            payment.id = id;
+            payment.at = first;
+            out.push(payment);
+        }
+        Ok((out, pending_since))
+    }
+}
+
 /// The object id and provider state of a fetched event the differences look at:
 /// Stripe `payment_intent.*` events with `metadata.order_id`, and Shopify orders.
 fn observe(event: &Fetched) -> Option<(String, Observed)> {
@@ -742,7 +1167,8 @@ pub fn audit_record(
 /// The option holding the API credential of a reconciled provider.
 pub fn credential_option(provider: &str) -> &'static str {
     match provider {
-        "shopify" => "access_token",
+        "shopify" | "gopay" => "access_token",
+        "klarna-push" => "api_username",
         _ => "api_key",
     }
 }

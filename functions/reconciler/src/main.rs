@@ -18,7 +18,7 @@ async fn main() -> Result<(), Error> {
     let state = Arc::new(DynamoStateStore::from_env().await?);
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = config_source_from_env(&sdk_config).await?;
-    let ingestor = Arc::new(Ingestor::from_source(source, store.clone(), store));
+    let ingestor = Arc::new(Ingestor::from_source(source, store.clone(), store.clone()));
     // Audited when the audit table is configured.
     let audit: Option<Arc<dyn AuditLog>> =
         if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
@@ -27,7 +27,8 @@ async fn main() -> Result<(), Error> {
             None
         };
     let business = state.clone();
-    let reconciler = &Reconciler::new(ingestor, state);
+    // GoPay and Klarna push reconcile the payments their hints named: the inbox.
+    let reconciler = &Reconciler::new(ingestor, state).with_inbox(store);
     let business = &business;
     let audit = &audit;
     run(service_fn(|event: LambdaEvent<Value>| async move {

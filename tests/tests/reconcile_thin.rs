@@ -1,0 +1,732 @@
+//! Reconciliation of the thin-event providers' payment status (Mollie classic, GoPay,
+//! Klarna push) against a fake provider API on loopback, with the reference domain and
+//! the processor's real HTTP resource lookup.
+//!
+//! In each scenario a payment turns paid at the provider and no hint ever announces
+//! it: reconciliation finds it, ingests one hint (`source = reconcile`, the thin
+//! providers' own dedup key), the processor fetches and applies it once, a real hint
+//! arriving later adds no second effect, and a second run ingests and applies nothing.
+//! Payments whose state did not change (or was never final: a forged hint) produce
+//! nothing. GoPay runs on both backends (SQLite file and moto).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use einmal::config::Config;
+use einmal::domain::reference::{order_key, ReferenceDomain};
+use einmal::domain::state::StateKey;
+use einmal::envelope::InboxKey;
+use einmal::lookup::HttpLookup;
+use einmal::pipeline::ingest::Ingestor;
+use einmal::pipeline::process::Processor;
+use einmal::ports::{InboxState, Source};
+use einmal::providers::sig::format_rfc3339;
+use einmal::providers::thin::hint_event_id;
+use einmal::reconcile::{
+    audit_record, Difference, ReconcileOptions, Reconciler, TenantReport, DEFAULT_OVERLAP_SECS,
+    PENDING_PROCESSING,
+};
+use einmal::request::WebhookRequest;
+use einmal_tests::scenario::{self, Backend, Kind};
+use serde_json::{json, Value};
+
+const TENANT: &str = "t1";
+const MOLLIE_TOKEN: &str = "mollie-path-token-recon";
+const GOPAY_TOKEN: &str = "gopay-path-token-recon";
+const KLARNA_TOKEN: &str = "klarna-path-token-recon";
+const MOLLIE_KEY: &str = "test_mollie_reconcile_key";
+const GOPAY_ACCESS: &str = "gopay-reconcile-access-token";
+const KLARNA_USER: &str = "PK_reconcile";
+const KLARNA_PASSWORD: &str = "klarna-reconcile-secret";
+/// The reconciler's clock runs this far ahead of the ingestor's, so its hints fall
+/// into a later minute than the webhook hints the test just sent (as they do when
+/// the schedule runs).
+const RECONCILE_AHEAD_SECS: i64 = 120;
+
+// ---------------------------------------------------------------------------
+// The fake provider API
+
+#[derive(Default)]
+struct FakeState {
+    /// Mollie payments, newest first (as Mollie lists them).
+    mollie: Vec<Value>,
+    /// Mollie list page size.
+    page_size: usize,
+    /// GoPay payments and Klarna orders by path.
+    resources: HashMap<String, Value>,
+    one_shot: HashMap<String, VecDeque<u16>>,
+    calls: HashMap<String, usize>,
+    list_queries: Vec<String>,
+}
+
+#[derive(Clone)]
+struct FakeApi {
+    base: String,
+    state: Arc<Mutex<FakeState>>,
+}
+
+impl FakeApi {
+    async fn start(page_size: usize) -> FakeApi {
+        let state = Arc::new(Mutex::new(FakeState {
+            page_size,
+            ..Default::default()
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("fake API binds");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        let app = Router::new()
+            .fallback(answer)
+            .with_state((state.clone(), base.clone()));
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("fake API serves");
+        });
+        FakeApi { base, state }
+    }
+
+    /// Add or replace a Mollie payment (kept newest first by `createdAt`).
+    fn mollie(&self, payment: Value) {
+        let mut s = self.state.lock().unwrap();
+        s.mollie.retain(|p| p["id"] != payment["id"]);
+        s.mollie.push(payment);
+        s.mollie
+            .sort_by(|a, b| b["createdAt"].as_str().cmp(&a["createdAt"].as_str()));
+    }
+
+    fn set(&self, path: &str, resource: Value) {
+        let mut s = self.state.lock().unwrap();
+        s.resources.insert(path.to_string(), resource);
+    }
+
+    fn fail_next(&self, path: &str, status: u16) {
+        let mut s = self.state.lock().unwrap();
+        s.one_shot
+            .entry(path.to_string())
+            .or_default()
+            .push_back(status);
+    }
+
+    fn calls(&self, path: &str) -> usize {
+        let s = self.state.lock().unwrap();
+        s.calls.get(path).copied().unwrap_or(0)
+    }
+
+    fn list_queries(&self) -> Vec<String> {
+        self.state.lock().unwrap().list_queries.clone()
+    }
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then(|| v.to_string())
+    })
+}
+
+async fn answer(
+    State((state, base)): State<(Arc<Mutex<FakeState>>, String)>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let path = uri.path().to_string();
+    let expected = if path.starts_with("/v2/payments") {
+        format!("Bearer {MOLLIE_KEY}")
+    } else if path.starts_with("/api/payments/payment/") {
+        format!("Bearer {GOPAY_ACCESS}")
+    } else if path.starts_with("/ordermanagement/v1/orders/") {
+        basic(KLARNA_USER, KLARNA_PASSWORD)
+    } else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let mut s = state.lock().unwrap();
+    *s.calls.entry(path.clone()).or_default() += 1;
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if auth != expected {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    if let Some(status) = s.one_shot.get_mut(&path).and_then(VecDeque::pop_front) {
+        return StatusCode::from_u16(status).unwrap().into_response();
+    }
+    if path == "/v2/payments" {
+        // Mollie's list: newest first, `from` = the first id of the page (inclusive).
+        let query = uri.query().unwrap_or_default().to_string();
+        s.list_queries.push(query.clone());
+        let limit: usize = query_param(&query, "limit")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50);
+        let size = limit.min(s.page_size);
+        let start = match query_param(&query, "from") {
+            Some(from) => match s.mollie.iter().position(|p| p["id"] == json!(from)) {
+                Some(i) => i,
+                None => return StatusCode::BAD_REQUEST.into_response(),
+            },
+            None => 0,
+        };
+        let page: Vec<Value> = s.mollie.iter().skip(start).take(size).cloned().collect();
+        let next = s.mollie.get(start + size).map(|p| {
+            json!({"href": format!("{base}/v2/payments?from={}&limit={limit}",
+                                   p["id"].as_str().unwrap_or_default()),
+                   "type": "application/hal+json"})
+        });
+        let body = json!({
+            "count": page.len(),
+            "_embedded": {"payments": page},
+            "_links": {"self": {"href": format!("{base}/v2/payments?{query}")},
+                       "previous": null, "next": next},
+        });
+        return axum::Json(body).into_response();
+    }
+    if let Some(id) = path.strip_prefix("/v2/payments/") {
+        return match s.mollie.iter().find(|p| p["id"] == json!(id)) {
+            Some(p) => axum::Json(p.clone()).into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        };
+    }
+    match s.resources.get(&path) {
+        Some(body) => axum::Json(body.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+fn mollie_payment(id: &str, status: &str, order: &str, created: i64) -> Value {
+    json!({"resource": "payment", "id": id, "mode": "test", "status": status,
+           "amount": {"value": "49.90", "currency": "EUR"},
+           "description": "Order", "metadata": {"order_id": order},
+           "createdAt": format_rfc3339(created)})
+}
+
+fn gopay_payment(id: u64, state: &str, order: &str) -> Value {
+    json!({"id": id, "order_number": order, "state": state, "amount": 4990,
+           "currency": "CZK"})
+}
+
+fn gopay_path(id: u64) -> String {
+    format!("/api/payments/payment/{id}")
+}
+
+fn klarna_order(id: &str, status: &str, order: &str) -> Value {
+    json!({"order_id": id, "status": status, "merchant_reference1": order,
+           "order_amount": 4990, "purchase_currency": "SEK"})
+}
+
+fn klarna_path(id: &str) -> String {
+    format!("/ordermanagement/v1/orders/{id}")
+}
+
+// ---------------------------------------------------------------------------
+// The harness
+
+struct Harness {
+    b: Backend,
+    api: FakeApi,
+    ingestor: Arc<Ingestor>,
+    /// The same ingest path a few minutes later (the provider's own late hint).
+    later: Ingestor,
+    processor: Processor,
+    reconciler: Reconciler,
+}
+
+fn config(api_base: &str) -> Arc<Config> {
+    let toml = format!(
+        r#"
+[[tenant]]
+provider = "mollie"
+tenant = "{TENANT}"
+options = {{ path_token = "{MOLLIE_TOKEN}", api_key = "{MOLLIE_KEY}", api_base = "{api_base}" }}
+
+[[tenant]]
+provider = "gopay"
+tenant = "{TENANT}"
+options = {{ path_token = "{GOPAY_TOKEN}", access_token = "{GOPAY_ACCESS}", api_base = "{api_base}" }}
+
+[[tenant]]
+provider = "klarna-push"
+tenant = "{TENANT}"
+options = {{ path_token = "{KLARNA_TOKEN}", api_username = "{KLARNA_USER}", api_password = "{KLARNA_PASSWORD}", api_base = "{api_base}" }}
+"#
+    );
+    Arc::new(Config::from_toml(&toml).expect("config parses"))
+}
+
+impl Harness {
+    async fn new(kind: Kind, page_size: usize) -> Harness {
+        let b = kind.backend(10).await;
+        let api = FakeApi::start(page_size).await;
+        let config = config(&api.base);
+        let ingestor = Arc::new(Ingestor::new(
+            config.clone(),
+            b.inbox.clone(),
+            b.queue.clone(),
+        ));
+        let later = Ingestor::new(config.clone(), b.inbox.clone(), b.queue.clone())
+            .with_clock(|| einmal::time::now_millis() + 4 * 60_000);
+        let processor = Processor::new(
+            b.inbox.clone(),
+            b.processing.clone(),
+            b.queue.clone(),
+            b.state.clone(),
+            Arc::new(ReferenceDomain),
+        )
+        .with_settings(scenario::settings(5_000, b.max_receive_count))
+        .with_jitter(|| 1.0)
+        .with_lookup(Arc::new(HttpLookup::new()), config);
+        let reconciler = Reconciler::new(ingestor.clone(), b.state.clone())
+            .with_inbox(b.inbox.clone())
+            .with_clock(|| einmal::time::now_secs() + RECONCILE_AHEAD_SECS);
+        Harness {
+            b,
+            api,
+            ingestor,
+            later,
+            processor,
+            reconciler,
+        }
+    }
+
+    /// A webhook hint through the real ingest path; returns `duplicate`.
+    async fn hint(&self, provider: &str, request: WebhookRequest) -> bool {
+        let r = self.ingestor.ingest(provider, TENANT, &request).await;
+        assert_eq!(r.status, 200, "{provider}: {}", r.body);
+        r.body["duplicate"] == json!(true)
+    }
+
+    /// The provider's own hint, minutes after the reconciliation's.
+    async fn late_hint(&self, provider: &str, request: WebhookRequest) -> bool {
+        let r = self.later.ingest(provider, TENANT, &request).await;
+        assert_eq!(r.status, 200, "{provider}: {}", r.body);
+        r.body["duplicate"] == json!(true)
+    }
+
+    async fn drain(&self) -> Vec<scenario::Handled> {
+        scenario::drain(&self.b, &self.processor).await
+    }
+
+    async fn run(&self, provider: &str) -> TenantReport {
+        let options = only(provider);
+        let mut reports = self
+            .reconciler
+            .run_with(&options, Some(self.b.state.as_ref()))
+            .await
+            .expect("reconciliation runs");
+        assert_eq!(reports.len(), 1, "{reports:?}");
+        let report = reports.remove(0);
+        assert_eq!(report.error, None, "{report:?}");
+        report
+    }
+
+    /// How many `#paid` effects the order has (one invoice each).
+    async fn paid_effects(&self, order: &str) -> usize {
+        let record = self.b.record(&order_key(TENANT, order)).await;
+        if !record.exists() {
+            return 0;
+        }
+        let applied = record
+            .applied
+            .iter()
+            .filter(|k| k.ends_with("#paid"))
+            .count();
+        let o = self.b.order(order).await;
+        assert_eq!(o.invoices.len(), applied, "one invoice per #paid effect");
+        applied
+    }
+
+    async fn checkpoint(&self, provider: &str) -> Option<i64> {
+        let record = self
+            .b
+            .record(&StateKey::new(TENANT, "checkpoint", provider))
+            .await;
+        record.data.get("since").and_then(Value::as_i64)
+    }
+
+    async fn reconciled_items(&self) -> Vec<InboxKey> {
+        self.b
+            .items()
+            .await
+            .into_iter()
+            .filter(|i| i.source == Source::Reconcile)
+            .map(|i| i.key)
+            .collect()
+    }
+}
+
+fn only(provider: &str) -> ReconcileOptions {
+    ReconcileOptions {
+        provider: Some(provider.into()),
+        tenant: Some(TENANT.into()),
+        since: None,
+    }
+}
+
+fn mollie_hint(id: &str) -> WebhookRequest {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+    );
+    let mut r = WebhookRequest::post(headers, format!("id={id}"));
+    r.path_token = Some(MOLLIE_TOKEN.into());
+    r
+}
+
+fn gopay_hint(id: u64) -> WebhookRequest {
+    WebhookRequest {
+        method: http::Method::GET,
+        headers: http::HeaderMap::new(),
+        query: Some(format!("id={id}")),
+        body: Default::default(),
+        path_token: Some(GOPAY_TOKEN.into()),
+    }
+}
+
+fn klarna_hint(id: &str) -> WebhookRequest {
+    let mut r = WebhookRequest::post(http::HeaderMap::new(), "");
+    r.query = Some(format!("klarna_order_id={id}"));
+    r.path_token = Some(KLARNA_TOKEN.into());
+    r
+}
+
+fn reconcile_key(provider: &str, id: &str, before: i64, after: i64) -> Vec<InboxKey> {
+    // The run's clock read falls between `before` and `after`: one of these minutes.
+    let mut keys: Vec<InboxKey> = [before, after]
+        .iter()
+        .map(|t| {
+            InboxKey::new(
+                provider,
+                TENANT,
+                &hint_event_id(id, t + RECONCILE_AHEAD_SECS),
+            )
+        })
+        .collect();
+    keys.dedup();
+    keys
+}
+
+// ---------------------------------------------------------------------------
+// Mollie: the payments list with a checkpoint
+
+#[tokio::test]
+async fn mollie_paid_never_announced_is_listed_ingested_and_applied_once() {
+    let h = Harness::new(Kind::Embedded, 2).await;
+    let now = einmal::time::now_secs();
+    // Paid and announced: applied by its hint.
+    h.api
+        .mollie(mollie_payment("tr_paid1", "paid", "m-1", now - 900));
+    // Open when its hint came (ignored), then paid without another hint.
+    h.api
+        .mollie(mollie_payment("tr_late1", "open", "m-2", now - 600));
+    // Open, and stays open; its hint is a forgery claiming it was paid.
+    h.api
+        .mollie(mollie_payment("tr_open1", "open", "m-3", now - 1_200));
+    // Created before the first run's window: never listed.
+    h.api
+        .mollie(mollie_payment("tr_old01", "paid", "m-0", now - 5 * 86_400));
+    for id in ["tr_paid1", "tr_late1", "tr_open1"] {
+        assert!(!h.hint("mollie", mollie_hint(id)).await);
+    }
+    h.drain().await;
+    assert_eq!(h.paid_effects("m-1").await, 1);
+    assert_eq!(h.paid_effects("m-2").await, 0);
+    h.api
+        .mollie(mollie_payment("tr_late1", "paid", "m-2", now - 600));
+    let items_before = h.b.items().await.len();
+
+    let before = einmal::time::now_secs();
+    let r = h.run("mollie").await;
+    let after = einmal::time::now_secs();
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (3, 1, 1),
+        "{r:?}"
+    );
+    // Newest first in pages of two, until a payment older than the window.
+    let queries = h.api.list_queries();
+    assert_eq!(queries.len(), 2, "{queries:?}");
+    assert_eq!(query_param(&queries[0], "from"), None);
+    assert_eq!(query_param(&queries[0], "limit").as_deref(), Some("250"));
+    assert_eq!(
+        query_param(&queries[1], "from").as_deref(),
+        Some("tr_open1")
+    );
+    assert_eq!(
+        r.differences,
+        vec![Difference {
+            provider: "mollie".into(),
+            tenant: TENANT.into(),
+            object_id: "tr_late1".into(),
+            order_id: "m-2".into(),
+            provider_status: "paid".into(),
+            our_status: PENDING_PROCESSING.into(),
+        }]
+    );
+    let reconciled = h.reconciled_items().await;
+    assert_eq!(reconciled.len(), 1, "{reconciled:?}");
+    assert!(
+        reconcile_key("mollie", "tr_late1", before, after).contains(&reconciled[0]),
+        "the thin providers' own key: {}",
+        reconciled[0]
+    );
+    assert_eq!(r.ingested_events, vec![reconciled[0].as_str().to_owned()]);
+    assert_eq!(h.b.items().await.len(), items_before + 1);
+    // The checkpoint waits at the payment still open.
+    assert_eq!(h.checkpoint("mollie").await, Some(now - 1_200));
+    assert_eq!(r.checkpoint, Some(format_rfc3339(now - 1_200)));
+
+    let handled = h.drain().await;
+    assert_eq!(handled.len(), 1, "{handled:?}");
+    let item = h.b.inbox.get(&reconciled[0]).await.unwrap().unwrap();
+    assert_eq!(item.state, InboxState::Completed, "{:?}", item.last_error);
+    assert_eq!(item.envelope.event_type, "hint.payment");
+    assert_eq!(h.paid_effects("m-2").await, 1);
+    assert_eq!(h.paid_effects("m-3").await, 0);
+
+    // Mollie's own late hint arrives now: a new item, and no second effect.
+    assert!(!h.late_hint("mollie", mollie_hint("tr_late1")).await);
+    h.drain().await;
+    assert_eq!(h.paid_effects("m-2").await, 1);
+    let state_after = h.b.business_state().await;
+    let items_after = h.b.items().await.len();
+
+    // Again: nothing differs, nothing is ingested or applied.
+    let r = h.run("mollie").await;
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (3, 2, 0),
+        "{r:?}"
+    );
+    assert!(r.differences.is_empty(), "{:?}", r.differences);
+    assert!(h.drain().await.is_empty(), "nothing enqueued");
+    assert_eq!(h.b.items().await.len(), items_after);
+    assert_eq!(h.b.business_state().await, state_after);
+    assert_eq!(h.checkpoint("mollie").await, Some(now - 1_200));
+
+    // The open payment is paid now; the checkpoint moves past everything seen.
+    h.api
+        .mollie(mollie_payment("tr_open1", "paid", "m-3", now - 1_200));
+    let r = h.run("mollie").await;
+    assert_eq!(r.ingested, 1, "{r:?}");
+    h.drain().await;
+    assert_eq!(h.paid_effects("m-3").await, 1);
+    assert_eq!(
+        h.checkpoint("mollie").await,
+        Some(now - 600 - DEFAULT_OVERLAP_SECS)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// GoPay: no list API; the payments its hints named (both backends)
+
+async fn gopay_status_change_never_announced(kind: Kind) {
+    let h = Harness::new(kind, 100).await;
+    let (late, paid, open) = (3_000_000_101u64, 3_000_000_102u64, 3_000_000_103u64);
+    h.api
+        .set(&gopay_path(late), gopay_payment(late, "CREATED", "g-1"));
+    h.api
+        .set(&gopay_path(paid), gopay_payment(paid, "PAID", "g-2"));
+    // A forged hint for a payment the customer never paid.
+    h.api
+        .set(&gopay_path(open), gopay_payment(open, "CREATED", "g-3"));
+    let start = einmal::time::now_secs();
+    for id in [late, paid, open] {
+        assert!(!h.hint("gopay", gopay_hint(id)).await);
+    }
+    let hinted = einmal::time::now_secs();
+    h.drain().await;
+    assert_eq!(h.paid_effects("g-1").await, 0);
+    assert_eq!(h.paid_effects("g-2").await, 1);
+    // The customer pays; GoPay's notification never reaches us.
+    h.api
+        .set(&gopay_path(late), gopay_payment(late, "PAID", "g-1"));
+    let calls_before = h.api.calls(&gopay_path(paid));
+    let items_before = h.b.items().await.len();
+
+    let before = einmal::time::now_secs();
+    let r = h.run("gopay").await;
+    let after = einmal::time::now_secs();
+    // The two whose hints ended ignored are looked up; the completed one is not.
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (2, 0, 1),
+        "{r:?}"
+    );
+    assert_eq!(h.api.calls(&gopay_path(paid)), calls_before);
+    assert_eq!(
+        r.differences,
+        vec![Difference {
+            provider: "gopay".into(),
+            tenant: TENANT.into(),
+            object_id: late.to_string(),
+            order_id: "g-1".into(),
+            provider_status: "PAID".into(),
+            our_status: PENDING_PROCESSING.into(),
+        }]
+    );
+    let reconciled = h.reconciled_items().await;
+    assert_eq!(reconciled.len(), 1, "{reconciled:?}");
+    assert!(
+        reconcile_key("gopay", &late.to_string(), before, after).contains(&reconciled[0]),
+        "{}",
+        reconciled[0]
+    );
+    assert_eq!(h.b.items().await.len(), items_before + 1);
+    // The checkpoint does not pass the first hint of the payment still open (the
+    // overlap before now may keep it earlier).
+    let checkpoint = h.checkpoint("gopay").await.expect("checkpoint stored");
+    assert!(
+        (start - DEFAULT_OVERLAP_SECS..=hinted).contains(&checkpoint),
+        "{checkpoint} not within {start} - overlap..={hinted}"
+    );
+
+    let handled = h.drain().await;
+    assert_eq!(handled.len(), 1, "{}: {handled:?}", h.b.name);
+    assert_eq!(h.paid_effects("g-1").await, 1);
+    assert_eq!(h.paid_effects("g-3").await, 0);
+    // GoPay's notification turns up after all: no second effect.
+    assert!(!h.late_hint("gopay", gopay_hint(late)).await);
+    h.drain().await;
+    assert_eq!(h.paid_effects("g-1").await, 1);
+    let state_after = h.b.business_state().await;
+    let items_after = h.b.items().await.len();
+
+    // Again: only the open payment is looked at, and it is still open.
+    let r = h.run("gopay").await;
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (1, 0, 0),
+        "{r:?}"
+    );
+    assert!(r.differences.is_empty(), "{:?}", r.differences);
+    assert!(h.drain().await.is_empty(), "nothing enqueued");
+    assert_eq!(h.b.items().await.len(), items_after);
+    assert_eq!(h.b.business_state().await, state_after);
+    let moved = h.checkpoint("gopay").await.expect("checkpoint");
+    assert!(
+        (checkpoint..=hinted).contains(&moved),
+        "{moved} not within {checkpoint}..={hinted}"
+    );
+
+    let audit = audit_record("ops", "scheduled", &only("gopay"), &[r], 1_700_000_000_000);
+    assert_eq!(audit.result["ingested"], json!(0));
+}
+
+#[tokio::test]
+async fn gopay_paid_never_announced_is_found_and_applied_once_embedded() {
+    gopay_status_change_never_announced(Kind::Embedded).await;
+}
+
+#[tokio::test]
+async fn gopay_paid_never_announced_is_found_and_applied_once_on_moto() {
+    gopay_status_change_never_announced(Kind::Aws).await;
+}
+
+#[tokio::test]
+async fn gopay_lookup_error_fails_the_run_and_keeps_the_checkpoint() {
+    let h = Harness::new(Kind::Embedded, 100).await;
+    let id = 3_000_000_201u64;
+    h.api
+        .set(&gopay_path(id), gopay_payment(id, "CREATED", "g-9"));
+    assert!(!h.hint("gopay", gopay_hint(id)).await);
+    h.drain().await;
+    h.api.set(&gopay_path(id), gopay_payment(id, "PAID", "g-9"));
+    h.api.fail_next(&gopay_path(id), 503);
+    let reports = h
+        .reconciler
+        .run_with(&only("gopay"), Some(h.b.state.as_ref()))
+        .await
+        .expect("run");
+    let error = reports[0].error.as_deref().expect("error reported");
+    assert!(error.contains("503"), "{error}");
+    assert!(!error.contains(GOPAY_ACCESS), "no credential in errors");
+    assert_eq!(reports[0].checkpoint, None);
+    assert_eq!(h.checkpoint("gopay").await, None);
+    assert!(h.reconciled_items().await.is_empty());
+    // The next run finds it.
+    let r = h.run("gopay").await;
+    assert_eq!(r.ingested, 1, "{r:?}");
+    h.drain().await;
+    assert_eq!(h.paid_effects("g-9").await, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Klarna push
+
+#[tokio::test]
+async fn klarna_push_order_authorized_later_is_found_and_applied_once() {
+    let h = Harness::new(Kind::Embedded, 100).await;
+    let (late, forged) = (
+        "0b1f5e2a-5b7c-4d0e-9a51-2b2f1d7c0001",
+        "0b1f5e2a-5b7c-4d0e-9a51-2b2f1d7c0002",
+    );
+    h.api.set(
+        &klarna_path(late),
+        klarna_order(late, "CHECKOUT_INCOMPLETE", "k-1"),
+    );
+    h.api.set(
+        &klarna_path(forged),
+        klarna_order(forged, "CHECKOUT_INCOMPLETE", "k-2"),
+    );
+    for id in [late, forged] {
+        assert!(!h.hint("klarna-push", klarna_hint(id)).await);
+    }
+    h.drain().await;
+    h.api
+        .set(&klarna_path(late), klarna_order(late, "AUTHORIZED", "k-1"));
+
+    let r = h.run("klarna-push").await;
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (2, 0, 1),
+        "{r:?}"
+    );
+    assert_eq!(r.differences.len(), 1, "{:?}", r.differences);
+    assert_eq!(r.differences[0].object_id, late);
+    assert_eq!(r.differences[0].provider_status, "AUTHORIZED");
+    let reconciled = h.reconciled_items().await;
+    assert_eq!(reconciled.len(), 1);
+    let item = h.b.inbox.get(&reconciled[0]).await.unwrap().unwrap();
+    assert_eq!(item.envelope.event_type, "hint.order");
+    h.drain().await;
+    assert_eq!(h.paid_effects("k-1").await, 1);
+    assert_eq!(h.paid_effects("k-2").await, 0);
+    let state_after = h.b.business_state().await;
+
+    let r = h.run("klarna-push").await;
+    assert_eq!((r.fetched, r.ingested), (1, 0), "{r:?}");
+    assert!(r.differences.is_empty());
+    assert!(h.drain().await.is_empty());
+    assert_eq!(h.b.business_state().await, state_after);
+}
+
+#[tokio::test]
+async fn every_thin_tenant_is_reconciled_in_one_run() {
+    let h = Harness::new(Kind::Embedded, 100).await;
+    let reports = h
+        .reconciler
+        .run_with(&ReconcileOptions::default(), None)
+        .await
+        .expect("run");
+    let mut providers: Vec<&str> = reports.iter().map(|r| r.provider.as_str()).collect();
+    providers.sort();
+    assert_eq!(providers, ["gopay", "klarna-push", "mollie"]);
+    assert!(reports.iter().all(|r| r.error.is_none()), "{reports:?}");
+    assert!(reports.iter().all(|r| r.ingested == 0));
+    // Without the inbox GoPay and Klarna push cannot know their payments: a clear error.
+    let bare = Reconciler::new(h.ingestor.clone(), h.b.state.clone());
+    let reports = bare.run(&only("gopay")).await.expect("run");
+    let error = reports[0].error.as_deref().expect("error");
+    assert!(error.contains("inbox"), "{error}");
+}
