@@ -1,6 +1,7 @@
-//! Reconciliation on the embedded store with the reference domain and a fake Stripe
-//! API on loopback: an event that was never delivered as a webhook is found, ingested
-//! once (`source = reconcile`) and applied once; a second run changes nothing. Also:
+//! Reconciliation on the embedded store (and, for the never-delivered event, on moto)
+//! with the reference domain and a fake Stripe API on loopback: an event that was
+//! never delivered as a webhook is found, ingested once (`source = reconcile`) and
+//! applied once; a second run changes nothing. Also:
 //! paging through `has_more`, and an API error that leaves the checkpoint alone.
 //! Shopify against a fake `orders.json` (an order version never delivered as a
 //! webhook), and the differences report (paid at the provider, not paid here).
@@ -24,7 +25,7 @@ use einmal::reconcile::{
 };
 use einmal_tests::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
 use einmal_tests::scenario::{
-    self, drain, order_body, orders_create, pi_succeeded, shop_time, utc, Backend, Event,
+    self, drain, order_body, orders_create, pi_succeeded, shop_time, utc, Backend, Event, Kind,
 };
 use serde_json::{json, Value};
 
@@ -218,7 +219,11 @@ struct Setup {
 }
 
 async fn setup(page_size: usize) -> Setup {
-    let b = scenario::embedded(10).await;
+    setup_on(Kind::Embedded, page_size).await
+}
+
+async fn setup_on(kind: Kind, page_size: usize) -> Setup {
+    let b = kind.backend(10).await;
     b.seed(&[("RED-M", 100)]).await;
     let api = FakeStripe::start(page_size).await;
     let ingestor = Arc::new(Ingestor::new(
@@ -280,7 +285,18 @@ async fn three_orders_and_payments(s: &Setup) -> Vec<Event> {
 
 #[tokio::test]
 async fn missed_event_is_ingested_once_and_applied_once() {
-    let s = setup(100).await;
+    missed_event_scenario(Kind::Embedded).await;
+}
+
+/// The same on DynamoDB + SQS (moto): the reconciled event goes through the AWS
+/// adapters' conditional put and send, and the checkpoint is a DynamoDB state record.
+#[tokio::test]
+async fn missed_event_is_ingested_once_and_applied_once_on_moto() {
+    missed_event_scenario(Kind::Aws).await;
+}
+
+async fn missed_event_scenario(kind: Kind) {
+    let s = setup_on(kind, 100).await;
     let p = s.b.processor(300);
     let payments = three_orders_and_payments(&s).await;
     // Two are delivered as webhooks; the third is never delivered.
