@@ -1,4 +1,10 @@
 //! `einmal serve`: the receiver over HTTP on loopback, embedded store.
+//!
+//! Metrics: no EMF on stdout here (one line per request would flood the terminal).
+//! Every minute with activity, one `metrics` log line carries the intake counters
+//! and the worker's tally since the last line (counts, processing time and effect lag
+//! as count/avg/max, the payment SLI share); the final intake counters are printed at
+//! shutdown.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,9 +27,13 @@ use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::pipeline::sweep::Sweeper;
 use einmal::request::WebhookRequest;
+use einmal::telemetry::emf::{Samples, WorkerTally};
+use einmal::telemetry::IngestCounts;
 
 /// How often the local sweeper runs.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often the figures are logged (when something happened).
+const METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -41,6 +51,8 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     einmal::telemetry::init_json_logs();
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    // The log redaction masks the tenants' secrets and API credentials.
+    einmal::telemetry::redact::register_config(&config);
     let store = Arc::new(
         EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
             .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
@@ -66,7 +78,11 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         Arc::new(ReferenceDomain::new()),
     )
     .with_settings(settings)
+    .with_sli_threshold_ms(
+        einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
+    )
     .with_lookup(Arc::new(lookup), config.clone());
+    let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::new(store.clone(), store.clone(), store.clone(), store.clone());
     let ingestor = Arc::new(Ingestor::new(config, store.clone(), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
@@ -80,6 +96,25 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         args.data_dir.display()
     );
     let metrics = ingestor.metrics().clone();
+    let (figures_stop_tx, mut figures_stop) = tokio::sync::watch::channel(false);
+    let figures = {
+        let intake = metrics.clone();
+        tokio::spawn(async move {
+            let mut last = intake.snapshot();
+            loop {
+                tokio::select! {
+                    _ = figures_stop.wait_for(|stopped| *stopped) => return,
+                    _ = tokio::time::sleep(METRICS_INTERVAL) => {}
+                }
+                let now = intake.snapshot();
+                let worker = worker_metrics.drain();
+                if now != last || worker != WorkerTally::default() {
+                    log_figures(&now, &worker);
+                    last = now;
+                }
+            }
+        })
+    };
     // The processor loop runs beside the HTTP server and stops with it.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut sweep_stop = stop_rx.clone();
@@ -106,14 +141,51 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string());
     let _ = stop_tx.send(true);
+    let _ = figures_stop_tx.send(true);
     let _ = worker.await;
     let _ = sweep.await;
+    let _ = figures.await;
     served?;
     eprintln!(
         "einmal: stopped; {}",
         serde_json::to_string(&metrics.snapshot()).unwrap_or_default()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// One log line with the intake counters (since start) and the worker's tally (since
+/// the last line).
+fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
+    let avg = |s: &Samples| {
+        if s.count == 0 {
+            0.0
+        } else {
+            s.sum / s.count as f64
+        }
+    };
+    let retries: Vec<String> = worker
+        .retries
+        .iter()
+        .map(|(cause, n)| format!("{}={n}", cause.as_str()))
+        .collect();
+    tracing::info!(
+        accepted = intake.accepted,
+        duplicates = intake.duplicates,
+        signature_failures = intake.signature_failures,
+        rejected = intake.malformed + intake.not_found + intake.oversize,
+        unavailable = intake.unavailable,
+        completed = worker.completed,
+        ignored = worker.ignored,
+        dead_letters = worker.dead_letters,
+        retries = retries.join(","),
+        processing_ms_avg = avg(&worker.processing_ms),
+        processing_ms_max = worker.processing_ms.max,
+        effect_lag_ms_avg = avg(&worker.effect_lag_ms),
+        effect_lag_ms_max = worker.effect_lag_ms.max,
+        payment_events = worker.payment_within_slo.count,
+        payment_within_slo = avg(&worker.payment_within_slo),
+        "metrics"
+    );
 }
 
 pub fn router(ingestor: Arc<Ingestor>) -> Router {

@@ -264,6 +264,17 @@ pub struct Delivery {
 #[async_trait]
 pub trait Queue: Send + Sync {
     async fn send(&self, message: &QueueMessage) -> Result<(), QueueError>;
+    /// [`Queue::send`] carrying the sender's X-Ray trace header (SQS: the message
+    /// system attribute `AWSTraceHeader`), so the processor can log the same trace id.
+    /// Queues without trace propagation send the message alone.
+    async fn send_traced(
+        &self,
+        message: &QueueMessage,
+        trace_header: Option<&str>,
+    ) -> Result<(), QueueError> {
+        let _ = trace_header;
+        self.send(message).await
+    }
     /// Up to `max` visible messages; each becomes invisible for `visibility`.
     async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;
     /// Delete a message after it was handled.

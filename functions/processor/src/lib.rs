@@ -15,6 +15,10 @@
 //!   is logged (id only) and reported as a failure, so SQS redrive moves it to the DLQ
 //!   after `maxReceiveCount` receives instead of it looping forever.
 //!
+//! Each record's `AWSTraceHeader` attribute (set by the receiver's SendMessage) puts the
+//! receiver's X-Ray trace id into the processing log lines. After the batch, the
+//! processor's tally is printed as one EMF line ([`handle_and_emit`]).
+//!
 //! The queue URL the adapter writes to (`EINMAL_QUEUE_URL`) must be the event source
 //! queue, since visibility changes use the records' receipt handles.
 
@@ -23,6 +27,8 @@ use std::collections::HashMap;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use einmal::pipeline::process::{AckMode, Processor};
 use einmal::ports::{Delivery, QueueMessage};
+use einmal::telemetry::emf::{self, WorkerTally};
+use einmal::telemetry::trace::AWS_TRACE_HEADER;
 
 /// The SQS system attribute with the receive count, this receive included.
 pub const RECEIVE_COUNT_ATTRIBUTE: &str = "ApproximateReceiveCount";
@@ -36,12 +42,40 @@ pub async fn handle(processor: &Processor, event: SqsEvent) -> SqsBatchResponse 
 /// Handle one batch as `worker` (the Lambda request id: unique per invocation, so a
 /// lease never outlives the invocation that took it).
 pub async fn handle_as(processor: &Processor, event: SqsEvent, worker: &str) -> SqsBatchResponse {
+    handle_observed(processor, event, worker).await.0
+}
+
+/// [`handle_as`], then print the batch's metrics as EMF on stdout (one line, more only
+/// when retries had several causes or a metric has over 100 values).
+pub async fn handle_and_emit(
+    processor: &Processor,
+    deployment: &str,
+    event: SqsEvent,
+    worker: &str,
+) -> SqsBatchResponse {
+    let (response, tally) = handle_observed(processor, event, worker).await;
+    emf::print(&tally.emf(deployment, einmal::time::now_millis()).render());
+    response
+}
+
+/// [`handle_as`], also returning the batch's tally (drained from the processor: one
+/// invocation at a time per Lambda execution environment).
+pub async fn handle_observed(
+    processor: &Processor,
+    event: SqsEvent,
+    worker: &str,
+) -> (SqsBatchResponse, WorkerTally) {
     let mut failures: Vec<String> = Vec::new();
     let mut deliveries: Vec<(String, Delivery)> = Vec::with_capacity(event.records.len());
+    let mut traces: Vec<Option<String>> = Vec::with_capacity(event.records.len());
     for record in event.records {
         let id = record.message_id.clone().unwrap_or_default();
+        let trace = record.attributes.get(AWS_TRACE_HEADER).cloned();
         match delivery(record) {
-            Ok(delivery) => deliveries.push((id, delivery)),
+            Ok(delivery) => {
+                deliveries.push((id, delivery));
+                traces.push(trace);
+            }
             Err(why) => {
                 tracing::error!(message_id = %id, reason = why, "unprocessable SQS record; left for redrive");
                 failures.push(id);
@@ -50,7 +84,7 @@ pub async fn handle_as(processor: &Processor, event: SqsEvent, worker: &str) -> 
     }
 
     let only: Vec<Delivery> = deliveries.iter().map(|(_, d)| d.clone()).collect();
-    let outcomes = processor.process_batch(&only, worker).await;
+    let outcomes = processor.process_batch_traced(&only, &traces, worker).await;
     let settled =
         deliveries
             .iter()
@@ -65,12 +99,13 @@ pub async fn handle_as(processor: &Processor, event: SqsEvent, worker: &str) -> 
         }
     }
 
-    SqsBatchResponse {
+    let response = SqsBatchResponse {
         batch_item_failures: failures
             .into_iter()
             .map(|item_identifier| BatchItemFailure { item_identifier })
             .collect(),
-    }
+    };
+    (response, processor.metrics().drain())
 }
 
 /// A record as a [`Delivery`]; the error names what is wrong, never the body.

@@ -14,17 +14,24 @@ use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 async fn main() -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
     let settings = ProcessSettings::from_env()?;
+    let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
+    let deployment = &einmal::telemetry::emf::deployment_from_env();
     let store = Arc::new(AwsStore::from_env().await?);
     let state = Arc::new(DynamoStateStore::from_env().await?);
     let domain = Arc::new(ReferenceDomain::new());
-    let mut engine =
-        Processor::new(store.clone(), store.clone(), store, state, domain).with_settings(settings);
+    let mut engine = Processor::new(store.clone(), store.clone(), store, state, domain)
+        .with_settings(settings)
+        .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
     // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
     // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     match config_source_from_env(&sdk_config).await {
-        Ok(source) => engine = engine.with_lookup_source(Arc::new(HttpLookup::new()), source),
+        Ok(source) => {
+            // The log redaction masks the tenants' secrets and API credentials.
+            einmal::telemetry::redact::register_config(&source.snapshot());
+            engine = engine.with_lookup_source(Arc::new(HttpLookup::new()), source)
+        }
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
         }
@@ -32,7 +39,13 @@ async fn main() -> Result<(), Error> {
     }
     let engine = &engine;
     run(service_fn(|event: LambdaEvent<SqsEvent>| async move {
-        let response = processor::handle_as(engine, event.payload, &event.context.request_id).await;
+        let response = processor::handle_and_emit(
+            engine,
+            deployment,
+            event.payload,
+            &event.context.request_id,
+        )
+        .await;
         Ok::<_, Error>(response)
     }))
     .await

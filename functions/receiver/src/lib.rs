@@ -1,20 +1,58 @@
 //! Receiver Lambda handler: API Gateway (HTTP API, payload v2; REST v1 also parses)
 //! → [`Ingestor::ingest`] → JSON response. Everything else lives in the library.
 
+use std::time::Instant;
+
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::request::WebhookRequest;
+use einmal::telemetry::emf::{self, IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
+use einmal::telemetry::trace::TraceHeader;
 use lambda_http::{Body, Error, Request, RequestExt, Response};
 
 /// Handle one API Gateway event. `lambda_http` has already base64-decoded the body
 /// when `isBase64Encoded` was set, so `req.body()` is the exact raw bytes.
 pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>, Error> {
+    handle_observed(ingestor, req)
+        .await
+        .map(|(response, _)| response)
+}
+
+/// [`handle`], then print the request's metrics as one EMF line on stdout.
+pub async fn handle_and_emit(
+    ingestor: &Ingestor,
+    deployment: &str,
+    req: Request,
+) -> Result<Response<Body>, Error> {
+    let (response, record) = handle_observed(ingestor, req).await?;
+    emf::print(&record.emf(deployment, einmal::time::now_millis()).render());
+    Ok(response)
+}
+
+/// [`handle`], also returning what the request counts for in the metrics. The
+/// invocation's X-Ray trace header (the Lambda context's, else `_X_AMZN_TRACE_ID`)
+/// goes with the queue message as `AWSTraceHeader`.
+pub async fn handle_observed(
+    ingestor: &Ingestor,
+    req: Request,
+) -> Result<(Response<Body>, IntakeRecord), Error> {
+    let started = Instant::now();
+    let trace = req
+        .lambda_context_ref()
+        .and_then(|c| c.xray_trace_id.as_deref())
+        .and_then(TraceHeader::parse)
+        .or_else(TraceHeader::from_env);
     let Some(Route {
         provider,
         tenant,
         token,
     }) = route(&req)
     else {
-        return respond(&IngestResponse::not_found());
+        let record = IntakeRecord {
+            provider: UNKNOWN_PROVIDER,
+            result: IntakeResult::Rejected,
+            ack_ms: started.elapsed().as_secs_f64() * 1000.0,
+        };
+        return Ok((respond(&IngestResponse::not_found())?, record));
     };
     let (parts, body) = req.into_parts();
     let request = WebhookRequest {
@@ -28,8 +66,11 @@ pub async fn handle(ingestor: &Ingestor, req: Request) -> Result<Response<Body>,
         },
         path_token: token,
     };
-    let response = ingestor.ingest(&provider, &tenant, &request).await;
-    respond(&response)
+    let (response, mut record) = ingestor
+        .ingest_traced(&provider, &tenant, &request, trace.as_ref())
+        .await;
+    record.ack_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok((respond(&response)?, record))
 }
 
 struct Route {

@@ -13,5 +13,9 @@ async fn main() -> Result<(), Error> {
     let source = config_source_from_env(&sdk_config).await?;
     let store = Arc::new(AwsStore::from_env().await?);
     let ingestor = Ingestor::from_source(source, store.clone(), store);
-    run(service_fn(|req| receiver::handle(&ingestor, req))).await
+    let deployment = einmal::telemetry::emf::deployment_from_env();
+    run(service_fn(|req| {
+        receiver::handle_and_emit(&ingestor, &deployment, req)
+    }))
+    .await
 }

@@ -8,7 +8,8 @@
 use einmal::audit::AuditLog;
 use einmal::domain::state::StateStore;
 use einmal::providers::sig::parse_rfc3339;
-use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
+use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler, TenantReport};
+use einmal::telemetry::emf::{self, ReconcileFigures};
 use serde_json::{json, Value};
 
 /// The options named by the invocation payload.
@@ -31,6 +32,28 @@ pub async fn handle(reconciler: &Reconciler, payload: &Value) -> Result<Value, S
     handle_with(reconciler, None, None, payload).await
 }
 
+/// The run's metrics: events ingested, differences found, tenants that failed.
+pub fn figures(reports: &[TenantReport]) -> ReconcileFigures {
+    ReconcileFigures {
+        ingested: reports.iter().map(|r| r.ingested as u64).sum(),
+        differences: reports.iter().map(|r| r.differences.len() as u64).sum(),
+        failures: reports.iter().filter(|r| r.error.is_some()).count() as u64,
+    }
+}
+
+/// [`handle_with`], then print the run's metrics as one EMF line on stdout.
+pub async fn handle_and_emit(
+    reconciler: &Reconciler,
+    business: Option<&dyn StateStore>,
+    audit: Option<&dyn AuditLog>,
+    deployment: &str,
+    payload: &Value,
+) -> Result<Value, String> {
+    let (result, figures) = handle_observed(reconciler, business, audit, payload).await;
+    emf::print(&figures.emf(deployment, einmal::time::now_millis()).render());
+    result
+}
+
 /// [`handle`] with the business state store (differences) and the audit log (one
 /// record per run: actor `reconciler-lambda`, reason `scheduled` or the payload's
 /// `reason`).
@@ -40,11 +63,41 @@ pub async fn handle_with(
     audit: Option<&dyn AuditLog>,
     payload: &Value,
 ) -> Result<Value, String> {
-    let options = options(payload)?;
-    let reports = reconciler
-        .run_with(&options, business)
+    handle_observed(reconciler, business, audit, payload)
         .await
-        .map_err(|e| e.to_string())?;
+        .0
+}
+
+/// [`handle_with`], also returning the run's metrics. A run that fails before any
+/// tenant report (bad payload, configuration) counts as one failure.
+pub async fn handle_observed(
+    reconciler: &Reconciler,
+    business: Option<&dyn StateStore>,
+    audit: Option<&dyn AuditLog>,
+    payload: &Value,
+) -> (Result<Value, String>, ReconcileFigures) {
+    let failed_run = ReconcileFigures {
+        failures: 1,
+        ..ReconcileFigures::default()
+    };
+    let options = match options(payload) {
+        Ok(options) => options,
+        Err(e) => return (Err(e), failed_run),
+    };
+    let reports = match reconciler.run_with(&options, business).await {
+        Ok(reports) => reports,
+        Err(e) => return (Err(e.to_string()), failed_run),
+    };
+    let figures = figures(&reports);
+    (report(&options, &reports, audit, payload).await, figures)
+}
+
+async fn report(
+    options: &ReconcileOptions,
+    reports: &[TenantReport],
+    audit: Option<&dyn AuditLog>,
+    payload: &Value,
+) -> Result<Value, String> {
     if let Some(audit) = audit {
         let reason = payload
             .get("reason")
@@ -54,15 +107,15 @@ pub async fn handle_with(
         let record = audit_record(
             "reconciler-lambda",
             reason,
-            &options,
-            &reports,
+            options,
+            reports,
             einmal::time::now_millis(),
         );
         if let Err(e) = audit.append(&record).await {
             tracing::error!(error = %e, "audit record of the reconciliation failed");
         }
     }
-    for r in &reports {
+    for r in reports {
         tracing::info!(
             provider = %r.provider, tenant = %r.tenant, fetched = r.fetched,
             already_present = r.already_present, ingested = r.ingested,

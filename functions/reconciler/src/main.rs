@@ -31,11 +31,13 @@ async fn main() -> Result<(), Error> {
     let reconciler = &Reconciler::new(ingestor, state).with_inbox(store);
     let business = &business;
     let audit = &audit;
+    let deployment = &einmal::telemetry::emf::deployment_from_env();
     run(service_fn(|event: LambdaEvent<Value>| async move {
-        reconciler::handle_with(
+        reconciler::handle_and_emit(
             reconciler,
             Some(business.as_ref()),
             audit.as_deref(),
+            deployment,
             &event.payload,
         )
         .await

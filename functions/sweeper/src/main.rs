@@ -1,4 +1,5 @@
-//! Sweeper Lambda: one pass per scheduled invocation (any JSON payload).
+//! Sweeper Lambda: one pass per scheduled invocation (any JSON payload), its figures
+//! printed as one EMF line.
 
 use std::sync::Arc;
 
@@ -15,8 +16,12 @@ async fn main() -> Result<(), Error> {
     let sweeper =
         Sweeper::new(store.clone(), store.clone(), store.clone(), store).with_settings(settings);
     let sweeper = &sweeper;
+    let deployment = &einmal::telemetry::emf::deployment_from_env();
     run(service_fn(|_event: LambdaEvent<Value>| async move {
-        let report = sweeper.sweep_once(einmal::time::now_millis()).await;
+        let now = einmal::time::now_millis();
+        let report = sweeper.sweep_once(now).await;
+        // The backlog gauges, one EMF line per run.
+        einmal::telemetry::emf::print(&report.figures().emf(deployment, now).render());
         Ok::<_, Error>(serde_json::to_value(report)?)
     }))
     .await

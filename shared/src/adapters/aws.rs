@@ -24,7 +24,9 @@ use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
-use aws_sdk_sqs::types::MessageSystemAttributeName;
+use aws_sdk_sqs::types::{
+    MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
+};
 
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,
@@ -188,6 +190,15 @@ impl AwsStore {
             .map(decode_message)
             .collect()
     }
+}
+
+/// The `AWSTraceHeader` system attribute value (a String).
+pub fn trace_attribute(header: &str) -> Result<MessageSystemAttributeValue, QueueError> {
+    MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header)
+        .build()
+        .map_err(|e| QueueError::Malformed(format!("trace header attribute: {e}")))
 }
 
 /// SQS takes whole seconds; round up so a short non-zero timeout never becomes 0.
@@ -549,12 +560,30 @@ fn newest_first(items: &mut Vec<InboxItem>, limit: usize) {
 #[async_trait]
 impl Queue for AwsStore {
     async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        self.send_traced(message, None).await
+    }
+
+    /// One SendMessage; with a trace header, it travels as the message system
+    /// attribute `AWSTraceHeader` (X-Ray links the receiver's and processor's traces).
+    async fn send_traced(
+        &self,
+        message: &QueueMessage,
+        trace_header: Option<&str>,
+    ) -> Result<(), QueueError> {
         let body = serde_json::to_string(message)
             .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
-        self.sqs
+        let mut request = self
+            .sqs
             .send_message()
             .queue_url(&self.queue_url)
-            .message_body(body)
+            .message_body(body);
+        if let Some(header) = trace_header {
+            request = request.message_system_attributes(
+                MessageSystemAttributeNameForSends::AwsTraceHeader,
+                trace_attribute(header)?,
+            );
+        }
+        request
             .send()
             .await
             .map_err(|e| QueueError::Unavailable(describe("SQS SendMessage", &e)))?;

@@ -4,7 +4,9 @@
 //! transport differs. What a provider sees (status code) follows from the
 //! [`IngestError`] variant, decided here and nowhere else.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::json;
 use thiserror::Error;
@@ -19,7 +21,9 @@ use crate::ports::{
 use crate::providers::{self, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
 use crate::retention;
-use crate::telemetry::IngestMetrics;
+use crate::telemetry::emf::{IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
+use crate::telemetry::trace::TraceHeader;
+use crate::telemetry::{redact, IngestMetrics};
 use crate::time;
 
 /// How long a `received` item may wait for its original request's queue send before a
@@ -101,6 +105,17 @@ impl IngestError {
         };
         IngestMetrics::incr(counter);
     }
+
+    /// The metric class of this error.
+    fn intake_result(&self) -> IntakeResult {
+        match self {
+            IngestError::Unauthenticated(_) => IntakeResult::SignatureFailure,
+            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
+                IntakeResult::Unavailable
+            }
+            _ => IntakeResult::Rejected,
+        }
+    }
 }
 
 /// What happened to one event of an accepted request.
@@ -175,6 +190,10 @@ pub struct Ingestor {
     metrics: Arc<IngestMetrics>,
     inflight_grace_ms: i64,
     now_ms: Clock,
+    /// The configuration whose secrets the log redaction knows: its address, and the
+    /// configuration itself (held, so the address cannot be reused by a newer one).
+    redacting: AtomicUsize,
+    redacted: std::sync::Mutex<Option<Arc<Config>>>,
 }
 
 impl Ingestor {
@@ -191,6 +210,8 @@ impl Ingestor {
             metrics: Arc::new(IngestMetrics::default()),
             inflight_grace_ms: DEFAULT_INFLIGHT_GRACE_MS,
             now_ms: Arc::new(time::now_millis),
+            redacting: AtomicUsize::new(0),
+            redacted: std::sync::Mutex::new(None),
         }
     }
 
@@ -228,28 +249,62 @@ impl Ingestor {
         tenant: &str,
         request: &WebhookRequest,
     ) -> IngestResponse {
-        match self.try_ingest(provider, tenant, request).await {
-            Ok(outcomes) => IngestResponse {
-                plain: providers::lookup(provider).and_then(|p| p.accepted_body()),
-                ..IngestResponse::from_outcomes(&outcomes)
-            },
+        self.ingest_traced(provider, tenant, request, None).await.0
+    }
+
+    /// [`Ingestor::ingest`] under an X-Ray trace (its header goes with the queue
+    /// message, its id into the log lines), also returning what the request counts for
+    /// in the metrics (the receiver prints it as one EMF line).
+    pub async fn ingest_traced(
+        &self,
+        provider: &str,
+        tenant: &str,
+        request: &WebhookRequest,
+        trace: Option<&TraceHeader>,
+    ) -> (IngestResponse, IntakeRecord) {
+        let started = Instant::now();
+        let known = providers::lookup(provider);
+        let trace_id = trace.and_then(TraceHeader::root);
+        let (response, result) = match self
+            .try_ingest_traced(provider, tenant, request, trace)
+            .await
+        {
+            Ok(outcomes) => {
+                let duplicates = outcomes.iter().filter(|o| o.duplicate).count();
+                let result = IntakeResult::Accepted {
+                    new: u32::try_from(outcomes.len() - duplicates).unwrap_or(u32::MAX),
+                    duplicates: u32::try_from(duplicates).unwrap_or(u32::MAX),
+                };
+                let response = IngestResponse {
+                    plain: known.and_then(|p| p.accepted_body()),
+                    ..IngestResponse::from_outcomes(&outcomes)
+                };
+                (response, result)
+            }
             Err(err) => {
                 err.count(&self.metrics);
                 match &err {
                     IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
-                        tracing::error!(provider, tenant, error = %err, "ingest unavailable")
+                        tracing::error!(provider, tenant, trace_id, error = %err, "ingest unavailable")
                     }
                     _ => tracing::info!(
                         provider,
                         tenant,
+                        trace_id,
                         status = err.status(),
                         reason = err.code(),
                         "webhook rejected"
                     ),
                 }
-                IngestResponse::from_error(&err)
+                (IngestResponse::from_error(&err), err.intake_result())
             }
-        }
+        };
+        let record = IntakeRecord {
+            provider: known.map_or(UNKNOWN_PROVIDER, |p| p.name()),
+            result,
+            ack_ms: started.elapsed().as_secs_f64() * 1000.0,
+        };
+        (response, record)
     }
 
     /// The ingest steps with typed errors. Nothing is written before every event of the
@@ -260,8 +315,20 @@ impl Ingestor {
         tenant_name: &str,
         request: &WebhookRequest,
     ) -> Result<Vec<EventOutcome>, IngestError> {
+        self.try_ingest_traced(provider_name, tenant_name, request, None)
+            .await
+    }
+
+    async fn try_ingest_traced(
+        &self,
+        provider_name: &str,
+        tenant_name: &str,
+        request: &WebhookRequest,
+        trace: Option<&TraceHeader>,
+    ) -> Result<Vec<EventOutcome>, IngestError> {
         let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
         let config = self.config.current().await;
+        self.redact_secrets_of(&config);
         let tenant = config
             .tenant(provider_name, tenant_name)
             .ok_or(IngestError::NotFound)?;
@@ -281,9 +348,25 @@ impl Ingestor {
 
         let mut outcomes = Vec::with_capacity(items.len());
         for item in &items {
-            outcomes.push(self.store_and_enqueue(item, now_ms).await?);
+            outcomes.push(self.store_and_enqueue(item, now_ms, trace).await?);
         }
         Ok(outcomes)
+    }
+
+    /// Teach the log redaction this configuration's secrets, once per loaded
+    /// configuration (a refresh brings rotated secrets): one pointer comparison per
+    /// request otherwise.
+    fn redact_secrets_of(&self, config: &Arc<Config>) {
+        let address = Arc::as_ptr(config) as usize;
+        if self.redacting.load(Ordering::Acquire) == address {
+            return;
+        }
+        let mut held = self.redacted.lock().unwrap_or_else(|p| p.into_inner());
+        if !held.as_ref().is_some_and(|c| Arc::ptr_eq(c, config)) {
+            redact::register_config(config);
+            *held = Some(config.clone());
+            self.redacting.store(address, Ordering::Release);
+        }
     }
 
     /// New event: put + send (two sequential calls). Duplicate: the put alone, plus a
@@ -292,8 +375,10 @@ impl Ingestor {
         &self,
         item: &InboxItem,
         now_ms: i64,
+        trace: Option<&TraceHeader>,
     ) -> Result<EventOutcome, IngestError> {
         let env = &item.envelope;
+        let trace_id = trace.and_then(TraceHeader::root);
         let outcome = |duplicate, reenqueued| EventOutcome {
             key: item.key.clone(),
             event_id: env.event_id.clone(),
@@ -302,12 +387,13 @@ impl Ingestor {
         };
         match self.inbox.put_new(item).await? {
             PutOutcome::Inserted => {
-                self.enqueue(&item.key).await?;
+                self.enqueue(&item.key, trace).await?;
                 IngestMetrics::incr(&self.metrics.accepted);
                 tracing::info!(
                     provider = %env.provider, tenant = %env.tenant, event_id = %env.event_id,
                     event_type = %env.event_type, object_id = env.object_id.as_deref(),
-                    delivery_id = env.delivery_id.as_deref(), state = "received", "webhook accepted"
+                    delivery_id = env.delivery_id.as_deref(), state = "received", trace_id,
+                    "webhook accepted"
                 );
                 Ok(outcome(false, false))
             }
@@ -317,22 +403,27 @@ impl Ingestor {
                     && (existing.enqueue_failed
                         || now_ms - existing.received_at_ms >= self.inflight_grace_ms);
                 if unconfirmed {
-                    self.enqueue(&item.key).await?;
+                    self.enqueue(&item.key, trace).await?;
                     IngestMetrics::incr(&self.metrics.reenqueued);
                 }
                 tracing::info!(
                     provider = %env.provider, tenant = %env.tenant, event_id = %env.event_id,
-                    delivery_id = env.delivery_id.as_deref(), state = %existing.state,
-                    reenqueued = unconfirmed, "duplicate webhook"
+                    object_id = env.object_id.as_deref(), delivery_id = env.delivery_id.as_deref(),
+                    state = %existing.state, reenqueued = unconfirmed, trace_id, "duplicate webhook"
                 );
                 Ok(outcome(true, unconfirmed))
             }
         }
     }
 
-    async fn enqueue(&self, key: &InboxKey) -> Result<(), IngestError> {
+    async fn enqueue(
+        &self,
+        key: &InboxKey,
+        trace: Option<&TraceHeader>,
+    ) -> Result<(), IngestError> {
         let message = QueueMessage { pk: key.clone() };
-        if let Err(send_err) = self.queue.send(&message).await {
+        let header = trace.map(TraceHeader::as_str);
+        if let Err(send_err) = self.queue.send_traced(&message, header).await {
             // Best effort: lets the provider's retry re-enqueue at once instead of
             // after the grace period. The 503 goes out either way.
             if let Err(mark_err) = self.inbox.mark_enqueue_failed(key).await {
@@ -353,6 +444,7 @@ impl Ingestor {
         body: bytes::Bytes,
     ) -> Result<EventOutcome, IngestError> {
         let config = self.config.current().await;
+        self.redact_secrets_of(&config);
         if config
             .tenant(&envelope.provider, &envelope.tenant)
             .is_none()
@@ -367,7 +459,8 @@ impl Ingestor {
         let event = VerifiedEvent { envelope, body };
         let mut item = inbox_item(&config.ingest, event, now_ms)?;
         item.source = Source::Reconcile;
-        self.store_and_enqueue(&item, now_ms).await
+        self.store_and_enqueue(&item, now_ms, TraceHeader::from_env().as_ref())
+            .await
     }
 }
 

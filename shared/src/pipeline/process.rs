@@ -33,6 +33,18 @@
 //! retries like any other; a permanent one (404, bad credentials, no lookup
 //! configured) dead-letters the item.
 //!
+//! # Telemetry
+//!
+//! Every message's outcome lands in [`Processor::metrics`] (completed, ignored, dead
+//! letters, retries by [`RetryCause`], processing time); every committed effect adds
+//! its lag (the provider's event time, `occurred_at`, else our receive time, to the
+//! commit) and, for a **payment event**, whether that lag was within the SLI
+//! threshold. A payment event is one whose committed changes move a record's
+//! `payment_status` field ([`PAYMENT_STATUS_FIELD`]): paid, failed, refunded; a new
+//! record created in its initial `pending` status does not count. Events that never
+//! commit (dead letters) are counted by `DeadLetters`, not by the SLI. The processor
+//! Lambda prints the tally as one EMF line per batch.
+//!
 //! # Errors
 //!
 //! Transient ([`DomainError::Wait`], [`StoreError::Unavailable`], lock contention):
@@ -45,7 +57,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use thiserror::Error;
@@ -63,7 +75,14 @@ use crate::ports::{
     StoreError, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
 };
 use crate::providers::thin::HINT_PREFIX;
+use crate::telemetry::emf::{RetryCause, WorkerMetrics, DEFAULT_SLI_THRESHOLD_MS};
+use crate::telemetry::trace;
 use crate::time;
+
+/// The record field whose change makes an event a payment event (the business SLI).
+pub const PAYMENT_STATUS_FIELD: &str = "payment_status";
+/// A record created with this payment status is not a payment event.
+const INITIAL_PAYMENT_STATUS: &str = "pending";
 
 /// Providers whose `hint.*` envelopes are enriched by a resource lookup.
 const THIN: &[&str] = &["mollie", "gopay", "klarna-push"];
@@ -216,7 +235,7 @@ pub enum AckMode {
 /// The failure classes of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Failure {
-    Transient(String),
+    Transient(RetryCause, String),
     Permanent(String),
 }
 
@@ -224,7 +243,7 @@ impl From<DomainError> for Failure {
     fn from(e: DomainError) -> Self {
         match e {
             DomainError::Permanent(_) => Failure::Permanent(e.to_string()),
-            DomainError::Wait(_) => Failure::Transient(e.to_string()),
+            DomainError::Wait(_) => Failure::Transient(RetryCause::Prerequisite, e.to_string()),
         }
     }
 }
@@ -232,7 +251,7 @@ impl From<DomainError> for Failure {
 impl From<LookupError> for Failure {
     fn from(e: LookupError) -> Self {
         match e {
-            LookupError::Transient(_) => Failure::Transient(e.to_string()),
+            LookupError::Transient(_) => Failure::Transient(RetryCause::Lookup, e.to_string()),
             LookupError::Permanent(_) => Failure::Permanent(e.to_string()),
         }
     }
@@ -241,7 +260,9 @@ impl From<LookupError> for Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(_) => Failure::Transient(e.to_string()),
+            StoreError::Unavailable(_) => {
+                Failure::Transient(RetryCause::StoreUnavailable, e.to_string())
+            }
             // A record that cannot be decoded will not heal by retrying; an operator
             // repairs it and replays the dead letter.
             StoreError::Corrupt(_) => Failure::Permanent(e.to_string()),
@@ -252,8 +273,15 @@ impl From<StoreError> for Failure {
 /// What a successful attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Applied {
-    Completed(String),
+    Completed(String, Option<Committed>),
     Ignored(String),
+}
+
+/// An effect this attempt committed: when, and whether it moved a payment status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Committed {
+    at_ms: i64,
+    payment: bool,
 }
 
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -270,6 +298,8 @@ pub struct Processor {
     jitter: Jitter,
     /// Fetches the state named by hints, with the tenants' credentials.
     lookup: Option<(Arc<dyn ResourceLookup>, Arc<ConfigSource>)>,
+    metrics: Arc<WorkerMetrics>,
+    sli_threshold_ms: i64,
 }
 
 impl Processor {
@@ -290,7 +320,22 @@ impl Processor {
             now_ms: Arc::new(time::now_millis),
             jitter: Arc::new(rand::random::<f64>),
             lookup: None,
+            metrics: Arc::new(WorkerMetrics::default()),
+            sli_threshold_ms: DEFAULT_SLI_THRESHOLD_MS,
         }
+    }
+
+    /// The business SLI threshold: a payment event's effect within this many
+    /// milliseconds of the provider's event time counts as on time (default 60 s,
+    /// `EINMAL_SLI_THRESHOLD_MS` in the Lambda).
+    pub fn with_sli_threshold_ms(mut self, threshold_ms: i64) -> Self {
+        self.sli_threshold_ms = threshold_ms;
+        self
+    }
+
+    /// What was processed since the last drain (the Lambda drains once per batch).
+    pub fn metrics(&self) -> &Arc<WorkerMetrics> {
+        &self.metrics
     }
 
     /// Enrich hints (thin webhooks) through `lookup`, with the tenants of `config`.
@@ -346,7 +391,20 @@ impl Processor {
     /// Process one pointer message as `worker` (unique per process or invocation).
     /// Never fails: every problem becomes an outcome for the message.
     pub async fn process_message(&self, delivery: &Delivery, worker: &str) -> MessageOutcome {
+        self.process_traced(delivery, worker, None).await
+    }
+
+    /// [`Processor::process_message`] for a message that carried the receiver's X-Ray
+    /// trace header (SQS `AWSTraceHeader`): its trace id goes into the log lines.
+    pub async fn process_traced(
+        &self,
+        delivery: &Delivery,
+        worker: &str,
+        trace_header: Option<&str>,
+    ) -> MessageOutcome {
+        let trace_id = trace_header.and_then(trace::trace_id);
         let key = &delivery.message.pk;
+        let started = Instant::now();
         let now = (self.now_ms)();
         let claim = self
             .processing
@@ -356,12 +414,12 @@ impl Processor {
             Ok(ClaimOutcome::Claimed(item)) => item,
             Ok(ClaimOutcome::Finished(state)) => {
                 tracing::info!(pk = %key, state = %state, receive_count = delivery.receive_count,
-                    "duplicate message: event already finished");
+                    trace_id, "duplicate message: event already finished");
                 return MessageOutcome::Ack;
             }
             Ok(ClaimOutcome::Leased { until_ms }) => {
                 let wait = until_ms.saturating_sub(now).max(0) + LEASE_MARGIN_MS;
-                tracing::info!(pk = %key, lease_ms = wait, "event leased by another worker");
+                tracing::info!(pk = %key, lease_ms = wait, trace_id, "event leased by another worker");
                 return MessageOutcome::LeaveForLater {
                     delay: millis(wait),
                 };
@@ -371,7 +429,8 @@ impl Processor {
                 return MessageOutcome::Ack;
             }
             Err(StoreError::Unavailable(e)) => {
-                tracing::warn!(pk = %key, error = %e, "claim failed; retrying later");
+                tracing::warn!(pk = %key, error = %e, trace_id, "claim failed; retrying later");
+                self.count_retry(RetryCause::StoreUnavailable);
                 return MessageOutcome::Retry {
                     delay: self.backoff(delivery.receive_count),
                 };
@@ -379,18 +438,25 @@ impl Processor {
             Err(e @ StoreError::Corrupt(_)) => {
                 // Nothing can be recorded on an item we cannot read: the DLQ keeps the
                 // pointer for an operator.
-                tracing::error!(pk = %key, error = %e, "inbox item unreadable; dead-lettering the message");
+                tracing::error!(pk = %key, error = %e, trace_id, "inbox item unreadable; dead-lettering the message");
+                self.metrics.update(|t| t.dead_letters += 1);
                 return MessageOutcome::DeadLetterNow;
             }
         };
 
         let result = self.apply(&item).await;
         let attempt = item.attempts;
+        let mut retry_cause = None;
         let (finish, outcome) = match result {
-            Ok(Applied::Completed(result)) => (
-                self.finish(InboxState::Completed, None, Some(result)),
-                MessageOutcome::Ack,
-            ),
+            Ok(Applied::Completed(result, committed)) => {
+                if let Some(committed) = committed {
+                    self.count_effect(&item, committed);
+                }
+                (
+                    self.finish(InboxState::Completed, None, Some(result)),
+                    MessageOutcome::Ack,
+                )
+            }
             Ok(Applied::Ignored(reason)) => (
                 self.finish(InboxState::Ignored, None, Some(reason)),
                 MessageOutcome::Ack,
@@ -403,7 +469,7 @@ impl Processor {
                 ),
                 MessageOutcome::DeadLetterNow,
             ),
-            Err(Failure::Transient(reason))
+            Err(Failure::Transient(_, reason))
                 if delivery.receive_count >= self.settings.max_receive_count =>
             {
                 let reason = format!(
@@ -419,16 +485,19 @@ impl Processor {
                     MessageOutcome::DeadLetterNow,
                 )
             }
-            Err(Failure::Transient(reason)) => (
-                self.finish(
-                    InboxState::Retryable,
-                    Some((ERROR_CLASS_TRANSIENT, reason)),
-                    None,
-                ),
-                MessageOutcome::Retry {
-                    delay: self.backoff(attempt.max(delivery.receive_count)),
-                },
-            ),
+            Err(Failure::Transient(cause, reason)) => {
+                retry_cause = Some(cause);
+                (
+                    self.finish(
+                        InboxState::Retryable,
+                        Some((ERROR_CLASS_TRANSIENT, reason)),
+                        None,
+                    ),
+                    MessageOutcome::Retry {
+                        delay: self.backoff(attempt.max(delivery.receive_count)),
+                    },
+                )
+            }
         };
 
         let log = |level, message: &str, detail: Option<&str>| {
@@ -437,11 +506,29 @@ impl Processor {
                 &item,
                 &finish,
                 delivery.receive_count,
+                trace_id,
                 message,
                 detail,
             )
         };
-        match self.processing.finish(key, worker, &finish).await {
+        let finished = self.processing.finish(key, worker, &finish).await;
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.metrics.update(|t| {
+            t.processing_ms.add(elapsed_ms);
+            match (&finished, finish.state) {
+                (Ok(true), InboxState::Completed) => t.completed += 1,
+                (Ok(true), InboxState::Ignored) => t.ignored += 1,
+                (Ok(true), InboxState::DeadLetter) => t.dead_letters += 1,
+                (Ok(true), _) => {
+                    if let Some(cause) = retry_cause {
+                        *t.retries.entry(cause).or_default() += 1;
+                    }
+                }
+                (Ok(false), _) => {}
+                (Err(_), _) => *t.retries.entry(RetryCause::StoreUnavailable).or_default() += 1,
+            }
+        });
+        match finished {
             Ok(true) => {
                 let detail = finish.error.as_deref().or(finish.result.as_deref());
                 let (level, message) = match finish.state {
@@ -477,6 +564,34 @@ impl Processor {
                     delay: self.backoff(attempt).max(lease),
                 }
             }
+        }
+    }
+
+    fn count_retry(&self, cause: RetryCause) {
+        self.metrics
+            .update(|t| *t.retries.entry(cause).or_default() += 1);
+    }
+
+    /// The business figures of a committed effect: lag from the provider's event time
+    /// (our receive time when the provider gives none), and the SLI for payment events.
+    fn count_effect(&self, item: &InboxItem, committed: Committed) {
+        let since_ms = item
+            .envelope
+            .occurred_at
+            .map_or(item.received_at_ms, |secs| secs.saturating_mul(1000));
+        let lag_ms = committed.at_ms.saturating_sub(since_ms).max(0);
+        let within = lag_ms <= self.sli_threshold_ms;
+        self.metrics.update(|t| {
+            t.effect_lag_ms.add(lag_ms as f64);
+            if committed.payment {
+                t.payment_within_slo.add(if within { 1.0 } else { 0.0 });
+            }
+        });
+        if committed.payment && !within {
+            tracing::warn!(
+                pk = %item.key, lag_ms, threshold_ms = self.sli_threshold_ms,
+                "payment effect outside the SLI threshold"
+            );
         }
     }
 
@@ -531,25 +646,34 @@ impl Processor {
                 self.state.load(&targets).await?
             };
             if current.len() != targets.len() {
-                return Err(Failure::Transient(format!(
-                    "state store returned {} of {} records",
-                    current.len(),
-                    targets.len()
-                )));
+                return Err(Failure::Transient(
+                    RetryCause::StoreUnavailable,
+                    format!(
+                        "state store returned {} of {} records",
+                        current.len(),
+                        targets.len()
+                    ),
+                ));
             }
             let (changes, result) = match self.domain.decide(&event, &current)? {
                 Decision::Ignore { reason } => return Ok(Applied::Ignored(reason)),
                 Decision::Apply { changes, result } => (changes, result),
             };
             if changes.is_empty() {
-                return Ok(Applied::Completed(result));
+                return Ok(Applied::Completed(result, None));
             }
             let writes = plan_writes(&current, changes)?;
             if writes.is_empty() {
-                return Ok(Applied::Completed(ALREADY_APPLIED.to_string()));
+                return Ok(Applied::Completed(ALREADY_APPLIED.to_string(), None));
             }
             match self.state.commit(&writes).await? {
-                CommitOutcome::Committed => return Ok(Applied::Completed(result)),
+                CommitOutcome::Committed => {
+                    let committed = Committed {
+                        at_ms: (self.now_ms)(),
+                        payment: moves_payment_status(&current, &writes),
+                    };
+                    return Ok(Applied::Completed(result, Some(committed)));
+                }
                 CommitOutcome::Conflict => {
                     tracing::debug!(pk = %item.key, round, "state conflict; deciding again");
                     if round < self.settings.max_conflict_retries {
@@ -560,10 +684,13 @@ impl Processor {
                 }
             }
         }
-        Err(Failure::Transient(format!(
-            "lock contention: state changed under {} consecutive attempts",
-            self.settings.max_conflict_retries + 1
-        )))
+        Err(Failure::Transient(
+            RetryCause::Contention,
+            format!(
+                "lock contention: state changed under {} consecutive attempts",
+                self.settings.max_conflict_retries + 1
+            ),
+        ))
     }
 
     /// Fetch the resource a hint names: the envelope the domain sees (type `kind`) and
@@ -602,12 +729,25 @@ impl Processor {
         deliveries: &[Delivery],
         worker: &str,
     ) -> Vec<(String, MessageOutcome)> {
-        let runs = deliveries.iter().map(|delivery| async move {
-            let outcome = AssertUnwindSafe(self.process_message(delivery, worker))
+        self.process_batch_traced(deliveries, &[], worker).await
+    }
+
+    /// [`Processor::process_batch`] with each message's X-Ray trace header
+    /// (`trace_headers[i]` for `deliveries[i]`; missing entries mean none).
+    pub async fn process_batch_traced(
+        &self,
+        deliveries: &[Delivery],
+        trace_headers: &[Option<String>],
+        worker: &str,
+    ) -> Vec<(String, MessageOutcome)> {
+        let runs = deliveries.iter().enumerate().map(|(i, delivery)| async move {
+            let trace = trace_headers.get(i).and_then(|t| t.as_deref());
+            let outcome = AssertUnwindSafe(self.process_traced(delivery, worker, trace))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {
                     tracing::error!(pk = %delivery.message.pk, "processing panicked; retrying later");
+                    self.count_retry(RetryCause::Panic);
                     MessageOutcome::Retry { delay: self.backoff(delivery.receive_count) }
                 });
             (delivery.receipt.clone(), outcome)
@@ -706,6 +846,7 @@ fn log_attempt(
     item: &InboxItem,
     finish: &Finish,
     receive_count: u32,
+    trace_id: Option<&str>,
     message: &str,
     detail: Option<&str>,
 ) {
@@ -722,6 +863,8 @@ fn log_attempt(
                 state = %finish.state,
                 attempt = item.attempts,
                 receive_count,
+                delivery_id = env.delivery_id.as_deref(),
+                trace_id,
                 detail,
                 "{message}"
             )
@@ -738,6 +881,24 @@ fn log_attempt(
 
 fn millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// True when the writes move some record's [`PAYMENT_STATUS_FIELD`] away from its
+/// loaded value (a new record only when it is not created in the initial status).
+fn moves_payment_status(current: &[StateRecord], writes: &[StateWrite]) -> bool {
+    writes.iter().any(|write| {
+        let Some(new) = write.record.data.get(PAYMENT_STATUS_FIELD) else {
+            return false;
+        };
+        let old = current
+            .iter()
+            .find(|r| r.key == write.record.key)
+            .and_then(|r| r.data.get(PAYMENT_STATUS_FIELD));
+        match old {
+            Some(old) => old != new,
+            None => new.as_str() != Some(INITIAL_PAYMENT_STATUS),
+        }
+    })
 }
 
 /// The guarded writes of a decision: changes whose effect key is already applied to
@@ -803,7 +964,10 @@ mod tests {
         assert_eq!(hint_kind(&env("standard-webhooks", "hint.payment")), None);
         assert_eq!(
             Failure::from(LookupError::Transient("x".into())),
-            Failure::Transient("resource lookup failed (transient): x".into())
+            Failure::Transient(
+                RetryCause::Lookup,
+                "resource lookup failed (transient): x".into()
+            )
         );
         assert!(matches!(
             Failure::from(LookupError::Permanent("x".into())),
@@ -902,6 +1066,44 @@ mod tests {
             (3, 4)
         );
         assert_eq!(writes[0].record.applied.len(), 2);
+    }
+
+    #[test]
+    fn payment_events_move_a_payment_status() {
+        let with = |id: &str, version: u64, status: Option<&str>| StateRecord {
+            key: StateKey::new("t", "order", id),
+            version,
+            data: match status {
+                Some(s) => json!({ "payment_status": s }),
+                None => serde_json::Value::Null,
+            },
+            applied: Default::default(),
+        };
+        let write = |record: StateRecord| StateWrite {
+            expected_version: record.version.saturating_sub(1),
+            record,
+        };
+        let pending = with("1", 1, Some("pending"));
+        assert!(moves_payment_status(
+            std::slice::from_ref(&pending),
+            &[write(with("1", 2, Some("paid")))]
+        ));
+        assert!(!moves_payment_status(
+            std::slice::from_ref(&pending),
+            &[write(with("1", 2, Some("pending")))]
+        ));
+        // A new order in its initial status is not a payment; a new paid one is.
+        let missing = with("1", 0, None);
+        assert!(!moves_payment_status(
+            std::slice::from_ref(&missing),
+            &[write(with("1", 1, Some("pending")))]
+        ));
+        assert!(moves_payment_status(
+            &[missing],
+            &[write(with("1", 1, Some("paid")))]
+        ));
+        // Records without the field (stock) never are.
+        assert!(!moves_payment_status(&[], &[write(with("1", 1, None))]));
     }
 
     #[test]

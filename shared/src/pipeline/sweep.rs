@@ -8,7 +8,8 @@
 //!    message costs one refused claim, never a second effect;
 //! 2. marks `dead_letter` the items whose pointers sit in the DLQ (the messages stay
 //!    there for replay and are made visible again at once);
-//! 3. logs the backlog: one line with `backlog_count` and `oldest_pending_age_ms`.
+//! 3. logs the backlog: one line with `backlog_count` and `oldest_pending_age_ms`; the
+//!    sweeper Lambda also prints the pass as one EMF line ([`SweepReport::figures`]).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::ports::{Inbox, InboxProcessing, InboxState, InboxSweep, Queue, QueueMessage};
+use crate::telemetry::emf::SweepFigures;
 
 /// Reason stored on items the sweeper marks `dead_letter`.
 pub const DLQ_REASON: &str = "pointer reached the dead-letter queue";
@@ -99,8 +101,25 @@ pub struct SweepReport {
     pub backlog_count: usize,
     /// Age of the oldest of them (by last update), 0 when there is none.
     pub oldest_pending_age_ms: i64,
+    /// Pending items past their stuck threshold this pass (re-enqueued or not).
+    pub stuck_count: usize,
     /// Store or queue calls that failed (the next pass tries again).
     pub errors: usize,
+}
+
+impl SweepReport {
+    /// The pass as metrics (`PendingItems`, `OldestPendingAge`, `StuckItems`,
+    /// `SweepReenqueued`, `LeasesReleased`, `DeadLettersMarked`).
+    pub fn figures(&self) -> SweepFigures {
+        SweepFigures {
+            pending_items: self.backlog_count as u64,
+            oldest_pending_age_ms: self.oldest_pending_age_ms,
+            stuck_items: self.stuck_count as u64,
+            reenqueued: self.reenqueued as u64,
+            leases_released: self.leases_released as u64,
+            dead_letters_marked: self.dead_lettered as u64,
+        }
+    }
 }
 
 pub struct Sweeper {
@@ -140,6 +159,7 @@ impl Sweeper {
         tracing::info!(
             backlog_count = report.backlog_count,
             oldest_pending_age_ms = report.oldest_pending_age_ms,
+            stuck_count = report.stuck_count,
             reenqueued = report.reenqueued,
             leases_released = report.leases_released,
             dead_lettered = report.dead_lettered,
@@ -184,6 +204,7 @@ impl Sweeper {
             if since >= cutoff {
                 continue;
             }
+            report.stuck_count += 1;
             let message = QueueMessage {
                 pk: item.key.clone(),
             };

@@ -162,7 +162,7 @@ impl Emf {
     /// The EMF lines (no trailing newline); empty when nothing was recorded.
     pub fn render(&self) -> Vec<String> {
         // One document per breakdown value; deployment-only entries join the first.
-        let mut groups: Vec<(Option<(&'static str, &str)>, Vec<&Entry>)> = Vec::new();
+        let mut groups: Vec<(Option<Breakdown<'_>>, Vec<&Entry>)> = Vec::new();
         let mut plain: Vec<&Entry> = Vec::new();
         for entry in &self.entries {
             let key = match (&entry.breakdown, breakdown_dimension(entry.spec)) {
@@ -205,7 +205,7 @@ impl Emf {
         lines
     }
 
-    fn render_line(&self, key: Option<(&'static str, &str)>, part: &[(&Entry, &[f64])]) -> String {
+    fn render_line(&self, key: Option<Breakdown<'_>>, part: &[(&Entry, &[f64])]) -> String {
         let mut out = String::with_capacity(320);
         let _ = write!(
             out,
@@ -292,6 +292,9 @@ impl Emf {
 }
 
 const DEPLOYMENT_ONLY: &[&[&str]] = &[&[DEPLOYMENT]];
+
+/// A breakdown dimension and its value (`Provider` = `stripe`).
+type Breakdown<'a> = (&'static str, &'a str);
 
 /// The second dimension of a metric's breakdown set (`Provider`, `Cause`), if it has one.
 fn breakdown_dimension(spec: &MetricSpec) -> Option<&'static str> {
