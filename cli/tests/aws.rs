@@ -1,0 +1,636 @@
+//! The operator commands with `--backend aws`, through the real `einmal` binary,
+//! against DynamoDB + SQS in moto (tables and queues named per test, configured the
+//! way an operator does: `EINMAL_INBOX_TABLE`, `EINMAL_QUEUE_URL`, `EINMAL_DLQ_URL`,
+//! `EINMAL_STATE_TABLE`, `EINMAL_AUDIT_TABLE`, `AWS_ENDPOINT_URL`, credentials).
+//!
+//! The test prepares the stores in-process with the library (ingest, process with the
+//! reference domain), runs `einmal dlq list|show`, `einmal replay` (one event with
+//! `--reason`, bulk with `--dry-run`), `einmal audit list` and `einmal reconcile`,
+//! and checks both their output and the stores afterwards. Bad input (an unknown id,
+//! an unknown provider) gets a clear message and a non-zero exit.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use einmal::adapters::aws::{create_queues, create_tables, AwsNames, AwsStore};
+use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog};
+use einmal::domain::reference::{order_key, seed_sku, sku_key, Order, ReferenceDomain, Sku};
+use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore};
+use einmal::envelope::InboxKey;
+use einmal::pipeline::ingest::Ingestor;
+use einmal::pipeline::process::Processor;
+use einmal::ports::{Inbox, InboxFilter, InboxItem, InboxState, Queue, Source};
+use einmal_tests::fixtures::STRIPE_SECRET;
+use einmal_tests::moto;
+use einmal_tests::scenario::{self, orders_create, pi_succeeded, settle_all, Event, TENANT};
+use serde_json::{json, Value};
+
+const RED: &str = "SKU-RED-M";
+const NOPE: &str = "SKU-NOPE";
+const MAX_RECEIVES: u32 = 5;
+const LEASE_MS: i64 = 2_000;
+const API_KEY: &str = "sk_test_cli_reconcile";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json_out(o: &Output) -> Value {
+    assert!(o.status.success(), "{}{}", stdout(o), stderr(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
+}
+
+/// One set of tables and queues in moto, the stores on them, and the environment
+/// that points the binary at them.
+struct Aws {
+    env: Vec<(&'static str, String)>,
+    store: Arc<AwsStore>,
+    state: Arc<DynamoStateStore>,
+    audit: DynamoAuditLog,
+}
+
+impl Aws {
+    async fn new() -> Aws {
+        let moto = moto::shared();
+        let sdk = moto.sdk_config().await;
+        let name = moto::unique_name("einmal-cli");
+        let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        create_tables(&dynamodb, &name).await.expect("inbox table");
+        let names: AwsNames = create_queues(&sqs, &name, MAX_RECEIVES)
+            .await
+            .expect("queues");
+        let state_table = format!("{name}-state");
+        create_state_table(&dynamodb, &state_table)
+            .await
+            .expect("state table");
+        let audit_table = format!("{name}-audit");
+        create_audit_table(&dynamodb, &audit_table)
+            .await
+            .expect("audit table");
+        let env = vec![
+            ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+            ("AWS_ACCESS_KEY_ID", "testing".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".to_owned()),
+            ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+            ("EINMAL_INBOX_TABLE", names.table.clone()),
+            ("EINMAL_QUEUE_URL", names.queue_url.clone()),
+            (
+                "EINMAL_DLQ_URL",
+                names.dlq_url.clone().expect("a dead-letter queue"),
+            ),
+            ("EINMAL_STATE_TABLE", state_table.clone()),
+            ("EINMAL_AUDIT_TABLE", audit_table.clone()),
+            ("RUST_LOG", "warn".to_owned()),
+        ];
+        Aws {
+            env,
+            store: Arc::new(AwsStore::new(dynamodb.clone(), sqs, names)),
+            state: Arc::new(DynamoStateStore::new(dynamodb.clone(), state_table)),
+            audit: DynamoAuditLog::new(dynamodb, audit_table),
+        }
+    }
+
+    /// `einmal ARGS --backend aws` with this environment (blocking).
+    async fn einmal(&self, args: &[&str]) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
+        command
+            .args(args)
+            .args(["--backend", "aws"])
+            .current_dir(repo())
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("EINMAL_CONFIG")
+            .env_remove("EINMAL_CONFIG_PARAMETER");
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        tokio::task::spawn_blocking(move || command.output().expect("einmal runs"))
+            .await
+            .expect("join")
+    }
+
+    fn ingestor(&self) -> Ingestor {
+        Ingestor::new(scenario::config(), self.store.clone(), self.store.clone())
+    }
+
+    fn processor(&self) -> Processor {
+        Processor::new(
+            self.store.clone(),
+            self.store.clone(),
+            self.store.clone(),
+            self.state.clone(),
+            Arc::new(ReferenceDomain),
+        )
+        .with_settings(scenario::settings(LEASE_MS, MAX_RECEIVES))
+        .with_jitter(|| 1.0)
+    }
+
+    async fn seed(&self, sku: &str, on_hand: i64) {
+        let outcome = self
+            .state
+            .commit(&[seed_sku(TENANT, sku, on_hand)])
+            .await
+            .expect("seed commits");
+        assert_eq!(outcome, CommitOutcome::Committed, "seed {sku}");
+    }
+
+    async fn send(&self, event: &Event) {
+        let ingestor = self.ingestor();
+        let request = event.request(&ingestor.config());
+        let response = ingestor.ingest(event.provider, TENANT, &request).await;
+        assert_eq!(
+            response.status, 200,
+            "{}: {}",
+            event.event_id, response.body
+        );
+    }
+
+    async fn items(&self) -> Vec<InboxItem> {
+        self.store
+            .list(&InboxFilter {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .expect("inbox list")
+    }
+
+    async fn item(&self, key: &InboxKey) -> InboxItem {
+        self.store
+            .get(key)
+            .await
+            .expect("inbox get")
+            .unwrap_or_else(|| panic!("no inbox item {key}"))
+    }
+
+    /// Process until the queue is empty and every item is terminal; the number of
+    /// messages handled.
+    async fn drain(&self) -> usize {
+        let p = self.processor();
+        let visibility = Duration::from_millis(LEASE_MS as u64 + 1_000);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut handled = 0;
+        loop {
+            let batch = self.store.receive(10, visibility).await.expect("receive");
+            if !batch.is_empty() {
+                handled += settle_all(&p, &batch, "cli-test").await.len();
+                continue;
+            }
+            if self.items().await.iter().all(|i| i.state.is_terminal()) {
+                return handled;
+            }
+            assert!(Instant::now() < deadline, "drain timed out");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn record(&self, key: &StateKey) -> StateRecord {
+        self.state
+            .load(std::slice::from_ref(key))
+            .await
+            .expect("state load")
+            .remove(0)
+    }
+
+    async fn order(&self, id: &str) -> Order {
+        let record = self.record(&order_key(TENANT, id)).await;
+        assert!(record.exists(), "order {id}");
+        serde_json::from_value(record.data).expect("order data")
+    }
+
+    async fn on_hand(&self, sku: &str) -> i64 {
+        let record = self.record(&sku_key(TENANT, sku)).await;
+        let sku: Sku = serde_json::from_value(record.data).expect("sku data");
+        sku.on_hand
+    }
+
+    async fn records(&self, keys: &[StateKey]) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        for r in self.state.load(keys).await.expect("state load") {
+            out.insert(r.key.pk(), json!({"version": r.version, "data": r.data}));
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------
+// dlq list / show, replay (one, bulk dry run), audit list
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_replay_and_audit_with_backend_aws() {
+    let aws = Aws::new().await;
+    aws.seed(RED, 10).await;
+    // One order names a SKU we do not stock: a permanent failure, dead-lettered.
+    let broken = orders_create(
+        5001,
+        1_764_600_000,
+        &[(RED, 1), (NOPE, 2)],
+        5_000,
+        "pending",
+    );
+    let fine = orders_create(5002, 1_764_600_100, &[(RED, 2)], 3_000, "pending");
+    aws.send(&broken).await;
+    aws.send(&fine).await;
+    aws.drain().await;
+    let key = broken.inbox_key();
+    assert_eq!(aws.item(&key).await.state, InboxState::DeadLetter);
+    assert_eq!(
+        aws.item(&fine.inbox_key()).await.state,
+        InboxState::Completed
+    );
+
+    // dlq list: the dead letter with its reason, in text and JSON.
+    let out = aws.einmal(&["dlq", "list"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains(key.as_str()), "{text}");
+    assert!(text.contains("unknown SKU SKU-NOPE"), "{text}");
+    assert!(!text.contains(fine.inbox_key().as_str()), "{text}");
+    let listed = json_out(
+        &aws.einmal(&["dlq", "list", "--json", "--provider", "shopify"])
+            .await,
+    );
+    let listed = listed.as_array().expect("array");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["id"], json!(key.as_str()));
+    assert_eq!(listed[0]["state"], json!("dead_letter"));
+    assert_eq!(listed[0]["error_class"], json!("permanent"));
+    let none = json_out(
+        &aws.einmal(&["dlq", "list", "--json", "--tenant", "other"])
+            .await,
+    );
+    assert_eq!(none, json!([]));
+
+    // dlq show ID
+    let shown = json_out(&aws.einmal(&["dlq", "show", key.as_str(), "--json"]).await);
+    assert_eq!(shown["id"], json!(key.as_str()));
+    assert_eq!(shown["event_type"], json!("orders/create"));
+    assert_eq!(shown["attempts"], json!(1));
+    assert!(shown["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("unknown SKU SKU-NOPE"));
+    let out = aws.einmal(&["dlq", "show", key.as_str()]).await;
+    assert!(out.status.success());
+    assert!(
+        stdout(&out).contains("state:       dead_letter"),
+        "{}",
+        stdout(&out)
+    );
+    // An unknown id: a clear message, exit 1.
+    let out = aws
+        .einmal(&["dlq", "show", "shopify#t1#no-such-event"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("no event shopify#t1#no-such-event"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Fix (stock the SKU), then replay the one event with a reason.
+    aws.seed(NOPE, 5).await;
+    let event_id = format!("{}:orders/create:{}", scenario::SHOP, broken.event_id);
+    let replay = |reason: &'static str| {
+        let event_id = event_id.clone();
+        let aws = &aws;
+        async move {
+            aws.einmal(&[
+                "replay",
+                "--provider",
+                "shopify",
+                "--tenant",
+                TENANT,
+                "--event-id",
+                &event_id,
+                "--reason",
+                reason,
+                "--actor",
+                "ops-carol",
+            ])
+            .await
+        }
+    };
+    let out = replay("SKU-NOPE stocked").await;
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains(&format!("{key}  replayed")), "{text}");
+    assert!(text.contains("replayed=1"), "{text}");
+    assert!(text.contains("dead_letters_removed=1"), "{text}");
+    assert_eq!(aws.drain().await, 1, "one message: the replayed event");
+    let item = aws.item(&key).await;
+    assert_eq!(item.state, InboxState::Completed, "{:?}", item.last_error);
+    assert_eq!(aws.on_hand(RED).await, 10 - 1 - 2);
+    assert_eq!(aws.on_hand(NOPE).await, 5 - 2);
+    assert_eq!(aws.order("5001").await.line_items.len(), 2);
+    let keys = [
+        order_key(TENANT, "5001"),
+        order_key(TENANT, "5002"),
+        sku_key(TENANT, RED),
+        sku_key(TENANT, NOPE),
+    ];
+    let state_after = aws.records(&keys).await;
+
+    // Again: already done, nothing enqueued, nothing changes.
+    let out = replay("checking").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("already_done=1"), "{}", stdout(&out));
+    assert_eq!(aws.drain().await, 0);
+    assert_eq!(aws.records(&keys).await, state_after);
+
+    // An unknown event: reported missing, exit 1.
+    let out = aws
+        .einmal(&[
+            "replay",
+            "--provider",
+            "shopify",
+            "--tenant",
+            TENANT,
+            "--event-id",
+            "no-such-event",
+            "--reason",
+            "typo",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("missing=1"), "{}", stdout(&out));
+
+    // Bulk dry run: both completed events match, nothing is enqueued or audited.
+    let out = aws
+        .einmal(&[
+            "replay",
+            "--bulk",
+            "--provider",
+            "shopify",
+            "--tenant",
+            TENANT,
+            "--force",
+            "--reason",
+            "what would a forced replay touch?",
+            "--dry-run",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("dry run (nothing changed): matched=2"),
+        "{text}"
+    );
+    assert!(text.contains(key.as_str()) && text.contains(fine.inbox_key().as_str()));
+    assert_eq!(aws.drain().await, 0, "a dry run enqueues nothing");
+    assert_eq!(aws.records(&keys).await, state_after);
+    // A bad state filter is refused before anything runs.
+    let out = aws
+        .einmal(&[
+            "replay",
+            "--bulk",
+            "--state",
+            "stuck",
+            "--reason",
+            "x",
+            "--dry-run",
+        ])
+        .await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("unknown state"), "{}", stderr(&out));
+
+    // audit list: the three replays (not the dry run), newest first.
+    let records = json_out(&aws.einmal(&["audit", "list", "--json"]).await);
+    let records = records.as_array().expect("array");
+    assert_eq!(records.len(), 3, "{records:?}");
+    let reasons: Vec<&str> = records
+        .iter()
+        .map(|r| r["reason"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(reasons, ["typo", "checking", "SKU-NOPE stocked"]);
+    assert!(records.iter().all(|r| r["action"] == json!("replay")));
+    assert_eq!(records[2]["actor"], json!("ops-carol"));
+    assert_eq!(records[2]["events"], json!([key.as_str()]));
+    assert_eq!(records[2]["result"]["replayed"], json!(1));
+    assert_eq!(records[1]["result"]["already_done"], json!(1));
+    assert_eq!(records[0]["result"]["missing"], json!(1));
+    let out = aws.einmal(&["audit", "list", "--limit", "1"]).await;
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("replay") && text.contains("\"typo\""),
+        "{text}"
+    );
+    // The stores agree with the command.
+    assert_eq!(aws.audit.list(10).await.expect("audit list").len(), 3);
+}
+
+// ---------------------------------------------------------------------------
+// reconcile
+
+/// A fake Stripe `GET /v1/events` (one page, `created[gte]` honoured).
+#[derive(Clone, Default)]
+struct FakeStripe {
+    events: Arc<Mutex<Vec<Value>>>,
+}
+
+async fn stripe_events(State(api): State<FakeStripe>, headers: HeaderMap, uri: Uri) -> Response {
+    if uri.path() != "/v1/events" {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+    if auth != Some(&format!("Bearer {API_KEY}")) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let gte: i64 = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|p| p.strip_prefix("created%5Bgte%5D="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let data: Vec<Value> = api
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e["created"].as_i64().unwrap_or(0) >= gte)
+        .cloned()
+        .collect();
+    axum::Json(json!({"object": "list", "has_more": false, "data": data})).into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_with_backend_aws_ingests_the_missed_event_once() {
+    let aws = Aws::new().await;
+    aws.seed(RED, 10).await;
+    let now = einmal::time::now_secs();
+    let create = orders_create(6001, now - 3_600, &[(RED, 1)], 2_500, "pending");
+    aws.send(&create).await;
+    aws.drain().await;
+    // The payment's webhook never came; Stripe lists it.
+    let missed = pi_succeeded("6001", "pi_cli_1", 2_500, now - 120);
+    let api = FakeStripe::default();
+    api.events
+        .lock()
+        .unwrap()
+        .push(serde_json::from_slice(&missed.body).expect("event"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("fake API binds");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let app = Router::new().fallback(stripe_events).with_state(api);
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("fake API serves");
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("einmal.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[tenant]]
+provider = "stripe"
+tenant = "{TENANT}"
+secrets = ["{STRIPE_SECRET}"]
+options = {{ api_base = "{base}", api_key = "{API_KEY}" }}
+"#
+        ),
+    )
+    .expect("config written");
+    let config = config.to_str().expect("utf-8 path");
+    let reconcile = |reason: &'static str| {
+        let aws = &aws;
+        async move {
+            aws.einmal(&[
+                "reconcile",
+                "--config",
+                config,
+                "--provider",
+                "stripe",
+                "--tenant",
+                TENANT,
+                "--reason",
+                reason,
+                "--actor",
+                "ops-dan",
+                "--json",
+            ])
+            .await
+        }
+    };
+
+    let reports = json_out(&reconcile("missed webhook").await);
+    let r = &reports[0];
+    assert_eq!(r["error"], Value::Null, "{r}");
+    assert_eq!(
+        (&r["fetched"], &r["already_present"], &r["ingested"]),
+        (&json!(1), &json!(0), &json!(1)),
+        "{r}"
+    );
+    assert_eq!(r["ingested_events"], json!([missed.inbox_key().as_str()]));
+    assert_eq!(r["differences"][0]["order_id"], json!("6001"));
+    assert_eq!(
+        r["differences"][0]["our_status"],
+        json!("pending processing")
+    );
+    let item = aws.item(&missed.inbox_key()).await;
+    assert_eq!(item.source, Source::Reconcile);
+    assert_eq!(aws.drain().await, 1);
+    let order = aws.order("6001").await;
+    assert!(order.is_paid());
+    assert_eq!(order.invoices.len(), 1);
+    let checkpoint = aws
+        .record(&StateKey::new(TENANT, "checkpoint", "stripe"))
+        .await;
+    assert!(
+        checkpoint.exists(),
+        "checkpoint in the DynamoDB state table"
+    );
+    let items = aws.items().await.len();
+    let keys = [order_key(TENANT, "6001"), sku_key(TENANT, RED)];
+    let state_after = aws.records(&keys).await;
+
+    // Again, in text: present, nothing ingested, nothing applied.
+    let out = aws
+        .einmal(&[
+            "reconcile",
+            "--config",
+            config,
+            "--provider",
+            "stripe",
+            "--tenant",
+            TENANT,
+            "--reason",
+            "second look",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("stripe"))
+        .unwrap_or_else(|| panic!("no stripe row: {text}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&columns[..5], ["stripe", TENANT, "1", "1", "0"], "{text}");
+    assert!(
+        !text.contains("pending processing"),
+        "no difference: {text}"
+    );
+    assert_eq!(aws.drain().await, 0);
+    assert_eq!(aws.items().await.len(), items);
+    assert_eq!(aws.records(&keys).await, state_after);
+
+    // Every run is audited.
+    let records = json_out(&aws.einmal(&["audit", "list", "--json"]).await);
+    let records = records.as_array().expect("array");
+    assert_eq!(records.len(), 2, "{records:?}");
+    assert!(records.iter().all(|r| r["action"] == json!("reconcile")));
+    assert_eq!(records[1]["reason"], json!("missed webhook"));
+    assert_eq!(records[1]["actor"], json!("ops-dan"));
+    assert_eq!(records[1]["events"], json!([missed.inbox_key().as_str()]));
+    assert_eq!(records[0]["result"]["ingested"], json!(0));
+
+    // Bad input: a provider reconciliation does not know, a tenant that does not exist.
+    let out = aws
+        .einmal(&["reconcile", "--config", config, "--provider", "paypal"])
+        .await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("reconciliation supports"),
+        "{}",
+        stderr(&out)
+    );
+    let out = aws
+        .einmal(&[
+            "reconcile",
+            "--config",
+            config,
+            "--provider",
+            "stripe",
+            "--tenant",
+            "nobody",
+        ])
+        .await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no such provider/tenant"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(aws.audit.list(10).await.expect("audit list").len(), 2);
+}
