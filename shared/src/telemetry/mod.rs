@@ -11,6 +11,7 @@ pub mod redact;
 pub mod trace;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -121,4 +122,51 @@ where
 pub fn init_json_logs() {
     let _ =
         tracing::subscriber::set_global_default(json_log_subscriber(log_filter(), std::io::stderr));
+}
+
+/// Log lines captured in memory in the production format (redaction included), for
+/// tests that check what reaches the logs.
+#[derive(Debug, Clone, Default)]
+pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    /// Capture this thread's logs at `level` (e.g. `trace`), the payload-logging
+    /// crates capped as in production, until the guard is dropped.
+    pub fn install(&self, level: &str) -> tracing::subscriber::DefaultGuard {
+        let filter = cap_payload_loggers(tracing_subscriber::EnvFilter::new(level));
+        tracing::subscriber::set_default(json_log_subscriber(filter, self.clone()))
+    }
+
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Forget what was captured so far.
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogCapture {
+    type Writer = LogCapture;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
 }
