@@ -5,8 +5,9 @@
 //!
 //! The test prepares the stores in-process with the library (ingest, process with the
 //! reference domain), runs `einmal dlq list|show`, `einmal replay` (one event with
-//! `--reason`, bulk with `--dry-run`), `einmal audit list` and `einmal reconcile`,
-//! and checks both their output and the stores afterwards. Bad input (an unknown id,
+//! `--reason`, bulk with `--dry-run`), `einmal audit list` and `einmal reconcile`
+//! (Stripe's event list, and GoPay's payment status from its hints, against fake APIs
+//! on loopback), and checks both their output and the stores afterwards. Bad input (an unknown id,
 //! an unknown provider) gets a clear message and a non-zero exit.
 
 use std::collections::BTreeMap;
@@ -38,6 +39,8 @@ const NOPE: &str = "SKU-NOPE";
 const MAX_RECEIVES: u32 = 5;
 const LEASE_MS: i64 = 2_000;
 const API_KEY: &str = "sk_test_cli_reconcile";
+const GOPAY_TOKEN: &str = "gopay-cli-access-token";
+const GOPAY_PATH_TOKEN: &str = "gopay-cli-path-token";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -184,14 +187,17 @@ impl Aws {
     /// Process until the queue is empty and every item is terminal; the number of
     /// messages handled.
     async fn drain(&self) -> usize {
-        let p = self.processor();
+        self.drain_with(&self.processor()).await
+    }
+
+    async fn drain_with(&self, p: &Processor) -> usize {
         let visibility = Duration::from_millis(LEASE_MS as u64 + 1_000);
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut handled = 0;
         loop {
             let batch = self.store.receive(10, visibility).await.expect("receive");
             if !batch.is_empty() {
-                handled += settle_all(&p, &batch, "cli-test").await.len();
+                handled += settle_all(p, &batch, "cli-test").await.len();
                 continue;
             }
             if self.items().await.iter().all(|i| i.state.is_terminal()) {
@@ -442,13 +448,40 @@ async fn dlq_replay_and_audit_with_backend_aws() {
 // ---------------------------------------------------------------------------
 // reconcile
 
-/// A fake Stripe `GET /v1/events` (one page, `created[gte]` honoured).
+/// A fake Stripe `GET /v1/events` (one page, `created[gte]` honoured) and GoPay
+/// `GET /api/payments/payment/{id}`.
 #[derive(Clone, Default)]
-struct FakeStripe {
+struct FakeApi {
     events: Arc<Mutex<Vec<Value>>>,
+    gopay: Arc<Mutex<BTreeMap<String, Value>>>,
 }
 
-async fn stripe_events(State(api): State<FakeStripe>, headers: HeaderMap, uri: Uri) -> Response {
+impl FakeApi {
+    /// Serve on a free loopback port; the base URL.
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("fake API binds");
+        let base = format!("http://{}", listener.local_addr().expect("address"));
+        let app = Router::new().fallback(fake_api).with_state(self.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("fake API serves");
+        });
+        base
+    }
+}
+
+async fn fake_api(State(api): State<FakeApi>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Some(id) = uri.path().strip_prefix("/api/payments/payment/") {
+        let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+        if auth != Some(&format!("Bearer {GOPAY_TOKEN}")) {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+        return match api.gopay.lock().unwrap().get(id) {
+            Some(p) => axum::Json(p.clone()).into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        };
+    }
     if uri.path() != "/v1/events" {
         return StatusCode::NOT_FOUND.into_response();
     }
@@ -484,19 +517,12 @@ async fn reconcile_with_backend_aws_ingests_the_missed_event_once() {
     aws.drain().await;
     // The payment's webhook never came; Stripe lists it.
     let missed = pi_succeeded("6001", "pi_cli_1", 2_500, now - 120);
-    let api = FakeStripe::default();
+    let api = FakeApi::default();
     api.events
         .lock()
         .unwrap()
         .push(serde_json::from_slice(&missed.body).expect("event"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("fake API binds");
-    let base = format!("http://{}", listener.local_addr().expect("address"));
-    let app = Router::new().fallback(stripe_events).with_state(api);
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("fake API serves");
-    });
+    let base = api.start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("einmal.toml");
     std::fs::write(
@@ -633,4 +659,111 @@ options = {{ api_base = "{base}", api_key = "{API_KEY}" }}
         stderr(&out)
     );
     assert_eq!(aws.audit.list(10).await.expect("audit list").len(), 2);
+}
+
+/// GoPay has no list API: `einmal reconcile` looks up the payment its (ignored) hint
+/// named, finds it paid, and ingests one hint that the processor applies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_gopay_with_backend_aws_applies_the_unannounced_payment_once() {
+    let aws = Aws::new().await;
+    let api = FakeApi::default();
+    let base = api.start().await;
+    let id = "3000000777";
+    let payment = |state: &str| {
+        json!({"id": 3_000_000_777u64, "order_number": "g-77", "state": state,
+               "amount": 4990, "currency": "CZK"})
+    };
+    api.gopay
+        .lock()
+        .unwrap()
+        .insert(id.into(), payment("CREATED"));
+    let toml = format!(
+        r#"
+[[tenant]]
+provider = "gopay"
+tenant = "{TENANT}"
+options = {{ path_token = "{GOPAY_PATH_TOKEN}", access_token = "{GOPAY_TOKEN}", api_base = "{base}" }}
+"#
+    );
+    let config = Arc::new(einmal::config::Config::from_toml(&toml).expect("config"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("einmal.toml");
+    std::fs::write(&path, &toml).expect("config written");
+    let path = path.to_str().expect("utf-8 path");
+    // GoPay's notification came three minutes ago, while the payment was CREATED.
+    let ingestor = Ingestor::new(config.clone(), aws.store.clone(), aws.store.clone())
+        .with_clock(|| einmal::time::now_millis() - 180_000);
+    let hint = einmal::request::WebhookRequest {
+        method: http::Method::GET,
+        headers: http::HeaderMap::new(),
+        query: Some(format!("id={id}")),
+        body: Default::default(),
+        path_token: Some(GOPAY_PATH_TOKEN.into()),
+    };
+    let response = ingestor.ingest("gopay", TENANT, &hint).await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    let processor = aws
+        .processor()
+        .with_lookup(Arc::new(einmal::lookup::HttpLookup::new()), config);
+    assert_eq!(aws.drain_with(&processor).await, 1);
+    let items = aws.items().await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].state, InboxState::Ignored, "{:?}", items[0].result);
+    // The customer pays; that notification never arrives.
+    api.gopay.lock().unwrap().insert(id.into(), payment("PAID"));
+
+    let run = |reason: &'static str| {
+        let aws = &aws;
+        async move {
+            aws.einmal(&[
+                "reconcile",
+                "--config",
+                path,
+                "--provider",
+                "gopay",
+                "--reason",
+                reason,
+                "--json",
+            ])
+            .await
+        }
+    };
+    let reports = json_out(&run("gopay has no list API").await);
+    let r = &reports[0];
+    assert_eq!(r["error"], Value::Null, "{r}");
+    assert_eq!(
+        (&r["fetched"], &r["ingested"]),
+        (&json!(1), &json!(1)),
+        "{r}"
+    );
+    assert_eq!(r["differences"][0]["object_id"], json!(id));
+    assert_eq!(r["differences"][0]["order_id"], json!("g-77"));
+    assert_eq!(r["differences"][0]["provider_status"], json!("PAID"));
+    let reconciled: Vec<InboxItem> = aws
+        .items()
+        .await
+        .into_iter()
+        .filter(|i| i.source == Source::Reconcile)
+        .collect();
+    assert_eq!(reconciled.len(), 1);
+    assert_eq!(reconciled[0].envelope.event_type, "hint.payment");
+    assert_eq!(aws.drain_with(&processor).await, 1);
+    let order = aws.order("g-77").await;
+    assert!(order.is_paid());
+    assert_eq!(order.invoices.len(), 1);
+    let keys = [order_key(TENANT, "g-77")];
+    let state_after = aws.records(&keys).await;
+
+    // Again: the payment's hint completed; nothing is looked up, ingested or applied.
+    let reports = json_out(&run("again").await);
+    let r = &reports[0];
+    assert_eq!(
+        (&r["fetched"], &r["ingested"]),
+        (&json!(0), &json!(0)),
+        "{r}"
+    );
+    assert_eq!(r["differences"], json!([]));
+    assert_eq!(aws.drain_with(&processor).await, 0);
+    assert_eq!(aws.records(&keys).await, state_after);
+    assert_eq!(aws.items().await.len(), 2);
 }

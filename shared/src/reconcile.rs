@@ -179,8 +179,9 @@ pub struct TenantReport {
     /// Inbox keys of the events ingested now.
     #[serde(default)]
     pub ingested_events: Vec<String>,
-    /// Provider says paid, our order is not (computed only with a business state
-    /// store, see [`Reconciler::run_with`]).
+    /// Provider says paid, our order is not (Stripe/Shopify: computed only with a
+    /// business state store, see [`Reconciler::run_with`]; thin providers: always, one
+    /// per payment a hint was ingested or is due for).
     #[serde(default)]
     pub differences: Vec<Difference>,
 }
@@ -1229,6 +1230,64 @@ mod tests {
             Some("https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=b&limit=250")
         );
         assert_eq!(next_link(r#"<https://x/y>; rel="previous""#), None);
+    }
+
+    #[test]
+    fn thin_states_read_as_the_domain_reads_them() {
+        let state = |provider: &str, body: serde_json::Value| {
+            thin_payment(provider, &body).map(|p| (p.id, p.state, p.order_id))
+        };
+        let mollie = |status: &str| {
+            json!({"resource": "payment", "id": "tr_1", "status": status,
+                   "metadata": {"order_id": "o-1"}})
+        };
+        for (status, expected) in [
+            ("paid", PaymentState::Paid),
+            ("failed", PaymentState::Failed),
+            ("canceled", PaymentState::Failed),
+            ("expired", PaymentState::Failed),
+            ("open", PaymentState::Open),
+            ("authorized", PaymentState::Open),
+        ] {
+            let (id, s, order) = state("mollie", mollie(status)).unwrap();
+            assert_eq!(
+                (id.as_str(), s, order.as_deref()),
+                ("tr_1", expected, Some("o-1"))
+            );
+        }
+        let gopay = json!({"id": 3000006529u64, "state": "PAID", "order_number": 17});
+        let (id, s, order) = state("gopay", gopay).unwrap();
+        assert_eq!((id.as_str(), s), ("3000006529", PaymentState::Paid));
+        assert_eq!(order.as_deref(), Some("17"));
+        for (status, expected) in [
+            ("TIMEOUTED", PaymentState::Failed),
+            ("CREATED", PaymentState::Open),
+            ("REFUNDED", PaymentState::Open),
+        ] {
+            let body = json!({"id": 1, "state": status});
+            assert_eq!(state("gopay", body).unwrap().1, expected, "{status}");
+        }
+        let klarna = json!({"order_id": "abc-1", "status": "CANCELLED"});
+        let (_, s, order) = state("klarna-push", klarna).unwrap();
+        assert_eq!((s, order), (PaymentState::Failed, None));
+        // Bad input is an error, never a panic.
+        for (provider, body) in [
+            ("mollie", json!({"status": "paid"})),
+            ("mollie", json!({"id": "tr_1"})),
+            ("mollie", json!({"id": "../x", "status": "paid"})),
+            ("gopay", json!({"id": [1], "state": "PAID"})),
+            ("klarna-push", json!(null)),
+        ] {
+            assert!(
+                matches!(
+                    state(provider, body.clone()),
+                    Err(ReconcileError::Payload(_))
+                ),
+                "{provider} {body}"
+            );
+        }
+        assert_eq!(hint_kind("klarna-push"), "order");
+        assert_eq!(hint_kind("gopay"), "payment");
     }
 
     #[test]
