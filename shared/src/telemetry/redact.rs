@@ -65,6 +65,15 @@ const SENSITIVE_PAIRS: &[(&str, &str)] = &[("api", "key"), ("private", "key"), (
 /// True when a field (or tenant option) name denotes a secret, a signature or a body.
 /// Case-insensitive; names are split on `_`, `-`, `.` and camelCase.
 pub fn is_sensitive_name(name: &str) -> bool {
+    let parts = name_parts(name);
+    parts.iter().any(|p| SENSITIVE_PARTS.contains(&p.as_str()))
+        || parts
+            .windows(2)
+            .any(|w| SENSITIVE_PAIRS.contains(&(w[0].as_str(), w[1].as_str())))
+}
+
+/// A name in lower-case parts, split on `_`, `-`, `.`, spaces and camelCase.
+fn name_parts(name: &str) -> Vec<String> {
     let mut parts: Vec<String> = Vec::with_capacity(4);
     let mut current = String::new();
     let mut prev_lower = false;
@@ -85,7 +94,27 @@ pub fn is_sensitive_name(name: &str) -> bool {
     if !current.is_empty() {
         parts.push(current);
     }
-    parts.iter().any(|p| SENSITIVE_PARTS.contains(&p.as_str()))
+    parts
+}
+
+/// Name parts of tenant options that hold credentials (their values are masked).
+const CREDENTIAL_PARTS: &[&str] = &[
+    "secret",
+    "secrets",
+    "token",
+    "password",
+    "passwd",
+    "apikey",
+    "credential",
+    "credentials",
+];
+
+/// True when a tenant option holds a credential (`path_token`, `api_key`,
+/// `access_token`, `api_password`), not a header name or a flag (`header`,
+/// `require_signature`).
+pub fn is_credential_option(name: &str) -> bool {
+    let parts = name_parts(name);
+    parts.iter().any(|p| CREDENTIAL_PARTS.contains(&p.as_str()))
         || parts
             .windows(2)
             .any(|w| SENSITIVE_PAIRS.contains(&(w[0].as_str(), w[1].as_str())))
@@ -113,15 +142,15 @@ pub fn register_secret(value: &str) {
 }
 
 /// Register every secret of a configuration: each tenant's signing secrets, and the
-/// values of options with sensitive names (`path_token`, `api_key`, `access_token`,
-/// `api_password`; an `env:VAR` value is resolved from the environment).
+/// values of credential options ([`is_credential_option`]; an `env:VAR` value is
+/// resolved from the environment).
 pub fn register_config(config: &Config) {
     for tenant in config.tenants() {
         for secret in &tenant.secrets {
             register_secret(secret.expose());
         }
         for (name, value) in &tenant.options {
-            if !is_sensitive_name(name) {
+            if !is_credential_option(name) {
                 continue;
             }
             match value.strip_prefix("env:") {
@@ -345,6 +374,25 @@ mod tests {
             "xrayTraceId",
         ] {
             assert!(!is_sensitive_name(name), "{name}");
+        }
+        for name in [
+            "path_token",
+            "api_key",
+            "access_token",
+            "api_password",
+            "secret",
+        ] {
+            assert!(is_credential_option(name), "{name}");
+        }
+        for name in [
+            "header",
+            "timestamp_header",
+            "require_signature",
+            "signed_content",
+            "api_username",
+            "shop_domain",
+        ] {
+            assert!(!is_credential_option(name), "{name}");
         }
     }
 
