@@ -129,3 +129,86 @@ fn receive_count(attributes: &HashMap<String, String>) -> u32 {
         .unwrap_or(1)
         .max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use einmal::telemetry::LogCapture;
+    use einmal_tests::scenario;
+
+    use super::*;
+
+    const TRACE: &str =
+        "Root=1-67a1b2c3-0123456789abcdef0000beef;Parent=53995c3f42cd8ad8;Sampled=1";
+
+    /// An SQS event whose record carries the receiver's `AWSTraceHeader`: the
+    /// processing log lines carry its trace id, and the batch's tally comes back for
+    /// the EMF line.
+    #[tokio::test]
+    async fn the_trace_header_of_a_record_reaches_the_processing_logs() {
+        let b = scenario::embedded(5).await;
+        let config = scenario::config();
+        let now = einmal::time::now_secs();
+        let event = scenario::pi_succeeded("order-x1", "pi_x1", 4990, now);
+        let resp = b
+            .ingestor()
+            .ingest("stripe", scenario::TENANT, &event.request(&config))
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        let delivery = b
+            .queue
+            .receive(1, Duration::from_secs(30))
+            .await
+            .expect("receive")
+            .pop()
+            .expect("one message");
+        let body = serde_json::to_string(&delivery.message).expect("pointer JSON");
+        let sqs: SqsEvent = serde_json::from_value(serde_json::json!({
+            "Records": [{
+                "messageId": "m-1",
+                "receiptHandle": delivery.receipt,
+                "body": body,
+                "attributes": {
+                    "ApproximateReceiveCount": "1",
+                    "AWSTraceHeader": TRACE,
+                    "SentTimestamp": "1764410400000"
+                },
+                "messageAttributes": {},
+                "md5OfBody": "",
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:eu-central-1:123456789012:einmal",
+                "awsRegion": "eu-central-1"
+            }]
+        }))
+        .expect("SQS event");
+
+        let processor = b.processor(30_000);
+        let capture = LogCapture::default();
+        let guard = capture.install("info");
+        let (response, tally) = handle_observed(&processor, sqs, "req-1").await;
+        drop(guard);
+
+        assert!(response.batch_item_failures.is_empty());
+        assert_eq!(tally.completed, 1);
+        assert_eq!(tally.payment_within_slo.values, vec![1.0]);
+        let logs = capture.text();
+        let processed = logs
+            .lines()
+            .find(|l| l.contains("\"message\":\"event processed\""))
+            .unwrap_or_else(|| panic!("no processing line in {logs}"));
+        assert!(
+            processed.contains("\"trace_id\":\"1-67a1b2c3-0123456789abcdef0000beef\""),
+            "{processed}"
+        );
+        assert!(
+            processed.contains("\"event_id\":\"evt_ps_pi_x1\""),
+            "{processed}"
+        );
+        // The tally was drained with the batch.
+        assert_eq!(
+            processor.metrics().drain(),
+            einmal::telemetry::emf::WorkerTally::default()
+        );
+    }
+}

@@ -119,3 +119,107 @@ fn respond(response: &IngestResponse) -> Result<Response<Body>, Error> {
         .header("content-type", content_type)
         .body(Body::Text(body))?)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use einmal::telemetry::emf::{IntakeResult, UNKNOWN_PROVIDER};
+    use einmal::telemetry::trace::AWS_TRACE_HEADER;
+    use einmal_tests::fixtures::{config, signed, stripe_body};
+    use einmal_tests::moto;
+    use lambda_http::{Context, RequestExt};
+
+    use super::*;
+
+    const TRACE: &str =
+        "Root=1-67a1b2c3-0123456789abcdef0000feed;Parent=53995c3f42cd8ad8;Sampled=1";
+
+    fn api_gateway_v2_event(path: &str, headers: &http::HeaderMap, body: &[u8]) -> Request {
+        let headers: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").into()))
+            .collect();
+        let event = serde_json::json!({
+            "version": "2.0",
+            "routeKey": "POST /webhooks/{provider}/{tenant}",
+            "rawPath": path,
+            "rawQueryString": "",
+            "headers": headers,
+            "requestContext": {
+                "accountId": "123456789012", "apiId": "abc123",
+                "domainName": "abc123.execute-api.eu-central-1.amazonaws.com",
+                "domainPrefix": "abc123",
+                "http": {"method": "POST", "path": path, "protocol": "HTTP/1.1",
+                         "sourceIp": "192.0.2.10", "userAgent": "Stripe/1.0"},
+                "requestId": "req-1", "routeKey": "POST /webhooks/{provider}/{tenant}",
+                "stage": "$default", "time": "29/Nov/2026:10:00:00 +0000",
+                "timeEpoch": 1764410400000u64
+            },
+            "body": String::from_utf8_lossy(body),
+            "isBase64Encoded": false
+        });
+        let mut context = Context::default();
+        context.xray_trace_id = Some(TRACE.to_string());
+        lambda_http::request::from_str(&event.to_string())
+            .expect("valid API Gateway event")
+            .with_lambda_context(context)
+    }
+
+    /// The invocation's X-Ray trace header (from the Lambda context) reaches SQS as the
+    /// `AWSTraceHeader` system attribute (moto returns it), and the request's metrics
+    /// come back for its EMF line.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_lambda_trace_header_goes_to_sqs_and_the_request_is_measured() {
+        let (store, names) = moto::aws_store(moto::shared(), None).await;
+        let store = Arc::new(store);
+        let config = config();
+        let ingestor = Ingestor::new(config.clone(), store.clone(), store.clone());
+        let body = stripe_body("evt_trace_1", 10);
+        let request = signed(&config, "stripe", "t1", "evt_trace_1", &body);
+        let req = api_gateway_v2_event("/webhooks/stripe/t1", &request.headers, &body);
+
+        let (response, record) = handle_observed(&ingestor, req).await.expect("handled");
+        assert_eq!(response.status(), 200);
+        assert_eq!(record.provider, "stripe");
+        assert_eq!(
+            record.result,
+            IntakeResult::Accepted {
+                new: 1,
+                duplicates: 0
+            }
+        );
+        assert!(record.ack_ms > 0.0);
+        let line = &record.emf("einmal", 1).render()[0];
+        let doc: serde_json::Value = serde_json::from_str(line).expect("EMF JSON");
+        assert_eq!(doc["WebhooksAccepted"], 1);
+        assert_eq!(doc["Provider"], "stripe");
+
+        let out = store
+            .sqs()
+            .receive_message()
+            .queue_url(&names.queue_url)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(AWS_TRACE_HEADER.into())
+            .send()
+            .await
+            .expect("receive");
+        let messages = out.messages.unwrap_or_default();
+        assert_eq!(messages.len(), 1);
+        let attributes = messages[0].attributes.clone().unwrap_or_default();
+        let header = attributes
+            .iter()
+            .find(|(name, _)| name.as_str() == AWS_TRACE_HEADER)
+            .map(|(_, value)| value.as_str());
+        assert_eq!(header, Some(TRACE), "{attributes:?}");
+
+        // A path that is no webhook route: measured under the `unknown` provider.
+        let req = api_gateway_v2_event("/elsewhere", &http::HeaderMap::new(), b"{}");
+        let (response, record) = handle_observed(&ingestor, req).await.expect("handled");
+        assert_eq!(response.status(), 404);
+        assert_eq!(
+            (record.provider, record.result),
+            (UNKNOWN_PROVIDER, IntakeResult::Rejected)
+        );
+    }
+}
