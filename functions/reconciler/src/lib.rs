@@ -142,3 +142,51 @@ async fn report(
     }
     Ok(json!({ "reports": reports }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use einmal::adapters::embedded::EmbeddedStore;
+    use einmal::adapters::embedded_state::EmbeddedStateStore;
+    use einmal::config::Config;
+    use einmal::pipeline::ingest::Ingestor;
+
+    use super::*;
+
+    /// A run with nothing to reconcile reports zeros (the gauges are always emitted);
+    /// a run that cannot start counts as one failure.
+    #[tokio::test]
+    async fn every_run_is_measured() {
+        let dir = std::env::temp_dir().join(format!(
+            "einmal-reconciler-test-{}-{}",
+            std::process::id(),
+            einmal::time::now_millis()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let store = Arc::new(EmbeddedStore::open(&dir, Default::default()).expect("store"));
+        let state = Arc::new(EmbeddedStateStore::open(&dir).expect("state"));
+        // A tenant without API credentials: nothing to fetch.
+        let config = Config::from_toml(
+            "[[tenant]]\nprovider = \"github\"\ntenant = \"t1\"\nsecrets = [\"gh-secret-1234\"]\n",
+        )
+        .expect("config");
+        let ingestor = Arc::new(Ingestor::new(Arc::new(config), store.clone(), store));
+        let reconciler = Reconciler::new(ingestor, state);
+
+        let (result, figures) =
+            handle_observed(&reconciler, None, None, &json!({"source": "aws.scheduler"})).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(figures, ReconcileFigures::default());
+        let line = &figures.emf("einmal", 1).render()[0];
+        let doc: Value = serde_json::from_str(line).expect("EMF JSON");
+        assert_eq!(doc["ReconcileFailures"], 0);
+        assert_eq!(doc["ReconcileIngested"], 0);
+
+        let (result, figures) =
+            handle_observed(&reconciler, None, None, &json!({"since": "yesterday"})).await;
+        assert!(result.is_err());
+        assert_eq!(figures.failures, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
