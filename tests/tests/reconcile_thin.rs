@@ -2,8 +2,8 @@
 //! Klarna push) against a fake provider API on loopback, with the reference domain and
 //! the processor's real HTTP resource lookup.
 //!
-//! In each scenario a payment turns paid at the provider and no hint ever announces
-//! it: reconciliation finds it, ingests one hint (`source = reconcile`, the thin
+//! In each scenario a payment turns paid at the provider and no hint announces it
+//! (for Mollie also one never announced by any hint at all): reconciliation finds it, ingests one hint (`source = reconcile`, the thin
 //! providers' own dedup key), the processor fetches and applies it once, a real hint
 //! arriving later adds no second effect, and a second run ingests and applies nothing.
 //! Payments whose state did not change (or was never final: a forged hint) produce
@@ -432,6 +432,9 @@ async fn mollie_paid_never_announced_is_listed_ingested_and_applied_once() {
     // Open, and stays open; its hint is a forgery claiming it was paid.
     h.api
         .mollie(mollie_payment("tr_open1", "open", "m-3", now - 1_200));
+    // Created and paid, and no hint ever came.
+    h.api
+        .mollie(mollie_payment("tr_nohint", "paid", "m-4", now - 300));
     // Created before the first run's window: never listed.
     h.api
         .mollie(mollie_payment("tr_old01", "paid", "m-0", now - 5 * 86_400));
@@ -450,48 +453,74 @@ async fn mollie_paid_never_announced_is_listed_ingested_and_applied_once() {
     let after = einmal::time::now_secs();
     assert_eq!(
         (r.fetched, r.already_present, r.ingested),
-        (3, 1, 1),
+        (4, 1, 2),
         "{r:?}"
     );
     // Newest first in pages of two, until a payment older than the window.
     let queries = h.api.list_queries();
-    assert_eq!(queries.len(), 2, "{queries:?}");
+    assert_eq!(queries.len(), 3, "{queries:?}");
     assert_eq!(query_param(&queries[0], "from"), None);
     assert_eq!(query_param(&queries[0], "limit").as_deref(), Some("250"));
     assert_eq!(
         query_param(&queries[1], "from").as_deref(),
-        Some("tr_open1")
+        Some("tr_paid1")
     );
     assert_eq!(
-        r.differences,
-        vec![Difference {
-            provider: "mollie".into(),
-            tenant: TENANT.into(),
-            object_id: "tr_late1".into(),
-            order_id: "m-2".into(),
-            provider_status: "paid".into(),
-            our_status: PENDING_PROCESSING.into(),
-        }]
+        query_param(&queries[2], "from").as_deref(),
+        Some("tr_old01")
     );
-    let reconciled = h.reconciled_items().await;
-    assert_eq!(reconciled.len(), 1, "{reconciled:?}");
+    let difference = |id: &str, order: &str| Difference {
+        provider: "mollie".into(),
+        tenant: TENANT.into(),
+        object_id: id.into(),
+        order_id: order.into(),
+        provider_status: "paid".into(),
+        our_status: PENDING_PROCESSING.into(),
+    };
+    assert_eq!(
+        r.differences,
+        vec![
+            difference("tr_nohint", "m-4"),
+            difference("tr_late1", "m-2")
+        ]
+    );
+    let mut reconciled = h.reconciled_items().await;
+    reconciled.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    assert_eq!(reconciled.len(), 2, "{reconciled:?}");
+    // The thin providers' own key scheme.
     assert!(
         reconcile_key("mollie", "tr_late1", before, after).contains(&reconciled[0]),
-        "the thin providers' own key: {}",
+        "{}",
         reconciled[0]
     );
-    assert_eq!(r.ingested_events, vec![reconciled[0].as_str().to_owned()]);
-    assert_eq!(h.b.items().await.len(), items_before + 1);
+    assert!(
+        reconcile_key("mollie", "tr_nohint", before, after).contains(&reconciled[1]),
+        "{}",
+        reconciled[1]
+    );
+    let mut ingested = r.ingested_events.clone();
+    ingested.sort();
+    assert_eq!(
+        ingested,
+        reconciled
+            .iter()
+            .map(|k| k.as_str().to_owned())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(h.b.items().await.len(), items_before + 2);
     // The checkpoint waits at the payment still open.
     assert_eq!(h.checkpoint("mollie").await, Some(now - 1_200));
     assert_eq!(r.checkpoint, Some(format_rfc3339(now - 1_200)));
 
     let handled = h.drain().await;
-    assert_eq!(handled.len(), 1, "{handled:?}");
-    let item = h.b.inbox.get(&reconciled[0]).await.unwrap().unwrap();
-    assert_eq!(item.state, InboxState::Completed, "{:?}", item.last_error);
-    assert_eq!(item.envelope.event_type, "hint.payment");
+    assert_eq!(handled.len(), 2, "{handled:?}");
+    for key in &reconciled {
+        let item = h.b.inbox.get(key).await.unwrap().unwrap();
+        assert_eq!(item.state, InboxState::Completed, "{:?}", item.last_error);
+        assert_eq!(item.envelope.event_type, "hint.payment");
+    }
     assert_eq!(h.paid_effects("m-2").await, 1);
+    assert_eq!(h.paid_effects("m-4").await, 1);
     assert_eq!(h.paid_effects("m-3").await, 0);
 
     // Mollie's own late hint arrives now: a new item, and no second effect.
@@ -505,7 +534,7 @@ async fn mollie_paid_never_announced_is_listed_ingested_and_applied_once() {
     let r = h.run("mollie").await;
     assert_eq!(
         (r.fetched, r.already_present, r.ingested),
-        (3, 2, 0),
+        (4, 3, 0),
         "{r:?}"
     );
     assert!(r.differences.is_empty(), "{:?}", r.differences);
@@ -523,7 +552,7 @@ async fn mollie_paid_never_announced_is_listed_ingested_and_applied_once() {
     assert_eq!(h.paid_effects("m-3").await, 1);
     assert_eq!(
         h.checkpoint("mollie").await,
-        Some(now - 600 - DEFAULT_OVERLAP_SECS)
+        Some(now - 300 - DEFAULT_OVERLAP_SECS)
     );
 }
 
