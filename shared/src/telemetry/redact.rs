@@ -120,7 +120,64 @@ pub fn is_credential_option(name: &str) -> bool {
             .any(|w| SENSITIVE_PAIRS.contains(&(w[0].as_str(), w[1].as_str())))
 }
 
-static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
+/// The registered secret values and a bitmap of their first two bytes, so a line is
+/// scanned once (one bitmap probe per byte) whatever the number of secrets.
+struct Secrets {
+    /// Longest first, so a secret containing another is masked whole.
+    values: Vec<String>,
+    /// Bit `b0 * 256 + b1` is set when some secret starts with bytes `b0 b1`.
+    pairs: Vec<u64>,
+}
+
+impl Secrets {
+    const fn new() -> Self {
+        Secrets {
+            values: Vec::new(),
+            pairs: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, value: String) {
+        if self.values.contains(&value) {
+            return;
+        }
+        if self.pairs.is_empty() {
+            self.pairs = vec![0; 65_536 / 64];
+        }
+        let bytes = value.as_bytes();
+        let bit = usize::from(bytes[0]) << 8 | usize::from(bytes[1]);
+        self.pairs[bit / 64] |= 1 << (bit % 64);
+        self.values.push(value);
+        self.values.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    }
+
+    /// Byte ranges of the secrets in `line`, in order, not overlapping.
+    fn find(&self, line: &[u8]) -> Vec<(usize, usize)> {
+        let mut found = Vec::new();
+        if self.values.is_empty() {
+            return found;
+        }
+        let mut i = 0;
+        while i + 1 < line.len() {
+            let bit = usize::from(line[i]) << 8 | usize::from(line[i + 1]);
+            if self.pairs[bit / 64] & (1 << (bit % 64)) != 0 {
+                if let Some(s) = self
+                    .values
+                    .iter()
+                    .find(|s| line[i..].starts_with(s.as_bytes()))
+                {
+                    found.push((i, i + s.len()));
+                    i += s.len();
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        found
+    }
+}
+
+static SECRETS: RwLock<Secrets> = RwLock::new(Secrets::new());
 
 /// Mask `value` in every log line from now on (and its JSON-escaped form). Values
 /// shorter than [`MIN_SECRET_LEN`] are ignored.
@@ -132,13 +189,8 @@ pub fn register_secret(value: &str) {
     push_json_str(&mut escaped, value);
     let escaped = escaped[1..escaped.len() - 1].to_string();
     let mut secrets = SECRETS.write().unwrap_or_else(|p| p.into_inner());
-    for v in [value.to_string(), escaped] {
-        if !secrets.contains(&v) {
-            secrets.push(v);
-        }
-    }
-    // Longest first, so a secret containing another is masked whole.
-    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.insert(value.to_string());
+    secrets.insert(escaped);
 }
 
 /// Register every secret of a configuration: each tenant's signing secrets, and the
@@ -167,12 +219,23 @@ pub fn register_config(config: &Config) {
 
 /// Replace every registered secret in `line`.
 pub fn mask_secrets(line: &mut String) {
-    let secrets = SECRETS.read().unwrap_or_else(|p| p.into_inner());
-    for secret in secrets.iter() {
-        if line.contains(secret.as_str()) {
-            *line = line.replace(secret.as_str(), REDACTED);
-        }
+    let found = SECRETS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .find(line.as_bytes());
+    if found.is_empty() {
+        return;
     }
+    let mut masked = String::with_capacity(line.len());
+    let mut at = 0;
+    for (start, end) in found {
+        // Secrets are whole strings, so their ranges fall on char boundaries.
+        masked.push_str(line.get(at..start).unwrap_or_default());
+        masked.push_str(REDACTED);
+        at = end;
+    }
+    masked.push_str(line.get(at..).unwrap_or_default());
+    *line = masked;
 }
 
 /// Writes fields as `"name":value` pairs separated by commas, masking sensitive names.
@@ -334,6 +397,21 @@ mod tests {
     use std::io;
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::fmt::MakeWriter;
+
+    #[test]
+    fn secrets_are_masked_in_one_pass_longest_first() {
+        register_secret("s3cr3t-value-one");
+        register_secret("s3cr3t-value-one-and-more");
+        register_secret("other\"quoted-secret");
+        let mut line =
+            "a s3cr3t-value-one-and-more b s3cr3t-value-one c other\\\"quoted-secret d s3cr3t"
+                .to_string();
+        mask_secrets(&mut line);
+        assert_eq!(line, "a [redacted] b [redacted] c [redacted] d s3cr3t");
+        let mut clean = "nothing here: é ü".to_string();
+        mask_secrets(&mut clean);
+        assert_eq!(clean, "nothing here: é ü");
+    }
 
     #[test]
     fn sensitive_names() {
