@@ -1,10 +1,10 @@
 //! `einmal serve`: the receiver over HTTP on loopback, embedded store.
 //!
 //! Metrics: no EMF on stdout here (one line per request would flood the terminal).
-//! Every minute with activity, one `metrics` log line carries the intake counters
-//! and the worker's tally since the last line (counts, processing time and effect lag
-//! as count/avg/max, the payment SLI share); the final intake counters are printed at
-//! shutdown.
+//! Every minute with activity, and once at shutdown, one `metrics` log line carries
+//! the intake counters (since start) and the worker's tally since the last line
+//! (counts, retries by cause, processing time and effect lag as avg/max, the payment
+//! SLI share); the final intake counters are also printed at shutdown.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -102,15 +102,18 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         tokio::spawn(async move {
             let mut last = intake.snapshot();
             loop {
-                tokio::select! {
-                    _ = figures_stop.wait_for(|stopped| *stopped) => return,
-                    _ = tokio::time::sleep(METRICS_INTERVAL) => {}
-                }
+                let stopping = tokio::select! {
+                    _ = figures_stop.wait_for(|stopped| *stopped) => true,
+                    _ = tokio::time::sleep(METRICS_INTERVAL) => false,
+                };
                 let now = intake.snapshot();
                 let worker = worker_metrics.drain();
                 if now != last || worker != WorkerTally::default() {
                     log_figures(&now, &worker);
                     last = now;
+                }
+                if stopping {
+                    return;
                 }
             }
         })
@@ -141,9 +144,10 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string());
     let _ = stop_tx.send(true);
-    let _ = figures_stop_tx.send(true);
     let _ = worker.await;
     let _ = sweep.await;
+    // The last figures, after the worker finished its batch.
+    let _ = figures_stop_tx.send(true);
     let _ = figures.await;
     served?;
     eprintln!(
@@ -156,11 +160,12 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
 /// One log line with the intake counters (since start) and the worker's tally (since
 /// the last line).
 fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
+    let round = |v: f64| (v * 1000.0).round() / 1000.0;
     let avg = |s: &Samples| {
         if s.count == 0 {
             0.0
         } else {
-            s.sum / s.count as f64
+            round(s.sum / s.count as f64)
         }
     };
     let retries: Vec<String> = worker
@@ -171,7 +176,8 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
     tracing::info!(
         accepted = intake.accepted,
         duplicates = intake.duplicates,
-        signature_failures = intake.signature_failures,
+        // Not `signature_failures`: field names with `signature` are masked in logs.
+        unverified = intake.signature_failures,
         rejected = intake.malformed + intake.not_found + intake.oversize,
         unavailable = intake.unavailable,
         completed = worker.completed,
@@ -179,7 +185,7 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
         dead_letters = worker.dead_letters,
         retries = retries.join(","),
         processing_ms_avg = avg(&worker.processing_ms),
-        processing_ms_max = worker.processing_ms.max,
+        processing_ms_max = round(worker.processing_ms.max),
         effect_lag_ms_avg = avg(&worker.effect_lag_ms),
         effect_lag_ms_max = worker.effect_lag_ms.max,
         payment_events = worker.payment_within_slo.count,
