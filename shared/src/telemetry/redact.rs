@@ -238,16 +238,22 @@ pub fn mask_secrets(line: &mut String) {
     *line = masked;
 }
 
+/// Span fields left out of every line: the Lambda runtime's invocation span carries
+/// the whole X-Ray header (~90 bytes); our ingest and processing lines carry its
+/// `trace_id` (the root) where it matters, and log bytes are billed.
+const DROPPED_SPAN_FIELDS: &[&str] = &["xrayTraceId"];
+
 /// Writes fields as `"name":value` pairs separated by commas, masking sensitive names.
 struct JsonFieldsVisitor<'a> {
     out: &'a mut String,
     first: bool,
+    span: bool,
 }
 
 impl JsonFieldsVisitor<'_> {
     fn key(&mut self, field: &Field) -> bool {
         let name = field.name();
-        if name.starts_with("log.") {
+        if name.starts_with("log.") || (self.span && DROPPED_SPAN_FIELDS.contains(&name)) {
             return false;
         }
         if !self.first {
@@ -320,6 +326,7 @@ impl<'writer> FormatFields<'writer> for RedactingFields {
         fields.record(&mut JsonFieldsVisitor {
             out: &mut out,
             first: true,
+            span: true,
         });
         writer.write_str(&out)
     }
@@ -333,6 +340,7 @@ impl<'writer> FormatFields<'writer> for RedactingFields {
         fields.record(&mut JsonFieldsVisitor {
             out: &mut out,
             first: current.fields.is_empty(),
+            span: true,
         });
         current.fields.push_str(&out);
         Ok(())
@@ -369,6 +377,7 @@ where
         event.record(&mut JsonFieldsVisitor {
             out: &mut line,
             first: true,
+            span: false,
         });
         if line.ends_with(',') {
             line.pop();
@@ -504,7 +513,12 @@ mod tests {
             .with_writer(capture.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::info_span!("invoke", requestId = "req-1", token = "tok-xyz");
+            let span = tracing::info_span!(
+                "invoke",
+                requestId = "req-1",
+                xrayTraceId = "Root=1-abc;Parent=def;Sampled=1",
+                token = "tok-xyz"
+            );
             let _g = span.enter();
             tracing::info!(
                 provider = "stripe",
@@ -534,6 +548,7 @@ mod tests {
         assert_eq!(first["token"], REDACTED);
         assert_eq!(first["message"], "accepted with [redacted] inside");
         assert!(first.get("target").is_none());
+        assert!(first.get("xrayTraceId").is_none(), "dropped: {first}");
         assert_eq!(lines[1]["body"], REDACTED);
         assert_eq!(lines[2]["error"], "quote \" and short");
         for bad in ["whsec_unit_test", "abcdef", "4242", "tok-xyz"] {
