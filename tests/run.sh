@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole einmal test suite, from a fresh clone: installs what it needs (moto server
-# into ./.venv when it is not importable), then runs every test. The tests start moto
-# themselves on free loopback ports and stop it by PID.
+# The whole einmal test suite, from a fresh clone: installs what it needs (moto server,
+# and the template tools aws-sam-cli, cfn-lint, cargo-lambda, ziglang into ./.venv; the
+# aarch64 Rust target), then runs every test and the template checks (infra/check.sh:
+# cfn-lint, sam validate --lint, sam build for arm64). The tests start moto themselves
+# on free loopback ports and stop it by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +11,18 @@ if ! python3 -c 'import moto.server, flask' >/dev/null 2>&1 && [ ! -x .venv/bin/
   echo "== installing moto[server] into .venv"
   python3 -m venv .venv
   .venv/bin/pip install --quiet 'moto[server]>=5,<6'
+fi
+# The template tools, in the same venv (zig links the arm64 binaries for cargo-lambda).
+if [ ! -x .venv/bin/sam ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv/bin/cargo-lambda ] \
+   || ! .venv/bin/python -c 'import ziglang' >/dev/null 2>&1; then
+  echo "== installing aws-sam-cli, cfn-lint, cargo-lambda, ziglang into .venv"
+  [ -x .venv/bin/pip ] || python3 -m venv .venv
+  .venv/bin/pip install --quiet 'aws-sam-cli>=1.170,<2' 'cfn-lint>=1.58,<2' \
+    'cargo-lambda>=1.9,<2' ziglang
+fi
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  echo "== rustup target add aarch64-unknown-linux-gnu"
+  rustup target add aarch64-unknown-linux-gnu
 fi
 if [ -x .venv/bin/moto_server ]; then
   export EINMAL_MOTO_BIN="$PWD/.venv/bin/moto_server"
@@ -20,3 +34,5 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace --all-targets "$@"
+echo "== infra/check.sh (cfn-lint, sam validate --lint, sam build)"
+./infra/check.sh
