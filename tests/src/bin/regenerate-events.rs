@@ -243,9 +243,11 @@ fn generate(root: &Path, at: i64) -> Result<Files, String> {
         pretty(&scheduled_event("einmal-reconciler", at, json!({}))),
     );
     // A schedule with a constant input narrows the run (see functions/reconciler).
+    // GoPay has no list API: its reconciliation reads the hint items in the inbox and
+    // looks up the payments still pending, so it runs offline against a fresh inbox.
     files.insert(
-        "schedule/reconciler-stripe.json".into(),
-        pretty(&json!({"provider": "stripe", "tenant": TENANT, "reason": "sample: one tenant"})),
+        "schedule/reconciler-gopay.json".into(),
+        pretty(&json!({"provider": "gopay", "tenant": TENANT, "reason": "sample: one tenant"})),
     );
     Ok(files)
 }
