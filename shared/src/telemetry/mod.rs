@@ -120,8 +120,9 @@ where
 /// Payloads and secrets are never passed to log macros in this crate; the redaction
 /// rule is the safety net for everything else.
 pub fn init_json_logs() {
-    let _ =
-        tracing::subscriber::set_global_default(json_log_subscriber(log_filter(), std::io::stderr));
+    use tracing_subscriber::util::SubscriberInitExt;
+    // `try_init` also routes `log` records (crates that use `log`) through it.
+    let _ = json_log_subscriber(log_filter(), std::io::stderr).try_init();
 }
 
 /// Log lines captured in memory in the production format (redaction included), for
