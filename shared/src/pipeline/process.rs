@@ -450,7 +450,7 @@ impl Processor {
         let (finish, outcome) = match result {
             Ok(Applied::Completed(result, committed)) => {
                 if let Some(committed) = committed {
-                    self.count_effect(&item, committed);
+                    self.count_effect(&item, committed, trace_id);
                 }
                 (
                     self.finish(InboxState::Completed, None, Some(result)),
@@ -574,7 +574,7 @@ impl Processor {
 
     /// The business figures of a committed effect: lag from the provider's event time
     /// (our receive time when the provider gives none), and the SLI for payment events.
-    fn count_effect(&self, item: &InboxItem, committed: Committed) {
+    fn count_effect(&self, item: &InboxItem, committed: Committed, trace_id: Option<&str>) {
         let since_ms = item
             .envelope
             .occurred_at
@@ -589,7 +589,7 @@ impl Processor {
         });
         if committed.payment && !within {
             tracing::warn!(
-                pk = %item.key, lag_ms, threshold_ms = self.sli_threshold_ms,
+                pk = %item.key, lag_ms, threshold_ms = self.sli_threshold_ms, trace_id,
                 "payment effect outside the SLI threshold"
             );
         }
