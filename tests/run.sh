@@ -28,6 +28,12 @@ if [ -x .venv/bin/moto_server ]; then
   export EINMAL_MOTO_BIN="$PWD/.venv/bin/moto_server"
 fi
 
+# The `cargo lambda watch` test runs every function against moto; in this script it must
+# not skip.
+export EINMAL_CARGO_LAMBDA="$PWD/.venv/bin/cargo-lambda"
+export EINMAL_REQUIRE_CARGO_LAMBDA=1
+export PATH="$PWD/.venv/bin:$PATH"
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
