@@ -1126,17 +1126,17 @@ fn tables_mirror_the_code_and_are_protected() {
     assert_eq!(key_schema(inbox), vec![pair("pk", "HASH")]);
     let types = attribute_types(inbox);
     assert_eq!(types.get("pk").map(String::as_str), Some("S"));
-    assert_eq!(types.get("pending").map(String::as_str), Some("S"));
-    assert_eq!(types.get("updated_at_ms").map(String::as_str), Some("N"));
-    let pending = index(inbox, "by_pending");
+    assert_eq!(types.get("sweep_shard").map(String::as_str), Some("S"));
+    assert_eq!(types.get("received_at_ms").map(String::as_str), Some("N"));
+    let pending = index(inbox, "by_sweep_shard");
     assert_eq!(
         key_schema(pending),
-        vec![pair("pending", "HASH"), pair("updated_at_ms", "RANGE")]
+        vec![pair("sweep_shard", "HASH"), pair("received_at_ms", "RANGE")]
     );
-    // The sweeper decodes whole items from the index.
+    // Keys only: the sweeper reads its candidates from the table (BatchGetItem).
     assert_eq!(
         path(pending, &["Projection", "ProjectionType"]).and_then(Value::as_str),
-        Some("ALL")
+        Some("KEYS_ONLY")
     );
     assert_eq!(
         path(inbox, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),

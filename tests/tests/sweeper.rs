@@ -1,15 +1,20 @@
 //! The sweeper on both backends (embedded SQLite; DynamoDB + SQS in moto): a stored
 //! but never enqueued event, a crashed worker's lease, finished items left alone,
-//! dead letters marked, and (on moto) index queries only, never a scan.
+//! dead letters marked, and (on moto) index queries only, never a scan; a claim and
+//! a retry leave the sweeper's index entry alone.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::sweep::{SweepSettings, Sweeper};
-use einmal::ports::{ClaimOutcome, InboxState, Queue, QueueMessage};
-use einmal_tests::fixtures::FailingQueue;
-use einmal_tests::moto::OperationLog;
+use einmal::ports::{
+    ClaimOutcome, Finish, Inbox, InboxProcessing, InboxReplay, InboxState, InboxSweep, Queue,
+    QueueMessage, RequeueOutcome,
+};
+use einmal_tests::fixtures::{self, FailingQueue};
+use einmal_tests::moto::{self, OperationLog};
 use einmal_tests::scenario::{self, check_invariants, drain, sample, Backend, Kind};
 
 const RED: &str = "SKU-RED-M";
@@ -211,7 +216,8 @@ on_both_backends!(
     dead_lettered_pointer_marks_the_item,
 );
 
-// 5. On DynamoDB the sweep reads through the index: Query, never Scan.
+// 5. On DynamoDB the sweep reads through the index: one Query per shard, then the
+// candidates by key (BatchGetItem); never a Scan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aws_sweep_queries_the_index_and_never_scans() {
     let operations = OperationLog::new();
@@ -230,13 +236,192 @@ async fn aws_sweep_queries_the_index_and_never_scans() {
     let ops = operations.take();
     assert_eq!(calls.count(), ops.len(), "{ops:?}");
     assert!(!ops.iter().any(|op| op == "Scan"), "{ops:?}");
-    assert_eq!(ops.iter().filter(|op| *op == "Query").count(), 3, "{ops:?}");
+    assert_eq!(
+        ops.iter().filter(|op| *op == "Query").count(),
+        16,
+        "{ops:?}"
+    );
+    // One pending item: one BatchGetItem reads it.
+    assert_eq!(
+        ops.iter().filter(|op| *op == "BatchGetItem").count(),
+        1,
+        "{ops:?}"
+    );
     let dynamodb: Vec<&String> = ops
         .iter()
         .filter(|op| !matches!(op.as_str(), "SendMessage" | "ReceiveMessage"))
         .collect();
-    assert!(dynamodb.iter().all(|op| *op == "Query"), "{ops:?}");
+    assert!(
+        dynamodb
+            .iter()
+            .all(|op| matches!(op.as_str(), "Query" | "BatchGetItem")),
+        "{ops:?}"
+    );
 
     drain(&b, &b.processor(LEASE_MS)).await;
     assert_created_once(&b, &create).await;
+}
+
+/// The sweeper index's key attributes of one raw inbox item: `(sweep_shard, received_at_ms)`.
+async fn index_key(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    pk: &str,
+) -> (Option<String>, Option<String>) {
+    let item = dynamodb
+        .get_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(pk.to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+        .expect("the item exists");
+    let text = |name: &str| match item.get(name) {
+        Some(AttributeValue::S(v)) | Some(AttributeValue::N(v)) => Some(v.clone()),
+        _ => None,
+    };
+    (text("sweep_shard"), text("received_at_ms"))
+}
+
+// 6. The index key is written when the item enters (put, replay) and leaves (terminal
+// finish, dead letter) only: a claim and a retryable finish leave it exactly as it was,
+// so DynamoDB writes no index entry for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_claim_and_retry_leave_the_index_key_alone() {
+    let (store, names) = moto::aws_store(moto::shared(), None).await;
+    let dynamodb = store.dynamodb().clone();
+    let table = names.table.clone();
+    let store = Arc::new(store);
+    let cfg = fixtures::config();
+    let ingest = Ingestor::new(cfg.clone(), store.clone(), store.clone());
+    let body = fixtures::stripe_body("evt_index_1", 1000);
+    let response = ingest
+        .ingest(
+            "stripe",
+            "t1",
+            &fixtures::signed(&cfg, "stripe", "t1", "", &body),
+        )
+        .await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    let stored = store
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .pop()
+        .expect("stored");
+    let key = stored.key.clone();
+    let pk = key.as_str().to_string();
+
+    let entered = index_key(&dynamodb, &table, &pk).await;
+    let (shard, received) = entered.clone();
+    let shard = shard.expect("a pending item carries its shard");
+    assert!(shard.starts_with("p#"), "{shard}");
+    assert_eq!(received, Some(stored.received_at_ms.to_string()));
+
+    // Claim: received -> processing.
+    let now = stored.received_at_ms + 10;
+    let claim = store.claim(&key, "w1", now, 60_000).await.expect("claim");
+    assert!(matches!(claim, ClaimOutcome::Claimed(_)), "{claim:?}");
+    assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "claim");
+
+    // Retryable finish: processing -> retryable.
+    let retry = Finish {
+        state: InboxState::Retryable,
+        error_class: Some("transient".into()),
+        error: Some("try later".into()),
+        result: None,
+        now_ms: now + 10,
+    };
+    assert!(store.finish(&key, "w1", &retry).await.expect("finish"));
+    assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "retry");
+
+    // Still found by the sweeper, from the table's current item.
+    let stuck = store.stuck(now + 1_000, 10).await.expect("stuck");
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0].state, InboxState::Retryable);
+    // A live lease is not stuck; an expired one is.
+    let claim = store
+        .claim(&key, "w2", now + 20, 60_000)
+        .await
+        .expect("claim");
+    assert!(matches!(claim, ClaimOutcome::Claimed(_)), "{claim:?}");
+    assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "reclaim");
+    assert!(store
+        .stuck(now + 1_000, 10)
+        .await
+        .expect("stuck")
+        .is_empty());
+    assert_eq!(store.stuck(now + 70_000, 10).await.expect("stuck").len(), 1);
+
+    // Terminal: leaves the index, and the sweeper no longer sees it.
+    let done = Finish {
+        state: InboxState::Completed,
+        error_class: None,
+        error: None,
+        result: Some("done".into()),
+        now_ms: now + 30,
+    };
+    assert!(store.finish(&key, "w2", &done).await.expect("finish"));
+    let left = index_key(&dynamodb, &table, &pk).await;
+    assert_eq!(left.0, None, "a terminal item leaves the index");
+    assert!(store.stuck(i64::MAX, 10).await.expect("stuck").is_empty());
+
+    // A forced replay puts it back under the same shard: pending again.
+    let requeued = store.requeue(&key, true, now + 40).await.expect("requeue");
+    assert!(
+        matches!(requeued, RequeueOutcome::Requeued { .. }),
+        "{requeued:?}"
+    );
+    assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "replay");
+
+    // A dead letter leaves it again.
+    store
+        .mark_dead_letter(&key, "poison", now + 50)
+        .await
+        .expect("dead letter");
+    assert_eq!(
+        index_key(&dynamodb, &table, &pk).await.0,
+        None,
+        "dead letter"
+    );
+}
+
+// 7. Many pending items that do not qualify (live leases) never hide a stuck one
+// behind them, whatever the page size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_sweep_looks_past_live_leases() {
+    let (store, _names) = moto::aws_store(moto::shared(), None).await;
+    let store = Arc::new(store);
+    let cfg = fixtures::config();
+    let ingest = Ingestor::new(cfg.clone(), store.clone(), store.clone());
+    for i in 0..12 {
+        let body = fixtures::stripe_body(&format!("evt_lease_{i:02}"), 10);
+        let response = ingest
+            .ingest(
+                "stripe",
+                "t1",
+                &fixtures::signed(&cfg, "stripe", "t1", "", &body),
+            )
+            .await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut items = store.list(&Default::default()).await.expect("list");
+    items.sort_by_key(|i| i.received_at_ms);
+    let newest = items.pop().expect("items");
+    let now = newest.received_at_ms + 1_000;
+    // Every older item is held by a live lease; the newest stays `received`.
+    for item in &items {
+        let claim = store
+            .claim(&item.key, "live", now, 600_000)
+            .await
+            .expect("claim");
+        assert!(matches!(claim, ClaimOutcome::Claimed(_)), "{claim:?}");
+    }
+    let stuck = store.stuck(now + 1, 1).await.expect("stuck");
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0].key, newest.key);
+    assert_eq!(stuck[0].state, InboxState::Received);
 }

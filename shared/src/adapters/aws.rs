@@ -393,10 +393,10 @@ impl InboxProcessing for AwsStore {
             .key(item::PK, Self::key_attr(key))
             .update_expression(
                 "SET #state = :processing, #lease_owner = :owner, #lease_until = :until, \
-                 #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one, \
-                 #pending = :processing",
+                 #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one",
             )
-            .expression_attribute_names("#pending", item::PENDING)
+            // Leaves the sweeper's index alone: its key (shard, received_at_ms) is
+            // constant while the item is pending, so a claim writes only the table.
             .condition_expression(CLAIMABLE)
             .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#state", item::STATE)
@@ -476,15 +476,12 @@ impl InboxProcessing for AwsStore {
                     .expression_attribute_values(format!(":{attr}"), s_attr(value));
             }
         }
-        // The sweeper's sparse index: kept while pending, removed once terminal.
+        // The sweeper's sparse index: untouched while the item stays pending (a retry
+        // writes no index entry), left once terminal (one index delete).
         let mut remove = "#lease_owner, #lease_until".to_string();
-        request = request.expression_attribute_names("#pending", item::PENDING);
-        match item::pending_for(finish.state) {
-            Some(pending) => {
-                set.push("#pending = :pending".to_string());
-                request = request.expression_attribute_values(":pending", s_attr(pending));
-            }
-            None => remove.push_str(", #pending"),
+        if !item::in_sweep_index(finish.state) {
+            remove.push_str(", #shard");
+            request = request.expression_attribute_names("#shard", item::SWEEP_SHARD);
         }
         let result = request
             .update_expression(format!("SET {} REMOVE {remove}", set.join(", ")))
@@ -515,9 +512,9 @@ impl InboxProcessing for AwsStore {
             .key(item::PK, Self::key_attr(key))
             .update_expression(
                 "SET #state = :dead, #error = :reason, #updated = :now \
-                 REMOVE #lease_owner, #lease_until, #pending",
+                 REMOVE #lease_owner, #lease_until, #shard",
             )
-            .expression_attribute_names("#pending", item::PENDING)
+            .expression_attribute_names("#shard", item::SWEEP_SHARD)
             .condition_expression(CLAIMABLE)
             .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#state", item::STATE)
@@ -649,8 +646,140 @@ impl Queue for AwsStore {
     }
 }
 
-/// The sweeper: one Query per pending state on the sparse `by_pending` index (hash
-/// `pending` = state name, range `updated_at_ms`), oldest first; never a Scan.
+/// BatchGetItem reads at most this many keys per call.
+const BATCH_GET_MAX: usize = 100;
+/// Rounds of BatchGetItem retries for keys DynamoDB left unprocessed (throttling).
+const BATCH_GET_ATTEMPTS: u32 = 8;
+
+/// Whether `item` is what [`crate::ports::InboxSweep::stuck`] returns for
+/// `older_than_ms`: `received` or `retryable` last updated before it, `processing`
+/// whose lease ran out before it. The embedded store's SQL says the same.
+fn sweepable(item: &InboxItem, older_than_ms: i64) -> bool {
+    match item.state {
+        InboxState::Received | InboxState::Retryable => item.updated_at_ms < older_than_ms,
+        InboxState::Processing => {
+            item.updated_at_ms < older_than_ms
+                && item
+                    .lease_until_ms
+                    .is_none_or(|until| until < older_than_ms)
+        }
+        _ => false,
+    }
+}
+
+/// One page of a shard's index range (`sweep_shard = shard AND received_at_ms < cutoff`).
+struct ShardCursor {
+    shard: String,
+    start: Option<item::Item>,
+    done: bool,
+}
+
+impl AwsStore {
+    /// The keys of one page of `cursor`'s shard, oldest receipt first; advances it.
+    async fn sweep_page(
+        &self,
+        cursor: &mut ShardCursor,
+        older_than_ms: i64,
+        page: i32,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let out = self
+            .dynamodb
+            .query()
+            .table_name(&self.table)
+            .index_name(item::BY_SWEEP_SHARD)
+            .key_condition_expression("#shard = :shard AND #received < :cutoff")
+            .expression_attribute_names("#shard", item::SWEEP_SHARD)
+            .expression_attribute_names("#received", item::RECEIVED_AT_MS)
+            .expression_attribute_values(":shard", s_attr(&cursor.shard))
+            .expression_attribute_values(":cutoff", n_attr(older_than_ms))
+            .scan_index_forward(true)
+            .limit(page)
+            .set_exclusive_start_key(cursor.start.take())
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
+        cursor.start = out.last_evaluated_key;
+        cursor.done = cursor.start.is_none();
+        let mut keys = Vec::new();
+        for m in out.items.unwrap_or_default() {
+            let pk = match m.get(item::PK) {
+                Some(AttributeValue::S(pk)) => pk.clone(),
+                _ => {
+                    return Err(StoreError::Corrupt(format!(
+                        "index {}: entry without a string pk",
+                        item::BY_SWEEP_SHARD
+                    )))
+                }
+            };
+            let received = match m.get(item::RECEIVED_AT_MS) {
+                Some(AttributeValue::N(n)) => n.parse().unwrap_or(i64::MAX),
+                _ => i64::MAX,
+            };
+            keys.push((received, pk));
+        }
+        Ok(keys)
+    }
+
+    /// The current items of `keys` (consistent reads, BatchGetItem of up to 100),
+    /// in no particular order; keys deleted in between are simply absent.
+    async fn read_items(&self, keys: &[String]) -> Result<Vec<InboxItem>, StoreError> {
+        let mut items = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(BATCH_GET_MAX) {
+            let mut request_keys = Vec::with_capacity(chunk.len());
+            for pk in chunk {
+                request_keys.push(item::Item::from([(item::PK.to_string(), s_attr(pk))]));
+            }
+            let mut wanted = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+                .set_keys(Some(request_keys))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
+            let mut attempt = 0;
+            loop {
+                let out = self
+                    .dynamodb
+                    .batch_get_item()
+                    .request_items(&self.table, wanted)
+                    .send()
+                    .await
+                    .map_err(|e| StoreError::Unavailable(describe("DynamoDB BatchGetItem", &e)))?;
+                if let Some(mut responses) = out.responses {
+                    for m in responses.remove(&self.table).unwrap_or_default() {
+                        items.push(item::decode(m).map_err(StoreError::Corrupt)?);
+                    }
+                }
+                match out
+                    .unprocessed_keys
+                    .and_then(|mut left| left.remove(&self.table))
+                    .filter(|left| !left.keys().is_empty())
+                {
+                    None => break,
+                    Some(left) => {
+                        attempt += 1;
+                        if attempt >= BATCH_GET_ATTEMPTS {
+                            return Err(StoreError::Unavailable(format!(
+                                "DynamoDB BatchGetItem: {} keys still unprocessed after \
+                                 {attempt} attempts",
+                                left.keys().len()
+                            )));
+                        }
+                        tokio::time::sleep(Duration::from_millis(25 << attempt.min(6))).await;
+                        wanted = left;
+                    }
+                }
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// The sweeper: one Query per shard of the sparse, KEYS_ONLY `by_sweep_shard` index
+/// (hash `sweep_shard`, range `received_at_ms`), oldest receipt first, then a
+/// consistent BatchGetItem of the candidates, which are checked against the same rules
+/// as the embedded store's; never a Scan. An item's `updated_at_ms` is never before its
+/// `received_at_ms`, so the index range holds every item that qualifies. Candidates
+/// that do not (a live lease, a recent retry) cost a read each, and pending items are
+/// few: those in flight and the rare stuck ones.
 #[async_trait]
 impl crate::ports::InboxSweep for AwsStore {
     async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
@@ -658,50 +787,30 @@ impl crate::ports::InboxSweep for AwsStore {
         if limit == 0 {
             return Ok(found);
         }
-        for state in [
-            InboxState::Received,
-            InboxState::Retryable,
-            InboxState::Processing,
-        ] {
-            let mut request = self
-                .dynamodb
-                .query()
-                .table_name(&self.table)
-                .index_name(item::BY_PENDING)
-                .key_condition_expression("#pending = :state AND #updated < :cutoff")
-                .expression_attribute_names("#pending", item::PENDING)
-                .expression_attribute_names("#updated", item::UPDATED_AT_MS)
-                .expression_attribute_values(":state", s_attr(state.as_str()))
-                .expression_attribute_values(":cutoff", n_attr(older_than_ms))
-                .scan_index_forward(true)
-                .limit(limit.min(1000) as i32);
-            if state == InboxState::Processing {
-                request = request
-                    .filter_expression(
-                        "attribute_not_exists(#lease_until) OR #lease_until < :cutoff",
-                    )
-                    .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS);
+        let page = limit.min(1000) as i32;
+        let mut cursors: Vec<ShardCursor> = item::sweep_shards()
+            .map(|shard| ShardCursor {
+                shard,
+                start: None,
+                done: false,
+            })
+            .collect();
+        // Round by round, one page per unfinished shard, until `limit` items qualify
+        // or every shard's range is read: candidates that do not qualify never hide
+        // the ones behind them.
+        while found.len() < limit && cursors.iter().any(|c| !c.done) {
+            let mut candidates = Vec::new();
+            for cursor in cursors.iter_mut().filter(|c| !c.done) {
+                candidates.extend(self.sweep_page(cursor, older_than_ms, page).await?);
             }
-            let mut taken = 0;
-            let mut start = None;
-            loop {
-                let out = request
-                    .clone()
-                    .set_exclusive_start_key(start)
-                    .send()
-                    .await
-                    .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
-                for m in out.items.unwrap_or_default() {
-                    if taken < limit {
-                        found.push(item::decode(m).map_err(StoreError::Corrupt)?);
-                        taken += 1;
-                    }
-                }
-                start = out.last_evaluated_key;
-                if start.is_none() || taken >= limit {
-                    break;
-                }
-            }
+            candidates.sort();
+            let keys: Vec<String> = candidates.into_iter().map(|(_, pk)| pk).collect();
+            found.extend(
+                self.read_items(&keys)
+                    .await?
+                    .into_iter()
+                    .filter(|item| sweepable(item, older_than_ms)),
+            );
         }
         found.sort_by(|a, b| {
             a.updated_at_ms

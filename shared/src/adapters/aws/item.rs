@@ -37,20 +37,42 @@ pub(crate) const RESULT: &str = "result";
 pub(crate) const BODY_ENCODING: &str = "body_encoding";
 pub(crate) const BODY_LEN: &str = "body_len";
 pub(crate) const BODY: &str = "body";
-/// Sparse attribute, the hash key of the [`BY_PENDING`] index: the state name while
-/// the item is `received`, `retryable` or `processing`, absent otherwise.
-pub(crate) const PENDING: &str = "pending";
-/// The sweeper's GSI: hash [`PENDING`], range [`UPDATED_AT_MS`].
-pub(crate) const BY_PENDING: &str = "by_pending";
+/// Sparse attribute, the hash key of the [`BY_SWEEP_SHARD`] index: one of
+/// [`SWEEP_SHARDS`] shard names (`p#0` .. `p#15`, from a hash of `pk`) while the item
+/// is pending (not terminal), absent once it is `completed`, `ignored` or
+/// `dead_letter`. Its value never changes while the item is pending, so a claim or
+/// a retry never writes the index; only entering (put, replay) and leaving (terminal
+/// finish, dead letter) do.
+pub(crate) const SWEEP_SHARD: &str = "sweep_shard";
+/// The sweeper's sparse GSI: hash [`SWEEP_SHARD`], range [`RECEIVED_AT_MS`] (which
+/// never changes), KEYS_ONLY: an entry is the key, the shard and the receive time,
+/// about 100 bytes, one write unit to enter and one to leave.
+pub(crate) const BY_SWEEP_SHARD: &str = "by_sweep_shard";
+/// Hash partitions of [`BY_SWEEP_SHARD`]: a single constant hash key would put every
+/// pending item on one index partition (about 1,000 writes/s before it throttles the
+/// table); 16 spread the writes, and a sweep costs one Query per shard.
+pub(crate) const SWEEP_SHARDS: u32 = 16;
 
-/// The [`PENDING`] value for `state`, or `None` when the item must leave the index.
-pub(crate) fn pending_for(state: InboxState) -> Option<&'static str> {
-    match state {
-        InboxState::Received | InboxState::Retryable | InboxState::Processing => {
-            Some(state.as_str())
-        }
-        _ => None,
+/// The [`SWEEP_SHARD`] value of an item: FNV-1a of `pk`, modulo [`SWEEP_SHARDS`].
+/// Stable across releases (writers and the sweeper must agree), cheap, and spread
+/// well enough for keys that differ in their event id.
+pub(crate) fn sweep_shard(pk: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in pk.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
     }
+    format!("p#{}", hash % SWEEP_SHARDS)
+}
+
+/// Every shard name, for the sweeper's queries.
+pub(crate) fn sweep_shards() -> impl Iterator<Item = String> {
+    (0..SWEEP_SHARDS).map(|n| format!("p#{n}"))
+}
+
+/// Whether an item in `state` belongs in the sweeper's index: every non-terminal state.
+pub(crate) fn in_sweep_index(state: InboxState) -> bool {
+    !state.is_terminal()
 }
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
@@ -78,8 +100,8 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
         m.insert(DELIVERY_ID.into(), s(v));
     }
     m.insert(STATE.into(), s(item.state.as_str()));
-    if let Some(v) = pending_for(item.state) {
-        m.insert(PENDING.into(), s(v));
+    if in_sweep_index(item.state) {
+        m.insert(SWEEP_SHARD.into(), s(&sweep_shard(item.key.as_str())));
     }
     m.insert(SOURCE.into(), s(item.source.as_str()));
     m.insert(ATTEMPTS.into(), n(item.attempts.to_string()));
@@ -274,6 +296,32 @@ mod tests {
             Some(&AttributeValue::N("1700000030000".into()))
         );
         assert_eq!(decode(m).unwrap(), item);
+    }
+
+    #[test]
+    fn pending_items_carry_a_stable_shard_and_terminal_ones_none() {
+        let item = sample();
+        let m = encode(&item);
+        let shard = sweep_shard(item.key.as_str());
+        assert_eq!(m.get(SWEEP_SHARD), Some(&AttributeValue::S(shard.clone())));
+        // Pinned: writers of every release and the sweeper must agree.
+        assert_eq!(sweep_shard("stripe#shop-1#evt_1"), shard);
+        assert_eq!(sweep_shard(""), "p#5");
+        assert!(sweep_shards().any(|s| s == shard));
+        for state in [
+            InboxState::Completed,
+            InboxState::Ignored,
+            InboxState::DeadLetter,
+        ] {
+            let mut done = sample();
+            done.state = state;
+            assert!(!encode(&done).contains_key(SWEEP_SHARD), "{state}");
+        }
+        // Spread: 1,000 event ids use every shard.
+        let used: std::collections::HashSet<String> = (0..1000)
+            .map(|i| sweep_shard(&format!("stripe#shop-1#evt_{i}")))
+            .collect();
+        assert_eq!(used.len(), SWEEP_SHARDS as usize);
     }
 
     #[test]

@@ -60,7 +60,9 @@ impl InboxReplay for AwsStore {
         now_ms: i64,
     ) -> Result<RequeueOutcome, StoreError> {
         let mut condition = REQUEUEABLE.to_string();
-        let mut set = "SET #state = :queued, #updated = :now".to_string();
+        // Pending again: back in the sweeper's index (a no-op for an item still in it),
+        // so a worker that crashes on the replayed item is found like any other.
+        let mut set = "SET #state = :queued, #updated = :now, #shard = :shard".to_string();
         let mut request = self
             .dynamodb
             .update_item()
@@ -71,6 +73,8 @@ impl InboxReplay for AwsStore {
             .expression_attribute_names("#updated", item::UPDATED_AT_MS)
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
             .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
+            .expression_attribute_names("#shard", item::SWEEP_SHARD)
+            .expression_attribute_values(":shard", s(&item::sweep_shard(key.as_str())))
             .expression_attribute_values(":queued", s(InboxState::Queued.as_str()))
             .expression_attribute_values(":dead", s(InboxState::DeadLetter.as_str()))
             .expression_attribute_values(":retryable", s(InboxState::Retryable.as_str()))

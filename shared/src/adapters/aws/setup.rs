@@ -211,12 +211,12 @@ pub async fn create_tables(
         )
         .attribute_definitions(sweep_index_attribute(
             table,
-            item::PENDING,
+            item::SWEEP_SHARD,
             ScalarAttributeType::S,
         )?)
         .attribute_definitions(sweep_index_attribute(
             table,
-            item::UPDATED_AT_MS,
+            item::RECEIVED_AT_MS,
             ScalarAttributeType::N,
         )?)
         .global_secondary_indexes(sweep_index(table)?)
@@ -260,31 +260,32 @@ fn sweep_index_attribute(
         .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))
 }
 
-/// The sweeper's sparse GSI: only pending items carry `pending` (their state name),
-/// ranged by `updated_at_ms`; one partition per state, never a scan.
+/// The sweeper's sparse GSI: only pending items carry `sweep_shard` (one of 16 shards,
+/// constant while pending), ranged by `received_at_ms`, KEYS_ONLY: claims and retries
+/// never write it; the sweeper reads the few candidates from the table.
 fn sweep_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
     let err = |e: aws_sdk_dynamodb::error::BuildError| {
         AwsSetupError::Resource(format!("table {table}: {e}"))
     };
     GlobalSecondaryIndex::builder()
-        .index_name(item::BY_PENDING)
+        .index_name(item::BY_SWEEP_SHARD)
         .key_schema(
             KeySchemaElement::builder()
-                .attribute_name(item::PENDING)
+                .attribute_name(item::SWEEP_SHARD)
                 .key_type(KeyType::Hash)
                 .build()
                 .map_err(err)?,
         )
         .key_schema(
             KeySchemaElement::builder()
-                .attribute_name(item::UPDATED_AT_MS)
+                .attribute_name(item::RECEIVED_AT_MS)
                 .key_type(KeyType::Range)
                 .build()
                 .map_err(err)?,
         )
         .projection(
             Projection::builder()
-                .projection_type(ProjectionType::All)
+                .projection_type(ProjectionType::KeysOnly)
                 .build(),
         )
         .build()
