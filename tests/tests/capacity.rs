@@ -1,0 +1,976 @@
+//! DynamoDB capacity units per webhook, measured: every DynamoDB request the SDK sends
+//! while a real webhook goes through ingest and processing (against moto) is captured
+//! at the SDK's HTTP layer, with the item it touches read raw from the server right
+//! before and right after the request. The units each request consumes follow from
+//! DynamoDB's documented rules:
+//!
+//! - item size = attribute name bytes + value bytes (S: UTF-8 bytes; N: 1 byte per two
+//!   significant digits + 1; B: raw bytes; BOOL/NULL: 1; L/M: 3 + elements + 1 each);
+//! - writes: 1 WRU per started KB of the larger of the old and the new item (a put of
+//!   a new item: the new one); a failed condition still costs the existing item's size;
+//!   transactional writes (and condition checks) count double;
+//! - GSI writes, for items in the index before or after the write, at the size of the
+//!   index entry (keys + projected attributes): entering 1 write, leaving 1, a changed
+//!   index key 2 (delete + put), a changed projected attribute 1, nothing else 0;
+//! - reads: strongly consistent 1 RRU per started 4 KB of the item (eventually
+//!   consistent half), per item in a BatchGetItem, a Query over the summed size,
+//!   transactional reads double.
+//!
+//! The test prints a per-call table and the totals for a Stripe payment and a Shopify
+//! order (the samples in `events/samples/domain/`) and a ~3 KB Stripe event, and
+//! asserts only structural facts: the claim and the finish read nothing back, the claim
+//! writes no index entry, the sweeper's index costs one write to enter and one to
+//! leave, a duplicate costs its rejected put only.
+//!
+//! `cargo test -p einmal-tests --test capacity -- --nocapture` shows the figures the
+//! README's cost section uses.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
+};
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::types::ProjectionType;
+use base64::Engine;
+use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
+use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::domain::reference::{seed_sku, ReferenceDomain};
+use einmal::domain::state::{CommitOutcome, StateStore};
+use einmal::pipeline::ingest::Ingestor;
+use einmal::pipeline::process::{MessageOutcome, Processor};
+use einmal::ports::Queue;
+use einmal_tests::moto::{self, OperationLog};
+use einmal_tests::scenario::{self, sample, Event, TENANT};
+use serde_json::{json, Value};
+
+// ---------------------------------------------------------------------------
+// DynamoDB's size and unit rules
+
+/// Bytes of a number: 1 per two significant digits, plus 1.
+fn number_size(n: &str) -> usize {
+    let mantissa = n
+        .trim_start_matches(['-', '+'])
+        .split(['e', 'E'])
+        .next()
+        .unwrap_or("");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits.trim_start_matches('0').trim_end_matches('0').len();
+    significant.max(1).div_ceil(2) + 1
+}
+
+fn binary_size(b64: &str) -> usize {
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map(|b| b.len())
+        .unwrap_or_else(|e| panic!("binary attribute is not base64: {e}"))
+}
+
+/// Bytes of one attribute value in DynamoDB's JSON wire format.
+fn value_size(v: &Value) -> usize {
+    let (kind, inner) = v
+        .as_object()
+        .and_then(|o| o.iter().next())
+        .unwrap_or_else(|| panic!("not an attribute value: {v}"));
+    let str_of = |x: &Value| x.as_str().unwrap_or_default().to_string();
+    match kind.as_str() {
+        "S" => str_of(inner).len(),
+        "N" => number_size(&str_of(inner)),
+        "B" => binary_size(&str_of(inner)),
+        "BOOL" | "NULL" => 1,
+        "SS" => inner
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| str_of(s).len())
+            .sum(),
+        "NS" => inner
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| number_size(&str_of(s)))
+            .sum(),
+        "BS" => inner
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| binary_size(&str_of(s)))
+            .sum(),
+        "L" => {
+            3 + inner
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| value_size(e) + 1)
+                .sum::<usize>()
+        }
+        "M" => {
+            3 + inner
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, e)| k.len() + value_size(e) + 1)
+                .sum::<usize>()
+        }
+        other => panic!("unknown attribute type {other}"),
+    }
+}
+
+/// Bytes of an item (a JSON map of attribute values).
+fn item_size(item: &Value) -> usize {
+    item.as_object()
+        .map(|m| m.iter().map(|(k, v)| k.len() + value_size(v)).sum())
+        .unwrap_or(0)
+}
+
+fn write_units(bytes: usize) -> f64 {
+    bytes.div_ceil(1024).max(1) as f64
+}
+
+fn read_units(bytes: usize, consistent: bool) -> f64 {
+    let units = bytes.div_ceil(4096).max(1) as f64;
+    if consistent {
+        units
+    } else {
+        units / 2.0
+    }
+}
+
+#[test]
+fn sizes_follow_the_documented_rules() {
+    // The examples of the developer guide's "Item sizes and formats".
+    assert_eq!(number_size("12345"), 4);
+    assert_eq!(number_size("-0.000120"), 2);
+    assert_eq!(number_size("1700000000000"), 2);
+    assert_eq!(number_size("0"), 2);
+    let item = json!({"pk": {"S": "abc"}, "n": {"N": "123"}, "b": {"B": "AAEC"},
+                      "t": {"BOOL": true}, "l": {"L": [{"S": "x"}, {"N": "1"}]}});
+    // pk 2+3, n 1+3, b 1+3, t 1+1, l 1+(3 + (1+1) + (2+1))
+    assert_eq!(item_size(&item), 5 + 4 + 4 + 2 + 9);
+    assert_eq!(write_units(1024), 1.0);
+    assert_eq!(write_units(1025), 2.0);
+    assert_eq!(read_units(10, true), 1.0);
+    assert_eq!(read_units(4097, false), 1.0);
+}
+
+// ---------------------------------------------------------------------------
+// Table shapes, from DescribeTable
+
+#[derive(Debug, Clone)]
+struct Index {
+    name: String,
+    keys: Vec<String>,
+    /// `None`: ALL; `Some(extra)`: KEYS_ONLY (empty) or INCLUDE.
+    projected: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone)]
+struct Table {
+    role: &'static str,
+    keys: Vec<String>,
+    indexes: Vec<Index>,
+}
+
+async fn describe(client: &aws_sdk_dynamodb::Client, name: &str, role: &'static str) -> Table {
+    let out = client
+        .describe_table()
+        .table_name(name)
+        .send()
+        .await
+        .expect("DescribeTable");
+    let t = out.table().expect("table description");
+    let keys = t
+        .key_schema()
+        .iter()
+        .map(|k| k.attribute_name().to_string())
+        .collect();
+    let indexes = t
+        .global_secondary_indexes()
+        .iter()
+        .map(|g| {
+            let projection = g.projection().expect("projection");
+            let projected = match projection.projection_type() {
+                Some(ProjectionType::All) => None,
+                Some(ProjectionType::Include) => Some(projection.non_key_attributes().to_vec()),
+                _ => Some(Vec::new()),
+            };
+            Index {
+                name: g.index_name().unwrap_or("?").to_string(),
+                keys: g
+                    .key_schema()
+                    .iter()
+                    .map(|k| k.attribute_name().to_string())
+                    .collect(),
+                projected,
+            }
+        })
+        .collect();
+    Table {
+        role,
+        keys,
+        indexes,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw reads of the server's items, outside the SDK (so outside the capture)
+
+fn decode_chunked(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("chunk size");
+        let size_text = std::str::from_utf8(&body[..line_end]).expect("chunk size");
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+            .expect("hex chunk size");
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[..size]);
+        body = &body[size + 2..];
+    }
+}
+
+/// One DynamoDB JSON call to moto over a plain socket.
+fn raw_call(endpoint: &str, target: &str, body: &Value) -> Value {
+    let addr = endpoint.trim_start_matches("http://");
+    let body = body.to_string();
+    let mut stream = TcpStream::connect(addr).expect("connect to moto");
+    write!(
+        stream,
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-amz-json-1.0\r\n\
+         X-Amz-Target: DynamoDB_20120810.{target}\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write request");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("read response");
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("HTTP response");
+    let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{target}: {head}");
+    let payload = &response[split + 4..];
+    let payload = if head.contains("transfer-encoding: chunked") {
+        decode_chunked(payload)
+    } else {
+        payload.to_vec()
+    };
+    serde_json::from_slice(&payload).expect("JSON response")
+}
+
+fn raw_get(endpoint: &str, table: &str, key: &Value) -> Option<Value> {
+    let out = raw_call(
+        endpoint,
+        "GetItem",
+        &json!({"TableName": table, "Key": key, "ConsistentRead": true}),
+    );
+    out.get("Item").cloned()
+}
+
+// ---------------------------------------------------------------------------
+// The capture
+
+#[derive(Debug, Clone)]
+struct Target {
+    table: String,
+    key: Value,
+    /// Put, Update, Delete, ConditionCheck, Get.
+    action: &'static str,
+    old: Option<Value>,
+    new: Option<Value>,
+}
+
+#[derive(Debug, Clone)]
+struct Call {
+    op: String,
+    request: Value,
+    targets: Vec<Target>,
+    consistent: bool,
+    status: u16,
+    response: Value,
+}
+
+#[derive(Clone)]
+struct Capture {
+    endpoint: String,
+    tables: Arc<HashMap<String, Table>>,
+    in_flight: Arc<Mutex<Option<Call>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Capture")
+    }
+}
+
+impl Capture {
+    fn take(&self) -> Vec<Call> {
+        std::mem::take(&mut *self.calls.lock().unwrap())
+    }
+
+    fn key_of(&self, table: &str, item: &Value) -> Value {
+        let t = self
+            .tables
+            .get(table)
+            .unwrap_or_else(|| panic!("unknown table {table}"));
+        let mut key = serde_json::Map::new();
+        for k in &t.keys {
+            key.insert(k.clone(), item[k].clone());
+        }
+        Value::Object(key)
+    }
+
+    fn targets(&self, op: &str, request: &Value) -> (Vec<Target>, bool) {
+        let target = |table: &Value, key: Value, action| Target {
+            table: table.as_str().expect("TableName").to_string(),
+            key,
+            action,
+            old: None,
+            new: None,
+        };
+        let consistent = request["ConsistentRead"].as_bool().unwrap_or(false);
+        let targets = match op {
+            "PutItem" => vec![target(
+                &request["TableName"],
+                self.key_of(request["TableName"].as_str().unwrap(), &request["Item"]),
+                "Put",
+            )],
+            "UpdateItem" => vec![target(
+                &request["TableName"],
+                request["Key"].clone(),
+                "Update",
+            )],
+            "DeleteItem" => vec![target(
+                &request["TableName"],
+                request["Key"].clone(),
+                "Delete",
+            )],
+            "GetItem" => vec![target(&request["TableName"], request["Key"].clone(), "Get")],
+            "BatchGetItem" => {
+                let mut out = Vec::new();
+                let mut consistent = true;
+                for (table, wanted) in request["RequestItems"].as_object().unwrap() {
+                    consistent &= wanted["ConsistentRead"].as_bool().unwrap_or(false);
+                    for key in wanted["Keys"].as_array().unwrap() {
+                        out.push(target(&json!(table), key.clone(), "Get"));
+                    }
+                }
+                return (out, consistent);
+            }
+            "TransactWriteItems" => request["TransactItems"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    if let Some(put) = t.get("Put") {
+                        let table = put["TableName"].as_str().unwrap();
+                        target(&put["TableName"], self.key_of(table, &put["Item"]), "Put")
+                    } else if let Some(u) = t.get("Update") {
+                        target(&u["TableName"], u["Key"].clone(), "Update")
+                    } else if let Some(d) = t.get("Delete") {
+                        target(&d["TableName"], d["Key"].clone(), "Delete")
+                    } else {
+                        let c = &t["ConditionCheck"];
+                        target(&c["TableName"], c["Key"].clone(), "ConditionCheck")
+                    }
+                })
+                .collect(),
+            "TransactGetItems" => request["TransactItems"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| target(&t["Get"]["TableName"], t["Get"]["Key"].clone(), "Get"))
+                .collect(),
+            // Query / Scan: costed from the response.
+            _ => Vec::new(),
+        };
+        (targets, consistent)
+    }
+}
+
+impl Intercept for Capture {
+    fn name(&self) -> &'static str {
+        "einmal-capacity-capture"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let request = context.request();
+        let target = request.headers().get("x-amz-target").unwrap_or("?");
+        let op = target.rsplit('.').next().unwrap_or(target).to_string();
+        let body = request.body().bytes().expect("a buffered request body");
+        let request: Value = serde_json::from_slice(body)?;
+        let (mut targets, consistent) = self.targets(&op, &request);
+        for t in &mut targets {
+            t.old = raw_get(&self.endpoint, &t.table, &t.key);
+        }
+        let previous = self.in_flight.lock().unwrap().replace(Call {
+            op,
+            request,
+            targets,
+            consistent,
+            status: 0,
+            response: Value::Null,
+        });
+        assert!(
+            previous.is_none(),
+            "requests overlap: the capture needs one at a time"
+        );
+        Ok(())
+    }
+
+    fn read_after_execution(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let Some(mut call) = self.in_flight.lock().unwrap().take() else {
+            return Ok(());
+        };
+        if let Some(response) = context.response() {
+            call.status = response.status().as_u16();
+            call.response = response
+                .body()
+                .bytes()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+        }
+        for t in &mut call.targets {
+            t.new = raw_get(&self.endpoint, &t.table, &t.key);
+        }
+        self.calls.lock().unwrap().push(call);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Costing
+
+#[derive(Debug, Default, Clone)]
+struct Cost {
+    label: String,
+    table_wru: f64,
+    /// (index name, WRU, what happened)
+    index: Vec<(String, f64, &'static str)>,
+    rru: f64,
+    sizes: String,
+}
+
+impl Cost {
+    fn index_wru(&self) -> f64 {
+        self.index.iter().map(|(_, w, _)| w).sum()
+    }
+    fn index_wru_of(&self, name: &str) -> f64 {
+        self.index
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .map(|(_, w, _)| w)
+            .sum()
+    }
+}
+
+fn index_entry(table: &Table, index: &Index, item: &Value) -> Option<Value> {
+    let m = item.as_object()?;
+    if !index.keys.iter().all(|k| m.contains_key(k)) {
+        return None;
+    }
+    Some(match &index.projected {
+        None => item.clone(),
+        Some(extra) => {
+            let mut entry = serde_json::Map::new();
+            for k in table.keys.iter().chain(&index.keys).chain(extra) {
+                if let Some(v) = m.get(k) {
+                    entry.insert(k.clone(), v.clone());
+                }
+            }
+            Value::Object(entry)
+        }
+    })
+}
+
+/// The GSI writes of one successful item write.
+fn index_writes(
+    table: &Table,
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> Vec<(String, f64, &'static str)> {
+    let mut out = Vec::new();
+    for index in &table.indexes {
+        let before = old.and_then(|o| index_entry(table, index, o));
+        let after = new.and_then(|n| index_entry(table, index, n));
+        let keys_of =
+            |e: &Value| -> Vec<Value> { index.keys.iter().map(|k| e[k].clone()).collect() };
+        let name = index.name.clone();
+        match (before, after) {
+            (None, None) => {}
+            (None, Some(a)) => out.push((name, write_units(item_size(&a)), "enters")),
+            (Some(b), None) => out.push((name, write_units(item_size(&b)), "leaves")),
+            (Some(b), Some(a)) if keys_of(&b) != keys_of(&a) => out.push((
+                name,
+                write_units(item_size(&b)) + write_units(item_size(&a)),
+                "key changes",
+            )),
+            (Some(b), Some(a)) if b != a => {
+                out.push((name, write_units(item_size(&a)), "entry changes"))
+            }
+            (Some(_), Some(_)) => out.push((name, 0.0, "untouched")),
+        }
+    }
+    out
+}
+
+fn cost(capture: &Capture, call: &Call) -> Cost {
+    let ok = call.status == 200;
+    let table_of = |name: &str| -> &Table {
+        capture
+            .tables
+            .get(name)
+            .unwrap_or_else(|| panic!("unknown table {name}"))
+    };
+    let role = |t: &Target| table_of(&t.table).role;
+    let size = |v: &Option<Value>| v.as_ref().map(item_size).unwrap_or(0);
+    let mut c = Cost::default();
+    let transactional = call.op.starts_with("Transact");
+    let factor = if transactional { 2.0 } else { 1.0 };
+    match call.op.as_str() {
+        "PutItem" | "UpdateItem" | "DeleteItem" | "TransactWriteItems" => {
+            let mut sizes = Vec::new();
+            for t in &call.targets {
+                let (old, new) = (size(&t.old), size(&t.new));
+                let billed = if !ok || t.action == "ConditionCheck" {
+                    old
+                } else {
+                    old.max(new)
+                };
+                c.table_wru += factor * write_units(billed);
+                sizes.push(format!("{} {} {old}→{new} B", role(t), t.action));
+                if ok && t.action != "ConditionCheck" {
+                    c.index.extend(index_writes(
+                        table_of(&t.table),
+                        t.old.as_ref(),
+                        t.new.as_ref(),
+                    ));
+                }
+            }
+            c.sizes = sizes.join(", ");
+        }
+        "GetItem" | "BatchGetItem" | "TransactGetItems" => {
+            let consistent = call.consistent || transactional;
+            let mut sizes = Vec::new();
+            for t in &call.targets {
+                let s = size(&t.old);
+                c.rru += factor * read_units(s, consistent);
+                sizes.push(format!("{} {s} B", role(t)));
+            }
+            c.sizes = sizes.join(", ");
+        }
+        "Query" | "Scan" => {
+            let items = call.response["Items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let bytes: usize = items.iter().map(item_size).sum();
+            let consistent = call.request["ConsistentRead"].as_bool().unwrap_or(false);
+            c.rru = read_units(bytes, consistent);
+            c.sizes = format!("{} entries, {bytes} B", items.len());
+        }
+        other => panic!("no capacity rule for {other}"),
+    }
+    c.label = label(capture, call);
+    c
+}
+
+fn label(capture: &Capture, call: &Call) -> String {
+    let role = call
+        .targets
+        .first()
+        .and_then(|t| capture.tables.get(&t.table))
+        .map(|t| t.role)
+        .unwrap_or("inbox");
+    let what = match (call.op.as_str(), role) {
+        ("PutItem", "inbox") if call.status == 200 => "receiver: conditional put (new)".into(),
+        ("PutItem", "inbox") => "receiver: conditional put (duplicate, condition fails)".into(),
+        ("UpdateItem", "inbox") => {
+            let expr = call.request["UpdateExpression"].as_str().unwrap_or("");
+            if expr.starts_with("SET #state = :processing") {
+                "processor: claim (received → processing)".to_string()
+            } else {
+                let state = call.request["ExpressionAttributeValues"][":state"]["S"]
+                    .as_str()
+                    .unwrap_or("?");
+                format!("processor: finish (→ {state})")
+            }
+        }
+        ("TransactWriteItems", _) => format!(
+            "processor: commit, TransactWriteItems of {}",
+            call.targets.len()
+        ),
+        ("PutItem", "state") => "processor: commit, conditional put".into(),
+        ("GetItem", r) => format!("processor: load {r} record"),
+        ("BatchGetItem", r) => format!("processor: load {} {r} records", call.targets.len()),
+        (op, r) => format!("{op} ({r})"),
+    };
+    format!("{what} [{}]", call.op)
+}
+
+// ---------------------------------------------------------------------------
+// The scenario
+
+struct Rig {
+    capture: Capture,
+    sqs_ops: OperationLog,
+    store: Arc<AwsStore>,
+    state: Arc<DynamoStateStore>,
+    ingest: Ingestor,
+    processor: Processor,
+    inbox_index: String,
+}
+
+async fn rig() -> Rig {
+    let moto = moto::shared();
+    let sdk = moto.sdk_config().await;
+    let plain = aws_sdk_dynamodb::Client::new(&sdk);
+    let name = moto::unique_name("einmal-cap");
+    create_tables(&plain, &name).await.expect("inbox table");
+    let names = create_queues(&aws_sdk_sqs::Client::new(&sdk), &name, 3)
+        .await
+        .expect("queues");
+    let state_table = format!("{name}-state");
+    create_state_table(&plain, &state_table)
+        .await
+        .expect("state table");
+    let inbox = describe(&plain, &name, "inbox").await;
+    let inbox_index = inbox
+        .indexes
+        .iter()
+        .find(|i| i.name.contains("sweep"))
+        .map(|i| i.name.clone())
+        .expect("the sweeper's index");
+    let tables = HashMap::from([
+        (name.clone(), inbox),
+        (
+            state_table.clone(),
+            describe(&plain, &state_table, "state").await,
+        ),
+    ]);
+    let capture = Capture {
+        endpoint: moto.endpoint.clone(),
+        tables: Arc::new(tables),
+        in_flight: Arc::default(),
+        calls: Arc::default(),
+    };
+    let sqs_ops = OperationLog::new();
+    let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .interceptor(capture.clone())
+            .build(),
+    );
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&sdk)
+            .interceptor(sqs_ops.clone())
+            .build(),
+    );
+    let store = Arc::new(AwsStore::new(dynamodb.clone(), sqs, names));
+    let state = Arc::new(DynamoStateStore::new(dynamodb, state_table));
+    let ingest = Ingestor::new(scenario::config(), store.clone(), store.clone());
+    let processor = Processor::new(
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        state.clone(),
+        Arc::new(ReferenceDomain::new()),
+    )
+    .with_settings(scenario::settings(30_000, 3));
+    Rig {
+        capture,
+        sqs_ops,
+        store,
+        state,
+        ingest,
+        processor,
+        inbox_index,
+    }
+}
+
+struct Measured {
+    name: String,
+    ingest: Vec<Cost>,
+    process: Vec<Cost>,
+    duplicate: Vec<Cost>,
+    inbox_item_bytes: usize,
+    body_bytes: usize,
+}
+
+fn total(costs: &[Cost]) -> (f64, f64, f64) {
+    costs.iter().fold((0.0, 0.0, 0.0), |(t, i, r), c| {
+        (t + c.table_wru, i + c.index_wru(), r + c.rru)
+    })
+}
+
+async fn measure(r: &Rig, name: &str, event: &Event) -> Measured {
+    r.capture.take();
+    r.sqs_ops.take();
+    let request = event.request(&r.ingest.config());
+    let response = r.ingest.ingest(event.provider, TENANT, &request).await;
+    assert_eq!(response.status, 200, "{name}: {}", response.body);
+    let ingest_calls = r.capture.take();
+    assert_eq!(
+        r.sqs_ops.take(),
+        ["SendMessage"],
+        "{name}: the receiver's one SQS call"
+    );
+
+    // The Lambda path: the event source hands the batch over (its ReceiveMessage and
+    // DeleteMessageBatch are SQS requests, not DynamoDB units).
+    let batch = r
+        .store
+        .receive(10, Duration::from_secs(30))
+        .await
+        .expect("receive");
+    assert_eq!(batch.len(), 1, "{name}");
+    let outcomes = r.processor.process_batch(&batch, "capacity").await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|(_, outcome)| matches!(outcome, MessageOutcome::Ack)),
+        "{name}: {outcomes:?}"
+    );
+    let process_calls = r.capture.take();
+
+    let again = r.ingest.ingest(event.provider, TENANT, &request).await;
+    assert_eq!(again.body["duplicate"], true, "{name}: {}", again.body);
+    let duplicate_calls = r.capture.take();
+
+    let inbox_item_bytes = ingest_calls
+        .iter()
+        .find(|c| c.op == "PutItem")
+        .and_then(|c| c.targets[0].new.as_ref())
+        .map(item_size)
+        .expect("the stored inbox item");
+    let costs =
+        |calls: &[Call]| -> Vec<Cost> { calls.iter().map(|c| cost(&r.capture, c)).collect() };
+    let m = Measured {
+        name: name.to_string(),
+        ingest: costs(&ingest_calls),
+        process: costs(&process_calls),
+        duplicate: costs(&duplicate_calls),
+        inbox_item_bytes,
+        body_bytes: event.body.len(),
+    };
+    check_structure(r, &m, &ingest_calls, &process_calls, &duplicate_calls);
+    m
+}
+
+/// Structural facts only, no sizes or timings.
+fn check_structure(r: &Rig, m: &Measured, ingest: &[Call], process: &[Call], duplicate: &[Call]) {
+    let name = &m.name;
+    let ops = |calls: &[Call]| -> Vec<String> { calls.iter().map(|c| c.op.clone()).collect() };
+    // The receiver: one conditional put, which enters the sweeper's index.
+    assert_eq!(ops(ingest), ["PutItem"], "{name}");
+    assert_eq!(m.ingest[0].index_wru_of(&r.inbox_index), 1.0, "{name}");
+    // A duplicate: its rejected put, no index write.
+    assert_eq!(ops(duplicate), ["PutItem"], "{name}");
+    assert_ne!(duplicate[0].status, 200, "{name}: the condition fails");
+    assert_eq!(m.duplicate[0].index_wru(), 0.0, "{name}");
+
+    let inbox_updates: Vec<(&Call, &Cost)> = process
+        .iter()
+        .zip(&m.process)
+        .filter(|(c, _)| c.op == "UpdateItem" && c.targets[0].table == r.store.names().table)
+        .collect();
+    assert_eq!(
+        inbox_updates.len(),
+        2,
+        "{name}: claim + finish: {:?}",
+        ops(process)
+    );
+    let (claim, claim_cost) = inbox_updates[0];
+    let (finish, finish_cost) = inbox_updates[1];
+    assert!(claim_cost.label.contains("claim"), "{}", claim_cost.label);
+    assert!(
+        finish_cost.label.contains("completed"),
+        "{}",
+        finish_cost.label
+    );
+    // The claim leaves the sweeper's index alone; the terminal finish leaves it.
+    assert_eq!(claim_cost.index_wru_of(&r.inbox_index), 0.0, "{name}");
+    assert!(
+        claim_cost
+            .index
+            .iter()
+            .any(|(n, _, what)| *n == r.inbox_index && *what == "untouched"),
+        "{name}: {:?}",
+        claim_cost.index
+    );
+    assert!(
+        finish_cost
+            .index
+            .iter()
+            .any(|(n, w, what)| *n == r.inbox_index && *what == "leaves" && *w == 1.0),
+        "{name}: {:?}",
+        finish_cost.index
+    );
+    // Nothing on the inbox is read back: the claim returns the item it claimed.
+    assert!(
+        !process
+            .iter()
+            .any(|c| c.op.contains("Get") && c.targets[0].table == r.store.names().table),
+        "{name}: {:?}",
+        ops(process)
+    );
+    assert!(claim.request["ReturnValues"] == "ALL_NEW", "{name}");
+    assert!(finish.request.get("ReturnValues").is_none(), "{name}");
+    // Never a scan or a query on the webhook path.
+    assert!(
+        !process
+            .iter()
+            .chain(ingest)
+            .any(|c| c.op == "Scan" || c.op == "Query"),
+        "{name}"
+    );
+}
+
+fn print(m: &Measured) {
+    println!(
+        "\n## {} (body {} B, inbox item {} B)\n",
+        m.name, m.body_bytes, m.inbox_item_bytes
+    );
+    println!("| call | table WRU | index WRU | RRU | items (old→new) |");
+    println!("|---|---|---|---|---|");
+    for c in m.ingest.iter().chain(&m.process) {
+        let index = if c.index.is_empty() {
+            "0".to_string()
+        } else {
+            let parts: Vec<String> = c
+                .index
+                .iter()
+                .map(|(n, w, what)| format!("{w} ({n} {what})"))
+                .collect();
+            parts.join(", ")
+        };
+        println!(
+            "| {} | {} | {index} | {} | {} |",
+            c.label, c.table_wru, c.rru, c.sizes
+        );
+    }
+    let all: Vec<Cost> = m.ingest.iter().chain(&m.process).cloned().collect();
+    let (t, i, r) = total(&all);
+    println!(
+        "| **per new webhook** | **{t}** | **{i}** | **{r}** | **{} WRU, {r} RRU** |",
+        t + i
+    );
+    let (dt, di, dr) = total(&m.duplicate);
+    println!(
+        "| duplicate delivery: {} | {dt} | {di} | {dr} | {} |",
+        m.duplicate[0].label, m.duplicate[0].sizes
+    );
+    println!(
+        "CAPACITY {}: wru={} rru={} duplicate_wru={}",
+        m.name,
+        t + i,
+        r,
+        dt + di
+    );
+}
+
+/// The Stripe sample padded to a ~3 KB event with realistic, varied content (a
+/// charge's details), as real `payment_intent.succeeded` events are.
+fn stripe_3kb() -> Event {
+    let base = sample("stripe-payment_intent.succeeded");
+    let mut body: Value = serde_json::from_slice(&base.body).expect("JSON");
+    let mut charges = Vec::new();
+    for i in 0..4 {
+        charges.push(json!({
+            "id": format!("ch_3Q{i}x8mZ2eZvKYlo2C1a{:04x}", i * 7919),
+            "object": "charge",
+            "amount": 4990 + i,
+            "balance_transaction": format!("txn_3Q{i}x8mZ2eZvKYlo2C0b{:04x}", i * 104_729),
+            "billing_details": {"address": {"city": "Berlin", "country": "DE",
+                "line1": format!("Hauptstraße {}", 10 + i), "postal_code": format!("1011{i}")},
+                "email": format!("customer{i}@example.com"), "name": "Jenny Rosen"},
+            "outcome": {"network_status": "approved_by_network", "risk_level": "normal",
+                "risk_score": 20 + i, "seller_message": "Payment complete.", "type": "authorized"},
+            "payment_method_details": {"card": {"brand": "visa", "exp_month": 8,
+                "exp_year": 2030, "last4": format!("42{i}2"), "network": "visa",
+                "fingerprint": format!("Xt5EWLLDS7FJjR{i}v")}, "type": "card"},
+            "receipt_url": format!("https://pay.stripe.com/receipts/payment/CAcaFwoVYWNjdF8xTTJKVGtMa2RJd0h1{i}"),
+        }));
+    }
+    body["data"]["object"]["charges"] = json!({"object": "list", "data": charges});
+    // Another payment of another order: a fresh effect, not a duplicate of the sample's.
+    body["data"]["object"]["id"] = json!("pi_demo_3kb");
+    body["data"]["object"]["metadata"]["order_id"] = json!("order-1002");
+    body["data"]["object"]["description"] = json!("Order order-1002");
+    let event = Event {
+        body: serde_json::to_vec(&body).expect("JSON"),
+        event_id: format!("{}_3kb", base.event_id),
+        ..base
+    };
+    // The event id is the body's `id`.
+    let mut value: Value = serde_json::from_slice(&event.body).unwrap();
+    value["id"] = json!(event.event_id);
+    Event {
+        body: serde_json::to_vec(&value).unwrap(),
+        ..event
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_and_read_units_per_webhook() {
+    let r = rig().await;
+    for sku in ["SKU-RED-M", "SKU-BLUE-L"] {
+        let outcome = r
+            .state
+            .commit(&[seed_sku(TENANT, sku, 100)])
+            .await
+            .expect("seed");
+        assert_eq!(outcome, CommitOutcome::Committed);
+    }
+    let stripe = measure(
+        &r,
+        "Stripe payment_intent.succeeded (sample)",
+        &sample("stripe-payment_intent.succeeded"),
+    )
+    .await;
+    let shopify = measure(
+        &r,
+        "Shopify orders/create, 2 line items (sample)",
+        &sample("shopify-orders-create"),
+    )
+    .await;
+    let big = stripe_3kb();
+    assert!(
+        (2_800..4_000).contains(&big.body.len()),
+        "{}",
+        big.body.len()
+    );
+    let stripe_big = measure(&r, "Stripe payment_intent.succeeded, ~3 KB", &big).await;
+    for m in [&stripe, &shopify, &stripe_big] {
+        print(m);
+    }
+    // Every new webhook commits its business record(s): the table shows the full path.
+    for m in [&stripe, &shopify, &stripe_big] {
+        assert!(
+            m.process.iter().any(|c| c.label.contains("commit")),
+            "{}: no commit",
+            m.name
+        );
+    }
+}
