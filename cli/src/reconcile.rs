@@ -51,10 +51,10 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
     let config = Arc::new(Config::load(&args.config).map_err(|e| e.to_string())?);
     let stores = args.store.open().await?;
     let state = args.store.open_state().await?;
-    let inbox = stores.inbox.clone();
+    let hints = stores.hints.clone();
     let ingestor = Arc::new(Ingestor::new(config, stores.inbox, stores.queue));
     let audit = args.store.open_audit().await?;
-    let reconciler = Reconciler::new(ingestor, state.clone()).with_inbox(inbox);
+    let reconciler = Reconciler::new(ingestor, state.clone()).with_hints(hints);
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,

@@ -9,7 +9,7 @@ use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::StateStore;
-use einmal::ports::{Inbox, Queue};
+use einmal::ports::{Inbox, InboxHints, Queue};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -31,6 +31,8 @@ pub struct StoreArgs {
 
 pub struct Stores {
     pub inbox: Arc<dyn Inbox>,
+    /// The hint index GoPay / Klarna push reconciliation reads.
+    pub hints: Arc<dyn InboxHints>,
     #[allow(dead_code)]
     pub queue: Arc<dyn Queue>,
 }
@@ -65,6 +67,7 @@ impl StoreArgs {
                 );
                 Ok(Stores {
                     inbox: store.clone(),
+                    hints: store.clone(),
                     queue: store,
                 })
             }
@@ -72,6 +75,7 @@ impl StoreArgs {
                 let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
                 Ok(Stores {
                     inbox: store.clone(),
+                    hints: store.clone(),
                     queue: store,
                 })
             }

@@ -180,6 +180,56 @@ pub trait Inbox: Send + Sync {
     async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError>;
 }
 
+/// Providers whose hints [`InboxHints`] finds: the thin-event providers without a
+/// list API (GoPay, Klarna push), whose reconciliation can only look up the payments
+/// their hints named. Mollie lists its payments, so its hints are not indexed.
+pub const INDEXED_HINT_PROVIDERS: [&str; 2] = ["gopay", "klarna-push"];
+
+/// The hint scope of an item: `{provider}#{tenant}` for a hint
+/// (`hint.*` event type, see `providers::thin`) of an [`INDEXED_HINT_PROVIDERS`]
+/// provider, `None` for every other item. Fixed at put time (provider, tenant and
+/// event type never change), so only the put writes the index.
+pub fn hint_scope(envelope: &Envelope) -> Option<String> {
+    (INDEXED_HINT_PROVIDERS.contains(&envelope.provider.as_str())
+        && envelope
+            .event_type
+            .starts_with(crate::providers::thin::HINT_PREFIX))
+    .then(|| hint_scope_of(&envelope.provider, &envelope.tenant))
+}
+
+/// The hint scope value for `provider` and `tenant` (see [`hint_scope`]).
+pub fn hint_scope_of(provider: &str, tenant: &str) -> String {
+    format!("{provider}#{tenant}")
+}
+
+/// What reconciliation needs of one hint item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxHint {
+    pub key: InboxKey,
+    /// The resource the hint named (payment / order id).
+    pub object_id: String,
+    pub state: InboxState,
+    pub received_at_ms: i64,
+}
+
+/// The hint items of the thin providers without a list API, found through an index
+/// that holds only them (a sparse GSI on DynamoDB, a partial index on SQLite), never
+/// by a table scan.
+#[async_trait]
+pub trait InboxHints: Send + Sync {
+    /// Up to `limit` hints of `provider` + `tenant` received at or after `since_ms`,
+    /// oldest first (ties by key). Empty for a provider not in
+    /// [`INDEXED_HINT_PROVIDERS`]: its items are not indexed. A result of exactly
+    /// `limit` hints may have more behind it.
+    async fn hints_since(
+        &self,
+        provider: &str,
+        tenant: &str,
+        since_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<InboxHint>, StoreError>;
+}
+
 /// Why a [`InboxProcessing::claim`] did not hand out the item.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {

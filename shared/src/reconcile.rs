@@ -46,16 +46,18 @@
 //! - **Mollie** lists payments: newest first, until a page reaches one created before
 //!   the checkpoint. Each listed payment is compared with our order.
 //! - **GoPay, Klarna push** have no list API. The payments we know about are the ones
-//!   their hints named: the tenant's newest [`MAX_WATCHED_ITEMS`] inbox items received
-//!   since the checkpoint. A resource is looked up (one API call) when none of its
-//!   hints completed (a final state was applied), none is still in processing, and at
-//!   least one ended `ignored` (fetched, not final yet). Dead-lettered hints are left
-//!   to the DLQ and replay. A payment never announced by any hint is not known here;
-//!   the domain has no record of it either. This reads the inbox through the operator
-//!   listing: on DynamoDB one filtered Scan per GoPay / Klarna push tenant and run,
-//!   which reads the whole inbox table (on demand, about $0.03 per million 1 KB items;
-//!   with the hourly schedule fine for small and medium tables). A sparse index of
-//!   ignored hints, written by the processor, would turn it into a Query.
+//!   their hints named: the tenant's hint items received since the checkpoint, oldest
+//!   first, at most [`MAX_WATCHED_ITEMS`] per run (when a run reads that many, the
+//!   checkpoint stops at the last one read). A resource is looked up (one API call)
+//!   when none of its hints completed (a final state was applied), none is still in
+//!   processing, and at least one ended `ignored` (fetched, not final yet).
+//!   Dead-lettered hints are left to the DLQ and replay. A payment never announced by
+//!   any hint is not known here; the domain has no record of it either. The hints come
+//!   from [`InboxHints`], an index that holds only these providers' hints: on DynamoDB
+//!   a Query on the sparse, KEYS_ONLY GSI `by_hint` (hash `hint_scope` =
+//!   `{provider}#{tenant}`, set at put time; range `received_at_ms`) plus a
+//!   BatchGetItem of the state and object id, never a Scan, so a run costs what the
+//!   tenant's recent hints cost, not what the table holds; on SQLite a partial index.
 //! - The checkpoint becomes the oldest point that may still change: the oldest open
 //!   payment (Mollie `createdAt`; GoPay/Klarna: the first hint of a payment still open
 //!   or still in processing), at most the newest `createdAt` seen (Mollie) / now minus
@@ -107,7 +109,7 @@ use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, Sta
 use crate::envelope::Envelope;
 use crate::lookup::{classify_status, HttpLookup, LookupError, ResourceLookup, API_BASE_OPTION};
 use crate::pipeline::ingest::{IngestError, Ingestor};
-use crate::ports::{Inbox, InboxFilter, InboxState, StoreError};
+use crate::ports::{InboxHints, InboxState, StoreError};
 use crate::providers::sig::{format_rfc3339, parse_rfc3339};
 use crate::providers::{stripe, thin};
 use crate::time;
@@ -131,7 +133,9 @@ pub const PROVIDERS: [&str; 5] = ["stripe", "shopify", "mollie", "gopay", "klarn
 pub const THIN_PROVIDERS: [&str; 3] = ["mollie", "gopay", "klarna-push"];
 /// Page size of Mollie's `GET /v2/payments` (its maximum).
 pub const MOLLIE_PAGE_SIZE: usize = 250;
-/// Newest hint items read per GoPay / Klarna push tenant and run.
+/// Most hint items read per GoPay / Klarna push tenant and run, oldest first from the
+/// checkpoint; when a run reads this many, the checkpoint stops at the last one read
+/// and the next run goes on from there.
 pub const MAX_WATCHED_ITEMS: usize = 2_000;
 
 const SHOPIFY_API_VERSION: &str = "2024-10";
@@ -231,8 +235,9 @@ pub struct Reconciler {
     overlap_secs: i64,
     /// Fetches one payment / order of a thin provider (as the processor does).
     lookup: Arc<dyn ResourceLookup>,
-    /// Where GoPay / Klarna push find the payments they watch (see the module docs).
-    inbox: Option<Arc<dyn Inbox>>,
+    /// Where GoPay / Klarna push find the payments they watch: the inbox's hint index
+    /// (see the module docs).
+    hints: Option<Arc<dyn InboxHints>>,
 }
 
 /// One fetched event, ready for the ingestor.
@@ -269,14 +274,14 @@ impl Reconciler {
             now_secs: Arc::new(time::now_secs),
             overlap_secs: DEFAULT_OVERLAP_SECS,
             lookup: Arc::new(HttpLookup::new()),
-            inbox: None,
+            hints: None,
         }
     }
 
-    /// The inbox the hints of GoPay and Klarna push tenants are read from; without it
-    /// their reconciliation fails with a configuration error.
-    pub fn with_inbox(mut self, inbox: Arc<dyn Inbox>) -> Self {
-        self.inbox = Some(inbox);
+    /// The inbox's hint index, where the hints of GoPay and Klarna push tenants are
+    /// found; without it their reconciliation fails with a configuration error.
+    pub fn with_hints(mut self, hints: Arc<dyn InboxHints>) -> Self {
+        self.hints = Some(hints);
         self
     }
 
@@ -955,26 +960,38 @@ impl Reconciler {
     /// GoPay / Klarna push (no list API): the resources named by this tenant's hints
     /// received since `since` that no hint has completed, none is still processing,
     /// and at least one ended `ignored` (the fetched state was not final), each fetched
-    /// once now. Also the arrival of the oldest hint still in processing.
+    /// once now. Also the oldest point the checkpoint must not pass: the arrival of the
+    /// oldest hint still in processing, or the last hint read when a run reads
+    /// [`MAX_WATCHED_ITEMS`] (there may be more behind it).
     async fn watched(
         &self,
         tenant: &TenantConfig,
         since: i64,
     ) -> Result<(Vec<ThinPayment>, Option<i64>), ReconcileError> {
         let provider = tenant.provider.as_str();
-        let inbox = self.inbox.as_ref().ok_or_else(|| {
+        let index = self.hints.as_ref().ok_or_else(|| {
             ReconcileError::Config(format!(
-                "reconciling {provider} reads the inbox, which is not configured"
+                "reconciling {provider} reads the inbox's hint index, which is not configured"
             ))
         })?;
-        let items = inbox
-            .list(&InboxFilter {
-                state: None,
-                provider: Some(tenant.provider.clone()),
-                tenant: Some(tenant.tenant.clone()),
-                limit: MAX_WATCHED_ITEMS,
-            })
+        let hints = index
+            .hints_since(
+                provider,
+                &tenant.tenant,
+                since.saturating_mul(1000),
+                MAX_WATCHED_ITEMS,
+            )
             .await?;
+        let unread_from = match hints.last() {
+            Some(last) if hints.len() >= MAX_WATCHED_ITEMS => {
+                tracing::warn!(
+                    provider, tenant = %tenant.tenant, read = hints.len(),
+                    "more hints since the checkpoint than one run reads; the next run goes on"
+                );
+                Some(last.received_at_ms.div_euclid(1000))
+            }
+            _ => None,
+        };
         struct Seen {
             first_ms: i64,
             completed: bool,
@@ -982,23 +999,15 @@ impl Reconciler {
             ignored: bool,
         }
         let mut by_id: std::collections::BTreeMap<String, Seen> = Default::default();
-        for item in items {
-            if !item.envelope.event_type.starts_with(thin::HINT_PREFIX)
-                || item.received_at_ms < since.saturating_mul(1000)
-            {
-                continue;
-            }
-            let Some(id) = item.envelope.object_id.clone() else {
-                continue;
-            };
-            let seen = by_id.entry(id).or_insert(Seen {
+        for hint in hints {
+            let seen = by_id.entry(hint.object_id).or_insert(Seen {
                 first_ms: i64::MAX,
                 completed: false,
                 pending: false,
                 ignored: false,
             });
-            seen.first_ms = seen.first_ms.min(item.received_at_ms);
-            match item.state {
+            seen.first_ms = seen.first_ms.min(hint.received_at_ms);
+            match hint.state {
                 InboxState::Completed => seen.completed = true,
                 InboxState::Ignored => seen.ignored = true,
                 // Dead letters are the DLQ's and replay's business.
@@ -1007,7 +1016,7 @@ impl Reconciler {
             }
         }
         let kind = hint_kind(provider);
-        let mut pending_since = None::<i64>;
+        let mut pending_since = unread_from;
         let mut out = Vec::new();
         for (id, seen) in by_id {
             let first = seen.first_ms.div_euclid(1000);

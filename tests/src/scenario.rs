@@ -452,6 +452,8 @@ pub struct Backend {
     pub state: Arc<dyn StateStore>,
     /// The sweeper's index queries (the store itself, unwrapped).
     pub sweep: Arc<dyn einmal::ports::InboxSweep>,
+    /// The reconciler's hint index queries (the store itself, unwrapped).
+    pub hints: Arc<dyn einmal::ports::InboxHints>,
     /// Every AWS call of the stores (AWS only).
     pub calls: Option<CallCounter>,
     pub max_receive_count: u32,
@@ -474,7 +476,8 @@ pub async fn embedded(max_receive_count: u32) -> Backend {
         inbox: store.clone(),
         processing: store.clone(),
         queue: store.clone(),
-        sweep: store,
+        sweep: store.clone(),
+        hints: store,
         state,
         calls: None,
         max_receive_count,
@@ -521,7 +524,8 @@ pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>
         inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
         processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
         queue: store.clone(),
-        sweep: store,
+        sweep: store.clone(),
+        hints: store,
         state: Arc::new(AtomicCalls::new(state, lock)),
         calls: Some(counter),
         max_receive_count,

@@ -16,14 +16,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::config::Config;
 use einmal::domain::reference::{order_key, ReferenceDomain};
 use einmal::domain::state::StateKey;
-use einmal::envelope::InboxKey;
+use einmal::envelope::{Envelope, InboxKey};
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::Processor;
-use einmal::ports::{InboxState, Source};
+use einmal::ports::{Inbox, InboxHints, InboxItem, InboxState, PutOutcome, Source};
 use einmal::providers::sig::format_rfc3339;
 use einmal::providers::thin::hint_event_id;
 use einmal::reconcile::{
@@ -31,6 +32,7 @@ use einmal::reconcile::{
     PENDING_PROCESSING,
 };
 use einmal::request::WebhookRequest;
+use einmal_tests::moto::{self, OperationLog};
 use einmal_tests::scenario::{self, Backend, Kind};
 use serde_json::{json, Value};
 
@@ -265,7 +267,10 @@ options = {{ path_token = "{KLARNA_TOKEN}", api_username = "{KLARNA_USER}", api_
 
 impl Harness {
     async fn new(kind: Kind, page_size: usize) -> Harness {
-        let b = kind.backend(10).await;
+        Harness::on(kind.backend(10).await, page_size).await
+    }
+
+    async fn on(b: Backend, page_size: usize) -> Harness {
         let api = FakeApi::start(page_size).await;
         let config = config(&api.base);
         let ingestor = Arc::new(Ingestor::new(
@@ -286,7 +291,7 @@ impl Harness {
         .with_jitter(|| 1.0)
         .with_lookup(Arc::new(HttpLookup::new()), config);
         let reconciler = Reconciler::new(ingestor.clone(), b.state.clone())
-            .with_inbox(b.inbox.clone())
+            .with_hints(b.hints.clone())
             .with_clock(|| einmal::time::now_secs() + RECONCILE_AHEAD_SECS);
         Harness {
             b,
@@ -559,8 +564,9 @@ async fn mollie_paid_never_announced_is_listed_ingested_and_applied_once() {
 // ---------------------------------------------------------------------------
 // GoPay: no list API; the payments its hints named (both backends)
 
-async fn gopay_status_change_never_announced(kind: Kind) {
-    let h = Harness::new(kind, 100).await;
+/// `operations`: the DynamoDB calls of the AWS backend, to check what a run issues.
+async fn gopay_status_change_never_announced(b: Backend, operations: Option<OperationLog>) {
+    let h = Harness::on(b, 100).await;
     let (late, paid, open) = (3_000_000_101u64, 3_000_000_102u64, 3_000_000_103u64);
     h.api
         .set(&gopay_path(late), gopay_payment(late, "CREATED", "g-1"));
@@ -584,8 +590,17 @@ async fn gopay_status_change_never_announced(kind: Kind) {
     let items_before = h.b.items().await.len();
 
     let before = einmal::time::now_secs();
+    if let Some(ops) = &operations {
+        ops.take();
+    }
     let r = h.run("gopay").await;
     let after = einmal::time::now_secs();
+    if let Some(ops) = &operations {
+        // The hints come from the sparse index: a Query (+ BatchGetItem), no Scan.
+        let ops = ops.take();
+        assert!(!ops.iter().any(|o| o == "Scan"), "{ops:?}");
+        assert_eq!(ops.iter().filter(|o| *o == "Query").count(), 1, "{ops:?}");
+    }
     // The two whose hints ended ignored are looked up; the completed one is not.
     assert_eq!(
         (r.fetched, r.already_present, r.ingested),
@@ -654,12 +669,14 @@ async fn gopay_status_change_never_announced(kind: Kind) {
 
 #[tokio::test]
 async fn gopay_paid_never_announced_is_found_and_applied_once_embedded() {
-    gopay_status_change_never_announced(Kind::Embedded).await;
+    gopay_status_change_never_announced(Kind::Embedded.backend(10).await, None).await;
 }
 
 #[tokio::test]
 async fn gopay_paid_never_announced_is_found_and_applied_once_on_moto() {
-    gopay_status_change_never_announced(Kind::Aws).await;
+    let ops = OperationLog::new();
+    let b = scenario::aws_logged(10, Some(ops.clone())).await;
+    gopay_status_change_never_announced(b, Some(ops)).await;
 }
 
 #[tokio::test]
@@ -758,4 +775,159 @@ async fn every_thin_tenant_is_reconciled_in_one_run() {
     let reports = bare.run(&only("gopay")).await.expect("run");
     let error = reports[0].error.as_deref().expect("error");
     assert!(error.contains("inbox"), "{error}");
+}
+
+// ---------------------------------------------------------------------------
+// The hint index on DynamoDB
+
+/// A stored item as the receiver would put it (body left empty).
+fn stored(provider: &str, tenant: &str, event_type: &str, object: &str, at_ms: i64) -> InboxItem {
+    let envelope = Envelope {
+        provider: provider.into(),
+        tenant: tenant.into(),
+        event_id: format!("{object}:{at_ms}"),
+        event_type: event_type.into(),
+        object_id: Some(object.into()),
+        object_version: None,
+        occurred_at: None,
+        delivery_id: None,
+    };
+    InboxItem {
+        key: envelope.key(),
+        envelope,
+        state: InboxState::Received,
+        source: Source::Webhook,
+        attempts: 0,
+        received_at_ms: at_ms,
+        updated_at_ms: at_ms,
+        expires_at: at_ms / 1000 + 86_400,
+        enqueue_failed: false,
+        last_error: None,
+        last_error_class: None,
+        lease_until_ms: None,
+        lease_owner: None,
+        result: None,
+        body_encoding: "identity".into(),
+        body_len: 0,
+        body: Vec::new(),
+    }
+}
+
+/// Only the hints of GoPay and Klarna push carry `hint_scope`, so only they are in the
+/// `by_hint` index (Stripe events and Mollie hints are not); `hints_since` reads one
+/// tenant's range with Query + BatchGetItem (100 keys per call), oldest first, and
+/// never scans.
+#[tokio::test]
+async fn only_gopay_and_klarna_push_hints_are_indexed_and_read_without_a_scan_on_moto() {
+    let sdk = moto::shared().sdk_config().await;
+    let name = moto::unique_name("einmal-hints");
+    let raw = aws_sdk_dynamodb::Client::new(&sdk);
+    create_tables(&raw, &name).await.expect("inbox table");
+    let names = create_queues(&aws_sdk_sqs::Client::new(&sdk), &name, 5)
+        .await
+        .expect("queues");
+    let ops = OperationLog::new();
+    let dynamodb = aws_sdk_dynamodb::Client::from_conf(
+        aws_sdk_dynamodb::config::Builder::from(&sdk)
+            .interceptor(ops.clone())
+            .build(),
+    );
+    let store = AwsStore::new(dynamodb, aws_sdk_sqs::Client::new(&sdk), names.clone());
+
+    let t = 1_700_000_000_000i64;
+    let not_indexed = [
+        stored("stripe", "t1", "payment_intent.succeeded", "pi_1", t),
+        stored("mollie", "t1", "hint.payment", "tr_1", t),
+    ];
+    let early = stored("gopay", "t1", "hint.payment", "101", t - 10_000);
+    let first = stored("gopay", "t1", "hint.payment", "101", t);
+    let second = stored("gopay", "t1", "hint.payment", "102", t + 1);
+    let other_tenant = stored("gopay", "t2", "hint.payment", "201", t);
+    let klarna = stored("klarna-push", "t1", "hint.order", "k-1", t);
+    let indexed = [&early, &first, &second, &other_tenant, &klarna];
+    for item in not_indexed.iter().chain(indexed.iter().copied()) {
+        assert_eq!(store.put_new(item).await.unwrap(), PutOutcome::Inserted);
+    }
+
+    // What the index holds (read here with a test-side Scan of the index itself).
+    let out = raw
+        .scan()
+        .table_name(&names.table)
+        .index_name("by_hint")
+        .send()
+        .await
+        .expect("scan of the index");
+    let mut in_index: Vec<String> = out
+        .items()
+        .iter()
+        .map(|m| m["pk"].as_s().unwrap().clone())
+        .collect();
+    in_index.sort();
+    let mut expected: Vec<String> = indexed.iter().map(|i| i.key.to_string()).collect();
+    expected.sort();
+    assert_eq!(in_index, expected);
+    assert_eq!(
+        out.items()
+            .iter()
+            .find(|m| m["pk"].as_s().unwrap() == first.key.as_str())
+            .map(|m| m["hint_scope"].as_s().unwrap().as_str()),
+        Some("gopay#t1")
+    );
+
+    ops.take();
+    let hints = store.hints_since("gopay", "t1", t, 100).await.unwrap();
+    let got: Vec<(&str, &str, InboxState, i64)> = hints
+        .iter()
+        .map(|h| {
+            (
+                h.key.as_str(),
+                h.object_id.as_str(),
+                h.state,
+                h.received_at_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (first.key.as_str(), "101", InboxState::Received, t),
+            (second.key.as_str(), "102", InboxState::Received, t + 1),
+        ]
+    );
+    assert_eq!(ops.take(), ["Query", "BatchGetItem"]);
+    // The limit keeps the oldest.
+    let oldest = store.hints_since("gopay", "t1", 0, 2).await.unwrap();
+    assert_eq!(
+        oldest.iter().map(|h| h.key.clone()).collect::<Vec<_>>(),
+        vec![early.key.clone(), first.key.clone()]
+    );
+    // Providers whose items are not indexed find nothing; neither does an unknown tenant.
+    for (provider, tenant) in [("mollie", "t1"), ("stripe", "t1"), ("gopay", "t9")] {
+        assert!(store
+            .hints_since(provider, tenant, 0, 100)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+    let klarna_hints = store
+        .hints_since("klarna-push", "t1", 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(klarna_hints.len(), 1);
+    assert_eq!(klarna_hints[0].object_id, "k-1");
+
+    // More than one BatchGetItem's worth: 130 hints of one tenant, read in order.
+    for n in 0..130 {
+        let item = stored("gopay", "t3", "hint.payment", &format!("3{n:03}"), t + n);
+        store.put_new(&item).await.unwrap();
+    }
+    ops.take();
+    let many = store.hints_since("gopay", "t3", t, 1_000).await.unwrap();
+    assert_eq!(many.len(), 130);
+    assert!(many
+        .windows(2)
+        .all(|w| w[0].received_at_ms < w[1].received_at_ms));
+    let calls = ops.take();
+    assert_eq!(calls, ["Query", "BatchGetItem", "BatchGetItem"]);
+    assert!(!calls.iter().any(|o| o == "Scan"));
 }

@@ -27,8 +27,9 @@ async fn main() -> Result<(), Error> {
             None
         };
     let business = state.clone();
-    // GoPay and Klarna push reconcile the payments their hints named: the inbox.
-    let reconciler = &Reconciler::new(ingestor, state).with_inbox(store);
+    // GoPay and Klarna push reconcile the payments their hints named: the inbox's
+    // hint index (a Query on its sparse GSI).
+    let reconciler = &Reconciler::new(ingestor, state).with_hints(store);
     let business = &business;
     let audit = &audit;
     let deployment = &einmal::telemetry::emf::deployment_from_env();

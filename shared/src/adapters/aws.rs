@@ -13,6 +13,7 @@
 //! item from one leased by a live worker without a second read.
 
 pub(crate) mod error;
+mod hints;
 mod item;
 mod replay;
 mod setup;

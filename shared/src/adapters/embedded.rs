@@ -29,6 +29,7 @@
 //! or `change_visibility` with a stale receipt is a no-op. `send` also moves the
 //! inbox item from `received` to `queued` in the same transaction.
 
+mod hints;
 mod replay;
 
 use std::collections::HashSet;
@@ -352,6 +353,8 @@ fn open_writer(path: &Path) -> Result<Connection, DbError> {
     }
     // Idempotent: also added to files created before the sweeper existed.
     conn.execute_batch(SWEEP_INDEX)?;
+    // Idempotent too: the reconciler's partial index of GoPay / Klarna push hints.
+    conn.execute_batch(&hints::hint_index_sql())?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }

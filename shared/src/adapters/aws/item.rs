@@ -75,6 +75,15 @@ pub(crate) fn in_sweep_index(state: InboxState) -> bool {
     !state.is_terminal()
 }
 
+/// Sparse attribute, the hash key of the [`BY_HINT`] index: `{provider}#{tenant}` on
+/// the hints of GoPay and Klarna push ([`crate::ports::hint_scope`]), absent on every
+/// other item. Set by the put only; no update ever touches it.
+pub(crate) const HINT_SCOPE: &str = "hint_scope";
+/// The reconciler's sparse GSI: hash [`HINT_SCOPE`], range [`RECEIVED_AT_MS`],
+/// KEYS_ONLY: state changes of a hint never write the index (only the put and the TTL
+/// delete do); the reconciler reads the few attributes it needs with BatchGetItem.
+pub(crate) const BY_HINT: &str = "by_hint";
+
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
 pub(crate) fn encode(item: &InboxItem) -> Item {
@@ -104,6 +113,9 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
         m.insert(SWEEP_SHARD.into(), s(&sweep_shard(item.key.as_str())));
     }
     m.insert(SOURCE.into(), s(item.source.as_str()));
+    if let Some(scope) = crate::ports::hint_scope(env) {
+        m.insert(HINT_SCOPE.into(), s(&scope));
+    }
     m.insert(ATTEMPTS.into(), n(item.attempts.to_string()));
     m.insert(RECEIVED_AT_MS.into(), n(item.received_at_ms.to_string()));
     m.insert(UPDATED_AT_MS.into(), n(item.updated_at_ms.to_string()));
@@ -322,6 +334,34 @@ mod tests {
             .map(|i| sweep_shard(&format!("stripe#shop-1#evt_{i}")))
             .collect();
         assert_eq!(used.len(), SWEEP_SHARDS as usize);
+    }
+
+    #[test]
+    fn only_gopay_and_klarna_push_hints_carry_a_hint_scope() {
+        assert!(
+            !encode(&sample()).contains_key(HINT_SCOPE),
+            "a Stripe event"
+        );
+        for (provider, event_type, scope) in [
+            ("gopay", "hint.payment", Some("gopay#shop-1")),
+            ("klarna-push", "hint.order", Some("klarna-push#shop-1")),
+            ("mollie", "hint.payment", None),
+            ("gopay", "payment.paid", None),
+        ] {
+            let mut item = sample();
+            item.envelope.provider = provider.into();
+            item.envelope.event_type = event_type.into();
+            let m = encode(&item);
+            assert_eq!(
+                m.get(HINT_SCOPE)
+                    .and_then(|v| v.as_s().ok())
+                    .map(String::as_str),
+                scope,
+                "{provider} {event_type}"
+            );
+            // Decoding ignores it: it is derived, not part of the item.
+            assert_eq!(decode(m).unwrap(), item);
+        }
     }
 
     #[test]

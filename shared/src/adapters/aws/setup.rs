@@ -220,6 +220,13 @@ pub async fn create_tables(
             ScalarAttributeType::N,
         )?)
         .global_secondary_indexes(sweep_index(table)?)
+        // The reconciler's hint index; its range key `received_at_ms` is defined above.
+        .attribute_definitions(sweep_index_attribute(
+            table,
+            item::HINT_SCOPE,
+            ScalarAttributeType::S,
+        )?)
+        .global_secondary_indexes(hint_index(table)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
@@ -272,6 +279,38 @@ fn sweep_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
         .key_schema(
             KeySchemaElement::builder()
                 .attribute_name(item::SWEEP_SHARD)
+                .key_type(KeyType::Hash)
+                .build()
+                .map_err(err)?,
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(item::RECEIVED_AT_MS)
+                .key_type(KeyType::Range)
+                .build()
+                .map_err(err)?,
+        )
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::KeysOnly)
+                .build(),
+        )
+        .build()
+        .map_err(err)
+}
+
+/// The reconciler's sparse GSI: only the hints of GoPay and Klarna push carry
+/// `hint_scope` (`{provider}#{tenant}`, set by the put), ranged by `received_at_ms`,
+/// KEYS_ONLY: a hint's state changes never write it.
+fn hint_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    let err = |e: aws_sdk_dynamodb::error::BuildError| {
+        AwsSetupError::Resource(format!("table {table}: {e}"))
+    };
+    GlobalSecondaryIndex::builder()
+        .index_name(item::BY_HINT)
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(item::HINT_SCOPE)
                 .key_type(KeyType::Hash)
                 .build()
                 .map_err(err)?,
