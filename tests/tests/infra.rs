@@ -1294,3 +1294,57 @@ fn the_api_routes_every_webhook_path_to_the_receiver() {
         assert!(!http, "{name} is reachable over HTTP");
     }
 }
+
+/// The reconciler finds GoPay / Klarna push hints through the sparse `by_hint` index
+/// (as `create_tables` and `shared/src/adapters/aws/hints.rs`): a Query on the index
+/// and BatchGetItem on the table; no function may Scan anything.
+#[test]
+fn the_reconciler_queries_the_hint_index_and_no_function_scans() {
+    let t = template();
+    let inbox = props(resource(&t, "InboxTable"));
+    assert_eq!(
+        attribute_types(inbox).get("hint_scope").map(String::as_str),
+        Some("S")
+    );
+    let by_hint = index(inbox, "by_hint");
+    assert_eq!(
+        key_schema(by_hint),
+        vec![pair("hint_scope", "HASH"), pair("received_at_ms", "RANGE")]
+    );
+    // Keys only: a hint's state changes never write the index.
+    assert_eq!(
+        path(by_hint, &["Projection", "ProjectionType"]).and_then(Value::as_str),
+        Some("KEYS_ONLY")
+    );
+
+    for (name, function) in resources_of(&t, "AWS::Serverless::Function") {
+        let (inline, _) = statements(function);
+        for s in &inline {
+            for action in list(get(s, "Action")) {
+                assert_ne!(action.as_str(), Some("dynamodb:Scan"), "{name}: {s:?}");
+            }
+        }
+    }
+    let (inline, _) = statements(resource(&t, "ReconcilerFunction"));
+    let resources_of_action = |wanted: &str| -> Vec<String> {
+        inline
+            .iter()
+            .filter(|s| {
+                list(get(s, "Action"))
+                    .iter()
+                    .any(|a| a.as_str() == Some(wanted))
+            })
+            .flat_map(|s| list(get(s, "Resource")))
+            .map(|r| describe_value(&r))
+            .collect()
+    };
+    let query = resources_of_action("dynamodb:Query");
+    assert!(
+        query.len() == 1 && query[0].contains("${InboxTable.Arn}/index/by_hint"),
+        "reconciler Query only on the by_hint index: {query:?}"
+    );
+    assert!(
+        resources_of_action("dynamodb:BatchGetItem").contains(&"GetAtt:InboxTable.Arn".to_string()),
+        "reconciler reads hint states with BatchGetItem on the inbox"
+    );
+}
