@@ -29,7 +29,7 @@ use einmal::providers::sig::format_rfc3339;
 use einmal::providers::thin::hint_event_id;
 use einmal::reconcile::{
     audit_record, Difference, ReconcileOptions, Reconciler, TenantReport, DEFAULT_OVERLAP_SECS,
-    PENDING_PROCESSING,
+    MAX_WATCHED_ITEMS, PENDING_PROCESSING,
 };
 use einmal::request::WebhookRequest;
 use einmal_tests::moto::{self, OperationLog};
@@ -930,4 +930,40 @@ async fn only_gopay_and_klarna_push_hints_are_indexed_and_read_without_a_scan_on
     let calls = ops.take();
     assert_eq!(calls, ["Query", "BatchGetItem", "BatchGetItem"]);
     assert!(!calls.iter().any(|o| o == "Scan"));
+}
+
+/// More hints since the checkpoint than one run reads ([`MAX_WATCHED_ITEMS`]): the
+/// checkpoint stops at the last hint read instead of jumping to now, and the next run
+/// goes on from there.
+#[tokio::test]
+async fn a_run_that_reads_the_most_hints_keeps_the_checkpoint_at_the_last_one_read() {
+    let h = Harness::new(Kind::Embedded, 100).await;
+    let base_secs = einmal::time::now_secs() - 3_600;
+    // Concurrent puts share the embedded store's group commits.
+    let mut puts = tokio::task::JoinSet::new();
+    for n in 0..=MAX_WATCHED_ITEMS as i64 {
+        let mut item = stored(
+            "gopay",
+            TENANT,
+            "hint.payment",
+            &format!("4{n:05}"),
+            (base_secs + n) * 1000,
+        );
+        item.state = InboxState::Completed;
+        let inbox = h.b.inbox.clone();
+        puts.spawn(async move { inbox.put_new(&item).await.expect("put") });
+    }
+    while let Some(done) = puts.join_next().await {
+        done.expect("put task");
+    }
+
+    let r = h.run("gopay").await;
+    assert_eq!((r.fetched, r.ingested), (0, 0), "{r:?}");
+    let last_read = base_secs + MAX_WATCHED_ITEMS as i64 - 1;
+    assert_eq!(h.checkpoint("gopay").await, Some(last_read));
+    // The next run reads the rest and moves on to now minus the overlap.
+    let r = h.run("gopay").await;
+    assert_eq!(r.error, None);
+    let moved = h.checkpoint("gopay").await.expect("checkpoint");
+    assert!(moved > last_read + 60, "{moved} <= {last_read}");
 }
