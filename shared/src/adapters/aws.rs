@@ -804,14 +804,21 @@ impl crate::ports::InboxSweep for AwsStore {
             for cursor in cursors.iter_mut().filter(|c| !c.done) {
                 candidates.extend(self.sweep_page(cursor, older_than_ms, page).await?);
             }
+            // Oldest receipt first, 100 keys per read, no more reads than `limit` needs
+            // (a backlog of thousands costs one page of reads per pass, not all of it).
             candidates.sort();
             let keys: Vec<String> = candidates.into_iter().map(|(_, pk)| pk).collect();
-            found.extend(
-                self.read_items(&keys)
-                    .await?
-                    .into_iter()
-                    .filter(|item| sweepable(item, older_than_ms)),
-            );
+            for chunk in keys.chunks(BATCH_GET_MAX) {
+                found.extend(
+                    self.read_items(chunk)
+                        .await?
+                        .into_iter()
+                        .filter(|item| sweepable(item, older_than_ms)),
+                );
+                if found.len() >= limit {
+                    break;
+                }
+            }
         }
         found.sort_by(|a, b| {
             a.updated_at_ms
