@@ -648,13 +648,20 @@ impl Queue for AwsStore {
 }
 
 /// BatchGetItem reads at most this many keys per call.
-const BATCH_GET_MAX: usize = 100;
+pub(crate) const BATCH_GET_MAX: usize = 100;
 /// Rounds of BatchGetItem retries for keys DynamoDB left unprocessed (throttling).
 const BATCH_GET_ATTEMPTS: u32 = 8;
 
 /// Whether `item` is what [`crate::ports::InboxSweep::stuck`] returns for
 /// `older_than_ms`: `received` or `retryable` last updated before it, `processing`
 /// whose lease ran out before it. The embedded store's SQL says the same.
+/// The key maps of `pks` for a BatchGetItem request.
+pub(crate) fn batch_keys(pks: &[String]) -> Vec<item::Item> {
+    pks.iter()
+        .map(|pk| item::Item::from([(item::PK.to_string(), s_attr(pk))]))
+        .collect()
+}
+
 fn sweepable(item: &InboxItem, older_than_ms: i64) -> bool {
     match item.state {
         InboxState::Received | InboxState::Retryable => item.updated_at_ms < older_than_ms,
@@ -726,51 +733,57 @@ impl AwsStore {
     async fn read_items(&self, keys: &[String]) -> Result<Vec<InboxItem>, StoreError> {
         let mut items = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(BATCH_GET_MAX) {
-            let mut request_keys = Vec::with_capacity(chunk.len());
-            for pk in chunk {
-                request_keys.push(item::Item::from([(item::PK.to_string(), s_attr(pk))]));
-            }
-            let mut wanted = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
-                .set_keys(Some(request_keys))
+            let wanted = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+                .set_keys(Some(batch_keys(chunk)))
                 .consistent_read(true)
                 .build()
                 .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
-            let mut attempt = 0;
-            loop {
-                let out = self
-                    .dynamodb
-                    .batch_get_item()
-                    .request_items(&self.table, wanted)
-                    .send()
-                    .await
-                    .map_err(|e| StoreError::Unavailable(describe("DynamoDB BatchGetItem", &e)))?;
-                if let Some(mut responses) = out.responses {
-                    for m in responses.remove(&self.table).unwrap_or_default() {
-                        items.push(item::decode(m).map_err(StoreError::Corrupt)?);
-                    }
-                }
-                match out
-                    .unprocessed_keys
-                    .and_then(|mut left| left.remove(&self.table))
-                    .filter(|left| !left.keys().is_empty())
-                {
-                    None => break,
-                    Some(left) => {
-                        attempt += 1;
-                        if attempt >= BATCH_GET_ATTEMPTS {
-                            return Err(StoreError::Unavailable(format!(
-                                "DynamoDB BatchGetItem: {} keys still unprocessed after \
-                                 {attempt} attempts",
-                                left.keys().len()
-                            )));
-                        }
-                        tokio::time::sleep(Duration::from_millis(25 << attempt.min(6))).await;
-                        wanted = left;
-                    }
-                }
+            for m in self.batch_get(wanted).await? {
+                items.push(item::decode(m).map_err(StoreError::Corrupt)?);
             }
         }
         Ok(items)
+    }
+
+    /// One BatchGetItem of at most [`BATCH_GET_MAX`] keys on the inbox table, retrying
+    /// the keys DynamoDB leaves unprocessed (throttling) with a growing pause.
+    pub(crate) async fn batch_get(
+        &self,
+        mut wanted: aws_sdk_dynamodb::types::KeysAndAttributes,
+    ) -> Result<Vec<item::Item>, StoreError> {
+        let mut found = Vec::new();
+        let mut attempt = 0;
+        loop {
+            let out = self
+                .dynamodb
+                .batch_get_item()
+                .request_items(&self.table, wanted)
+                .send()
+                .await
+                .map_err(|e| StoreError::Unavailable(describe("DynamoDB BatchGetItem", &e)))?;
+            if let Some(mut responses) = out.responses {
+                found.extend(responses.remove(&self.table).unwrap_or_default());
+            }
+            match out
+                .unprocessed_keys
+                .and_then(|mut left| left.remove(&self.table))
+                .filter(|left| !left.keys().is_empty())
+            {
+                None => return Ok(found),
+                Some(left) => {
+                    attempt += 1;
+                    if attempt >= BATCH_GET_ATTEMPTS {
+                        return Err(StoreError::Unavailable(format!(
+                            "DynamoDB BatchGetItem: {} keys still unprocessed after \
+                             {attempt} attempts",
+                            left.keys().len()
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(25 << attempt.min(6))).await;
+                    wanted = left;
+                }
+            }
+        }
     }
 }
 

@@ -6,24 +6,18 @@
 //!
 //! Why KEYS_ONLY: an index entry is written when a hint is put and deleted by TTL,
 //! nothing else. With the state projected (INCLUDE or ALL) every claim and finish of
-//! a hint would also write the index (about three more write units per hint, at
-//! $1.25 per million), while the reads it saves cost half a read unit per hint and
-//! run (at $0.25 per million), and a hint is read by one or two hourly runs.
-
-use std::time::Duration;
+//! a hint would also write the index (about three more write units per hint), while
+//! the reads it saves are half a read unit per hint and run (a read unit costs a fifth
+//! of a write unit), and a hint is read by one or two hourly runs.
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
 use super::error::describe;
-use super::{item, AwsStore};
+use super::{batch_keys, item, AwsStore, BATCH_GET_MAX};
 use crate::envelope::InboxKey;
 use crate::ports::{hint_scope_of, InboxHint, InboxHints, InboxState, StoreError};
 
-/// BatchGetItem reads at most this many keys per call.
-const BATCH_GET_MAX: usize = 100;
-/// Rounds of BatchGetItem for keys DynamoDB left unprocessed (throttling).
-const BATCH_GET_ATTEMPTS: u32 = 8;
 /// Largest Query page asked for.
 const QUERY_PAGE_MAX: usize = 1_000;
 
@@ -106,12 +100,8 @@ impl AwsStore {
     /// state only makes reconciliation look again next run, or look up once more);
     /// keys expired in between are absent.
     async fn read_hints(&self, keys: &[String]) -> Result<Vec<InboxHint>, StoreError> {
-        let request_keys = keys
-            .iter()
-            .map(|pk| item::Item::from([(item::PK.to_string(), AttributeValue::S(pk.clone()))]))
-            .collect();
-        let mut wanted = KeysAndAttributes::builder()
-            .set_keys(Some(request_keys))
+        let wanted = KeysAndAttributes::builder()
+            .set_keys(Some(batch_keys(keys)))
             .projection_expression("#pk, #object, #state, #received")
             .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#object", item::OBJECT_ID)
@@ -119,41 +109,11 @@ impl AwsStore {
             .expression_attribute_names("#received", item::RECEIVED_AT_MS)
             .build()
             .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
-        let mut hints = Vec::with_capacity(keys.len());
-        let mut attempt = 0;
-        loop {
-            let out = self
-                .dynamodb
-                .batch_get_item()
-                .request_items(&self.table, wanted)
-                .send()
-                .await
-                .map_err(|e| StoreError::Unavailable(describe("DynamoDB BatchGetItem", &e)))?;
-            if let Some(mut responses) = out.responses {
-                for m in responses.remove(&self.table).unwrap_or_default() {
-                    hints.push(decode_hint(m).map_err(StoreError::Corrupt)?);
-                }
-            }
-            match out
-                .unprocessed_keys
-                .and_then(|mut left| left.remove(&self.table))
-                .filter(|left| !left.keys().is_empty())
-            {
-                None => return Ok(hints),
-                Some(left) => {
-                    attempt += 1;
-                    if attempt >= BATCH_GET_ATTEMPTS {
-                        return Err(StoreError::Unavailable(format!(
-                            "DynamoDB BatchGetItem: {} hint keys still unprocessed after \
-                             {attempt} attempts",
-                            left.keys().len()
-                        )));
-                    }
-                    tokio::time::sleep(Duration::from_millis(25 << attempt.min(6))).await;
-                    wanted = left;
-                }
-            }
-        }
+        self.batch_get(wanted)
+            .await?
+            .into_iter()
+            .map(|m| decode_hint(m).map_err(StoreError::Corrupt))
+            .collect()
     }
 }
 
