@@ -9,6 +9,9 @@
 //! - the queue: visibility timeout >= 6x the processor timeout, `maxReceiveCount` ==
 //!   the processor's `EINMAL_MAX_RECEIVE_COUNT`, partial batch responses;
 //! - tables, functions and routes mirror what the code and the README expect.
+//! - with the conditions resolved: `TableBillingMode=PROVISIONED` gives every table and
+//!   index capacity and auto scaling on reads and writes; `ReceiverFunctionUrl=true`
+//!   adds a public function URL that reaches the receiver and nothing else.
 //!
 //! `cfn-lint`, `sam validate --lint` and `sam build` run in `tests/run.sh`
 //! (`infra/check.sh`): they need Python tools and cross-compilation, not cargo.
@@ -49,6 +52,9 @@ const AWS_METRICS: &[(&str, &[&str], &[&str])] = &[
             "Invocations",
             "Duration",
             "ConcurrentExecutions",
+            "UrlRequestCount",
+            "Url4xxCount",
+            "Url5xxCount",
         ],
         &["FunctionName"],
     ),
@@ -1092,8 +1098,12 @@ fn tables_mirror_the_code_and_are_protected() {
     let t = template();
     for (name, table) in resources_of(&t, "AWS::DynamoDB::Table") {
         let p = props(table);
+        // On-demand unless TableBillingMode says otherwise (see
+        // `provisioned_mode_scales_every_table_and_index`).
         assert_eq!(
-            get(p, "BillingMode").and_then(Value::as_str),
+            get(p, "BillingMode")
+                .and_then(|v| resolve(&t, v))
+                .as_deref(),
             Some("PAY_PER_REQUEST"),
             "{name}"
         );
@@ -1347,4 +1357,429 @@ fn the_reconciler_queries_the_hint_index_and_no_function_scans() {
         resources_of_action("dynamodb:BatchGetItem").contains(&"GetAtt:InboxTable.Arn".to_string()),
         "reconciler reads hint states with BatchGetItem on the inbox"
     );
+}
+
+// ------------------------------------------------------------------ conditions
+
+/// A condition's operand: a literal, or a parameter's value.
+fn condition_operand(params: &BTreeMap<String, String>, v: &Value) -> String {
+    if let Some(name) = ref_target(v) {
+        return params
+            .get(name)
+            .unwrap_or_else(|| panic!("condition refers to {name}, not a parameter with a default"))
+            .clone();
+    }
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => panic!("condition operand {other:?}"),
+    }
+}
+
+/// Evaluates a condition expression (`Fn::Equals`, `Fn::Not`, `Fn::And`, `Fn::Or`,
+/// `Condition`) for these parameter values.
+fn evaluate(t: &Value, params: &BTreeMap<String, String>, v: &Value) -> bool {
+    let (f, arg) = intrinsic(v).unwrap_or_else(|| panic!("condition {v:?}"));
+    let args = || arg.as_sequence().cloned().unwrap_or_default();
+    match f.as_str() {
+        "Fn::Equals" => {
+            let args = args();
+            assert_eq!(args.len(), 2, "Fn::Equals {args:?}");
+            condition_operand(params, &args[0]) == condition_operand(params, &args[1])
+        }
+        "Fn::Not" => !evaluate(t, params, &args()[0]),
+        "Fn::And" => args().iter().all(|c| evaluate(t, params, c)),
+        "Fn::Or" => args().iter().any(|c| evaluate(t, params, c)),
+        "Condition" => named_condition(t, params, arg.as_str().unwrap()),
+        other => panic!("{other} in a condition"),
+    }
+}
+
+fn named_condition(t: &Value, params: &BTreeMap<String, String>, name: &str) -> bool {
+    let expr = path(t, &["Conditions", name]).unwrap_or_else(|| panic!("no condition {name}"));
+    evaluate(t, params, expr)
+}
+
+/// Every `Fn::If` replaced by the branch its condition picks; `None` for
+/// `AWS::NoValue` (the key or list item is dropped, as CloudFormation does).
+fn choose_branches(t: &Value, params: &BTreeMap<String, String>, v: &Value) -> Option<Value> {
+    match intrinsic(v) {
+        Some((f, Value::Sequence(args))) if f == "Fn::If" => {
+            assert_eq!(args.len(), 3, "Fn::If {args:?}");
+            let condition = args[0].as_str().expect("Fn::If names a condition");
+            let branch = if named_condition(t, params, condition) {
+                &args[1]
+            } else {
+                &args[2]
+            };
+            return choose_branches(t, params, branch);
+        }
+        Some((f, Value::String(s))) if f == "Ref" && s == "AWS::NoValue" => return None,
+        _ => {}
+    }
+    Some(match v {
+        Value::Mapping(m) => Value::Mapping(
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), choose_branches(t, params, v)?)))
+                .collect(),
+        ),
+        Value::Sequence(s) => Value::Sequence(
+            s.iter()
+                .filter_map(|v| choose_branches(t, params, v))
+                .collect(),
+        ),
+        Value::Tagged(tagged) => {
+            let mut tagged = tagged.clone();
+            tagged.value = choose_branches(t, params, &tagged.value)?;
+            Value::Tagged(tagged)
+        }
+        other => other.clone(),
+    })
+}
+
+/// The template as CloudFormation deploys it with these parameter values (the others
+/// at their defaults): resources and outputs whose condition is false removed, every
+/// `Fn::If` resolved, `AWS::NoValue` dropped, and the values written as the
+/// parameters' defaults so that [`resolve`] sees them.
+fn render(t: &Value, overrides: &[(&str, &str)]) -> Value {
+    let mut params = BTreeMap::new();
+    for (name, p) in get(t, "Parameters")
+        .and_then(Value::as_mapping)
+        .expect("Parameters")
+    {
+        if let Some(default) = get(p, "Default") {
+            params.insert(
+                name.as_str().unwrap().to_string(),
+                condition_operand(&params, default),
+            );
+        }
+    }
+    for (name, value) in overrides {
+        assert!(
+            path(t, &["Parameters", name]).is_some(),
+            "no parameter {name}"
+        );
+        params.insert(name.to_string(), value.to_string());
+    }
+    let mut out = t.clone();
+    let root = out.as_mapping_mut().unwrap();
+    for section in ["Resources", "Outputs"] {
+        let Some(Value::Mapping(entries)) = root.get_mut(section) else {
+            continue;
+        };
+        entries.retain(
+            |_, entry| match get(entry, "Condition").and_then(Value::as_str) {
+                Some(condition) => named_condition(t, &params, condition),
+                None => true,
+            },
+        );
+        for entry in entries.values_mut() {
+            *entry = choose_branches(t, &params, entry).expect("an entry");
+        }
+    }
+    if let Some(Value::Mapping(parameters)) = root.get_mut("Parameters") {
+        for (name, p) in parameters.iter_mut() {
+            if let (Some(value), Some(p)) = (params.get(name.as_str().unwrap()), p.as_mapping_mut())
+            {
+                p.insert(Value::from("Default"), Value::from(value.as_str()));
+            }
+        }
+    }
+    out
+}
+
+/// `!Sub text` (or a literal) → the text.
+fn sub_text(v: &Value) -> Option<String> {
+    match intrinsic(v) {
+        Some((f, Value::String(s))) if f == "Fn::Sub" => Some(s.clone()),
+        Some(_) => None,
+        None => v.as_str().map(str::to_string),
+    }
+}
+
+fn scaling_resources(t: &Value) -> usize {
+    resources_of(t, "AWS::ApplicationAutoScaling::ScalableTarget").len()
+        + resources_of(t, "AWS::ApplicationAutoScaling::ScalingPolicy").len()
+}
+
+/// `TableBillingMode=PROVISIONED`: every table and every global secondary index gets
+/// provisioned capacity (the minimum parameters) and one scalable target with one
+/// target-tracking policy (70 %) for reads and one for writes; on-demand (the
+/// default) has none of it.
+#[test]
+fn provisioned_mode_scales_every_table_and_index() {
+    let t = template();
+
+    let on_demand = render(&t, &[]);
+    for (name, table) in resources_of(&on_demand, "AWS::DynamoDB::Table") {
+        let p = props(table);
+        assert_eq!(
+            get(p, "BillingMode")
+                .and_then(|v| resolve(&on_demand, v))
+                .as_deref(),
+            Some("PAY_PER_REQUEST"),
+            "{name}"
+        );
+        assert!(get(p, "ProvisionedThroughput").is_none(), "{name}");
+        for gsi in list(get(p, "GlobalSecondaryIndexes")) {
+            assert!(
+                get(&gsi, "ProvisionedThroughput").is_none(),
+                "{name}: {gsi:?}"
+            );
+        }
+    }
+    assert_eq!(
+        scaling_resources(&on_demand),
+        0,
+        "auto scaling without PROVISIONED"
+    );
+
+    let r = render(&t, &[("TableBillingMode", "PROVISIONED")]);
+    let throughput = |what: &str, v: &Value| {
+        let block = get(v, "ProvisionedThroughput")
+            .unwrap_or_else(|| panic!("{what}: no ProvisionedThroughput"));
+        for kind in ["Read", "Write"] {
+            assert_eq!(
+                get(block, &format!("{kind}CapacityUnits")).and_then(ref_target),
+                Some(format!("TableMin{kind}Capacity").as_str()),
+                "{what}: initial {kind} capacity is the minimum"
+            );
+        }
+    };
+    // (ResourceId, table or index) of everything that must scale.
+    let mut expected: BTreeSet<(String, &str)> = BTreeSet::new();
+    for (name, table) in resources_of(&r, "AWS::DynamoDB::Table") {
+        let p = props(table);
+        assert_eq!(
+            get(p, "BillingMode")
+                .and_then(|v| resolve(&r, v))
+                .as_deref(),
+            Some("PROVISIONED"),
+            "{name}"
+        );
+        throughput(&name, p);
+        expected.insert((format!("table/${{{name}}}"), "table"));
+        for gsi in list(get(p, "GlobalSecondaryIndexes")) {
+            let index = get(&gsi, "IndexName").and_then(Value::as_str).unwrap();
+            throughput(&format!("{name}/{index}"), &gsi);
+            expected.insert((format!("table/${{{name}}}/index/{index}"), "index"));
+        }
+    }
+    // inbox + by_sweep_shard + by_hint, state + by_tenant_kind, audit
+    assert_eq!(expected.len(), 6, "{expected:?}");
+
+    // (ResourceId, Read/Write) → the scalable target's logical id
+    let mut targets: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut kind_of: BTreeMap<String, String> = BTreeMap::new();
+    for (id, target) in resources_of(&r, "AWS::ApplicationAutoScaling::ScalableTarget") {
+        let p = props(target);
+        assert_eq!(
+            get(p, "ServiceNamespace").and_then(Value::as_str),
+            Some("dynamodb"),
+            "{id}"
+        );
+        let resource_id = get(p, "ResourceId").and_then(sub_text).expect("ResourceId");
+        let dimension = get(p, "ScalableDimension")
+            .and_then(Value::as_str)
+            .expect("ScalableDimension");
+        let (level, kind) = match dimension.split(':').collect::<Vec<_>>()[..] {
+            ["dynamodb", level, units] => (
+                level.to_string(),
+                units
+                    .strip_suffix("CapacityUnits")
+                    .unwrap_or_else(|| panic!("{id}: {dimension}"))
+                    .to_string(),
+            ),
+            _ => panic!("{id}: {dimension}"),
+        };
+        assert!(
+            expected.contains(&(resource_id.clone(), level.as_str())),
+            "{id}: {resource_id} as {level} is not a table or index of the template"
+        );
+        for bound in ["Min", "Max"] {
+            assert_eq!(
+                get(p, &format!("{bound}Capacity")).and_then(ref_target),
+                Some(format!("Table{bound}{kind}Capacity").as_str()),
+                "{id}"
+            );
+        }
+        let role = get(p, "RoleARN").and_then(sub_text).unwrap_or_default();
+        assert!(
+            role.ends_with(
+                ":role/aws-service-role/dynamodb.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_DynamoDBTable"
+            ),
+            "{id}: DynamoDB's service-linked auto scaling role, not {role:?}"
+        );
+        kind_of.insert(id.clone(), kind.clone());
+        let previous = targets.insert((resource_id.clone(), kind.clone()), id.clone());
+        assert!(previous.is_none(), "{resource_id} {kind} scaled twice");
+    }
+    let wanted: BTreeSet<(String, String)> = expected
+        .iter()
+        .flat_map(|(resource_id, _)| {
+            ["Read", "Write"].map(|kind| (resource_id.clone(), kind.to_string()))
+        })
+        .collect();
+    assert_eq!(
+        targets.keys().cloned().collect::<BTreeSet<_>>(),
+        wanted,
+        "every table and index scales reads and writes"
+    );
+
+    let mut policies: BTreeMap<String, usize> = BTreeMap::new();
+    for (id, policy) in resources_of(&r, "AWS::ApplicationAutoScaling::ScalingPolicy") {
+        let p = props(policy);
+        assert_eq!(
+            get(p, "PolicyType").and_then(Value::as_str),
+            Some("TargetTrackingScaling"),
+            "{id}"
+        );
+        let target = get(p, "ScalingTargetId")
+            .and_then(ref_target)
+            .unwrap_or_else(|| panic!("{id}: ScalingTargetId is no !Ref"));
+        let kind = kind_of
+            .get(target)
+            .unwrap_or_else(|| panic!("{id}: {target} is no scalable target"));
+        let config = get(p, "TargetTrackingScalingPolicyConfiguration").expect("configuration");
+        assert_eq!(
+            get(config, "TargetValue").and_then(|v| resolve_number(&r, v)),
+            Some(70.0),
+            "{id}"
+        );
+        assert_eq!(
+            path(
+                config,
+                &["PredefinedMetricSpecification", "PredefinedMetricType"]
+            )
+            .and_then(Value::as_str),
+            Some(format!("DynamoDB{kind}CapacityUtilization").as_str()),
+            "{id}"
+        );
+        *policies.entry(target.to_string()).or_default() += 1;
+    }
+    for target in targets.values() {
+        assert_eq!(policies.get(target), Some(&1), "{target}: one policy");
+    }
+}
+
+/// `ReceiverFunctionUrl=true`: a public function URL (AuthType NONE; the receiver
+/// verifies signatures) on the receiver, both grants scoped to it (the direct invoke
+/// only through the URL), its 5xx alarm and its output. Off by default; the HTTP API
+/// stays either way. Reserved concurrency is unset unless given.
+#[test]
+fn the_function_url_is_optional_public_and_reaches_only_the_receiver() {
+    let t = template();
+    let url_alarm = |r: &Value| {
+        alarm_metrics(r).unwrap().into_iter().any(|m| {
+            m.namespace == "AWS/Lambda"
+                && m.name == "Url5xxCount"
+                && m.dimensions.get("FunctionName").map(String::as_str)
+                    == Some("Ref:ReceiverFunction")
+        })
+    };
+    let api_routes = |r: &Value| {
+        get(props(resource(r, "ReceiverFunction")), "Events")
+            .and_then(Value::as_mapping)
+            .map(|events| {
+                events
+                    .values()
+                    .filter(|e| get(e, "Type").and_then(Value::as_str) == Some("HttpApi"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+
+    let off = render(&t, &[]);
+    for kind in ["AWS::Lambda::Url", "AWS::Lambda::Permission"] {
+        assert!(resources_of(&off, kind).is_empty(), "{kind} by default");
+    }
+    assert!(path(&off, &["Outputs", "WebhookFunctionUrlBase"]).is_none());
+    assert!(!url_alarm(&off));
+    assert!(
+        get(
+            props(resource(&off, "ReceiverFunction")),
+            "ReservedConcurrentExecutions"
+        )
+        .is_none(),
+        "reserved concurrency is opt-in"
+    );
+    assert_eq!(api_routes(&off), 4);
+
+    let on = render(
+        &t,
+        &[
+            ("ReceiverFunctionUrl", "true"),
+            ("ReceiverReservedConcurrency", "50"),
+        ],
+    );
+    let urls = resources_of(&on, "AWS::Lambda::Url");
+    let [(url_id, url)] = urls.as_slice() else {
+        panic!("one function URL, found {}", urls.len());
+    };
+    let p = props(url);
+    assert_eq!(get(p, "AuthType").and_then(Value::as_str), Some("NONE"));
+    assert_eq!(
+        get(p, "TargetFunctionArn").and_then(getatt),
+        Some(pair("ReceiverFunction", "Arn"))
+    );
+    assert!(get(p, "Qualifier").is_none(), "the URL serves $LATEST");
+
+    let mut actions = BTreeSet::new();
+    for (id, permission) in resources_of(&on, "AWS::Lambda::Permission") {
+        let p = props(permission);
+        assert_eq!(
+            get(p, "FunctionName").and_then(ref_target),
+            Some("ReceiverFunction"),
+            "{id}: only the receiver is public"
+        );
+        assert_eq!(
+            get(p, "Principal").and_then(Value::as_str),
+            Some("*"),
+            "{id}"
+        );
+        let action = get(p, "Action")
+            .and_then(Value::as_str)
+            .unwrap()
+            .to_string();
+        match action.as_str() {
+            "lambda:InvokeFunctionUrl" => assert_eq!(
+                get(p, "FunctionUrlAuthType").and_then(Value::as_str),
+                Some("NONE"),
+                "{id}"
+            ),
+            // Without InvokedViaFunctionUrl anyone could invoke the function directly.
+            "lambda:InvokeFunction" => assert_eq!(
+                get(p, "InvokedViaFunctionUrl").and_then(Value::as_bool),
+                Some(true),
+                "{id}: the public invoke grant holds only through the URL"
+            ),
+            other => panic!("{id}: {other}"),
+        }
+        assert!(actions.insert(action), "{id}: a second grant");
+    }
+    assert_eq!(
+        actions,
+        BTreeSet::from([
+            "lambda:InvokeFunctionUrl".to_string(),
+            "lambda:InvokeFunction".to_string()
+        ])
+    );
+    let output = path(&on, &["Outputs", "WebhookFunctionUrlBase", "Value"])
+        .and_then(sub_text)
+        .expect("WebhookFunctionUrlBase");
+    assert_eq!(output, format!("${{{url_id}.FunctionUrl}}webhooks"));
+    assert!(url_alarm(&on), "no Url5xxCount alarm on the receiver");
+    assert_eq!(
+        get(
+            props(resource(&on, "ReceiverFunction")),
+            "ReservedConcurrentExecutions"
+        )
+        .and_then(|v| resolve(&on, v))
+        .as_deref(),
+        Some("50")
+    );
+    // The function URL is additional: the HTTP API keeps every route.
+    assert_eq!(resources_of(&on, "AWS::Serverless::HttpApi").len(), 1);
+    assert_eq!(api_routes(&on), 4);
 }
