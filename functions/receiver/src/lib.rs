@@ -166,6 +166,127 @@ mod tests {
             .with_lambda_context(context)
     }
 
+    /// A Lambda function URL event (payload 2.0 as Lambda sends it for a URL): no
+    /// `pathParameters`, route key `$default`, the whole path in `rawPath`, the domain
+    /// `<url-id>.lambda-url.<region>.on.aws`. `body_base64` as Lambda does for bodies
+    /// it does not treat as text.
+    fn function_url_event(
+        method: &str,
+        raw_path: &str,
+        raw_query: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        body_base64: bool,
+    ) -> Request {
+        use base64::Engine as _;
+        let headers: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").into()))
+            .collect();
+        let body = if body_base64 {
+            base64::engine::general_purpose::STANDARD.encode(body)
+        } else {
+            String::from_utf8_lossy(body).into_owned()
+        };
+        let event = serde_json::json!({
+            "version": "2.0",
+            "routeKey": "$default",
+            "rawPath": raw_path,
+            "rawQueryString": raw_query,
+            "headers": headers,
+            "requestContext": {
+                "accountId": "anonymous", "apiId": "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6",
+                "domainName": "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6.lambda-url.eu-central-1.on.aws",
+                "domainPrefix": "a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5p6",
+                "http": {"method": method, "path": raw_path, "protocol": "HTTP/1.1",
+                         "sourceIp": "192.0.2.10", "userAgent": "Stripe/1.0"},
+                "requestId": "req-url-1", "routeKey": "$default",
+                "stage": "$default", "time": "29/Nov/2026:10:00:00 +0000",
+                "timeEpoch": 1764410400000u64
+            },
+            "body": body,
+            "isBase64Encoded": body_base64
+        });
+        lambda_http::request::from_str(&event.to_string()).expect("valid function URL event")
+    }
+
+    /// Behind a function URL (`ReceiverFunctionUrl=true`) no path parameters arrive:
+    /// provider, tenant and token come from the raw path, and a signed webhook is
+    /// accepted exactly as through the HTTP API (a base64 body decoded to the signed
+    /// bytes; the redelivery a duplicate).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_function_url_event_routes_by_the_raw_path() {
+        let route_of = |path: &str, query: &str| {
+            let req = function_url_event("GET", path, query, &http::HeaderMap::new(), b"", false);
+            assert!(req.path_parameters().is_empty(), "a function URL has none");
+            route(&req).map(|r| (r.provider, r.tenant, r.token))
+        };
+        let owned = |p: &str, t: &str, k: Option<&str>| {
+            Some((p.to_string(), t.to_string(), k.map(str::to_string)))
+        };
+        assert_eq!(
+            route_of("/webhooks/stripe/t1", ""),
+            owned("stripe", "t1", None)
+        );
+        assert_eq!(
+            route_of("/webhooks/gopay/t1/tok_123", "id=3000006542"),
+            owned("gopay", "t1", Some("tok_123"))
+        );
+        assert_eq!(
+            route_of("/webhooks/stripe/t1/", ""),
+            owned("stripe", "t1", None)
+        );
+        for path in [
+            "/",
+            "/webhooks",
+            "/webhooks/stripe",
+            "/webhooks/stripe/t1/tok/extra",
+        ] {
+            assert!(route_of(path, "").is_none(), "{path}");
+        }
+        let req = function_url_event(
+            "GET",
+            "/webhooks/gopay/t1/tok_123",
+            "id=3000006542",
+            &http::HeaderMap::new(),
+            b"",
+            false,
+        );
+        assert_eq!(req.uri().query(), Some("id=3000006542"));
+
+        let (store, _) = moto::aws_store(moto::shared(), None).await;
+        let store = Arc::new(store);
+        let config = config();
+        let ingestor = Ingestor::new(config.clone(), store.clone(), store.clone());
+        let body = stripe_body("evt_url_1", 10);
+        let request = signed(&config, "stripe", "t1", "evt_url_1", &body);
+        for (base64, duplicate) in [(true, false), (false, true)] {
+            let req = function_url_event(
+                "POST",
+                "/webhooks/stripe/t1",
+                "",
+                &request.headers,
+                &body,
+                base64,
+            );
+            let (response, record) = handle_observed(&ingestor, req).await.expect("handled");
+            assert_eq!(response.status(), 200, "base64 body: {base64}");
+            assert_eq!(record.provider, "stripe");
+            let expected = if duplicate {
+                IntakeResult::Accepted {
+                    new: 0,
+                    duplicates: 1,
+                }
+            } else {
+                IntakeResult::Accepted {
+                    new: 1,
+                    duplicates: 0,
+                }
+            };
+            assert_eq!(record.result, expected, "base64 body: {base64}");
+        }
+    }
+
     /// The invocation's X-Ray trace header (from the Lambda context) reaches SQS as the
     /// `AWSTraceHeader` system attribute (moto returns it), and the request's metrics
     /// come back for its EMF line.
