@@ -1205,11 +1205,9 @@ fn functions_are_arm64_rust_binaries_with_json_logs_and_tracing() {
             Some("bootstrap"),
             "{name}"
         );
-        assert_eq!(
-            setting(p, "Tracing").as_ref().and_then(Value::as_str),
-            Some("Active"),
-            "{name}"
-        );
+        // Active by default; `TracingMode` may turn it down to PassThrough (cost).
+        let tracing = setting(p, "Tracing").expect("Tracing is set");
+        assert_eq!(resolve(&t, &tracing).as_deref(), Some("Active"), "{name}");
         let arch = list(setting(p, "Architectures").as_ref());
         assert_eq!(arch, vec![Value::from("arm64")], "{name}");
         assert!(
