@@ -9,13 +9,8 @@
 //! Payments whose state did not change (or was never final: a forged hint) produce
 //! nothing. GoPay runs on both backends (SQLite file and moto).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use axum::Router;
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::config::Config;
 use einmal::domain::reference::{order_key, ReferenceDomain};
@@ -32,6 +27,7 @@ use einmal::reconcile::{
     MAX_WATCHED_ITEMS, PENDING_PROCESSING,
 };
 use einmal::request::WebhookRequest;
+use einmal_tests::fake_thin_api::{query_param, Credentials, FakeThinApi, Options};
 use einmal_tests::moto::{self, OperationLog};
 use einmal_tests::scenario::{self, Backend, Kind};
 use serde_json::{json, Value};
@@ -52,157 +48,8 @@ const RECONCILE_AHEAD_SECS: i64 = 120;
 // ---------------------------------------------------------------------------
 // The fake provider API
 
-#[derive(Default)]
-struct FakeState {
-    /// Mollie payments, newest first (as Mollie lists them).
-    mollie: Vec<Value>,
-    /// Mollie list page size.
-    page_size: usize,
-    /// GoPay payments and Klarna orders by path.
-    resources: HashMap<String, Value>,
-    one_shot: HashMap<String, VecDeque<u16>>,
-    calls: HashMap<String, usize>,
-    list_queries: Vec<String>,
-}
-
-#[derive(Clone)]
-struct FakeApi {
-    base: String,
-    state: Arc<Mutex<FakeState>>,
-}
-
-impl FakeApi {
-    async fn start(page_size: usize) -> FakeApi {
-        let state = Arc::new(Mutex::new(FakeState {
-            page_size,
-            ..Default::default()
-        }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("fake API binds");
-        let base = format!("http://{}", listener.local_addr().expect("address"));
-        let app = Router::new()
-            .fallback(answer)
-            .with_state((state.clone(), base.clone()));
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("fake API serves");
-        });
-        FakeApi { base, state }
-    }
-
-    /// Add or replace a Mollie payment (kept newest first by `createdAt`).
-    fn mollie(&self, payment: Value) {
-        let mut s = self.state.lock().unwrap();
-        s.mollie.retain(|p| p["id"] != payment["id"]);
-        s.mollie.push(payment);
-        s.mollie
-            .sort_by(|a, b| b["createdAt"].as_str().cmp(&a["createdAt"].as_str()));
-    }
-
-    fn set(&self, path: &str, resource: Value) {
-        let mut s = self.state.lock().unwrap();
-        s.resources.insert(path.to_string(), resource);
-    }
-
-    fn fail_next(&self, path: &str, status: u16) {
-        let mut s = self.state.lock().unwrap();
-        s.one_shot
-            .entry(path.to_string())
-            .or_default()
-            .push_back(status);
-    }
-
-    fn calls(&self, path: &str) -> usize {
-        let s = self.state.lock().unwrap();
-        s.calls.get(path).copied().unwrap_or(0)
-    }
-
-    fn list_queries(&self) -> Vec<String> {
-        self.state.lock().unwrap().list_queries.clone()
-    }
-}
-
-fn basic(user: &str, password: &str) -> String {
-    use base64::Engine;
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-    )
-}
-
-fn query_param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == name).then(|| v.to_string())
-    })
-}
-
-async fn answer(
-    State((state, base)): State<(Arc<Mutex<FakeState>>, String)>,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Response {
-    let path = uri.path().to_string();
-    let expected = if path.starts_with("/v2/payments") {
-        format!("Bearer {MOLLIE_KEY}")
-    } else if path.starts_with("/api/payments/payment/") {
-        format!("Bearer {GOPAY_ACCESS}")
-    } else if path.starts_with("/ordermanagement/v1/orders/") {
-        basic(KLARNA_USER, KLARNA_PASSWORD)
-    } else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let mut s = state.lock().unwrap();
-    *s.calls.entry(path.clone()).or_default() += 1;
-    let auth = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if auth != expected {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    if let Some(status) = s.one_shot.get_mut(&path).and_then(VecDeque::pop_front) {
-        return StatusCode::from_u16(status).unwrap().into_response();
-    }
-    if path == "/v2/payments" {
-        // Mollie's list: newest first, `from` = the first id of the page (inclusive).
-        let query = uri.query().unwrap_or_default().to_string();
-        s.list_queries.push(query.clone());
-        let limit: usize = query_param(&query, "limit")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(50);
-        let size = limit.min(s.page_size);
-        let start = match query_param(&query, "from") {
-            Some(from) => match s.mollie.iter().position(|p| p["id"] == json!(from)) {
-                Some(i) => i,
-                None => return StatusCode::BAD_REQUEST.into_response(),
-            },
-            None => 0,
-        };
-        let page: Vec<Value> = s.mollie.iter().skip(start).take(size).cloned().collect();
-        let next = s.mollie.get(start + size).map(|p| {
-            json!({"href": format!("{base}/v2/payments?from={}&limit={limit}",
-                                   p["id"].as_str().unwrap_or_default()),
-                   "type": "application/hal+json"})
-        });
-        let body = json!({
-            "count": page.len(),
-            "_embedded": {"payments": page},
-            "_links": {"self": {"href": format!("{base}/v2/payments?{query}")},
-                       "previous": null, "next": next},
-        });
-        return axum::Json(body).into_response();
-    }
-    if let Some(id) = path.strip_prefix("/v2/payments/") {
-        return match s.mollie.iter().find(|p| p["id"] == json!(id)) {
-            Some(p) => axum::Json(p.clone()).into_response(),
-            None => StatusCode::NOT_FOUND.into_response(),
-        };
-    }
-    match s.resources.get(&path) {
-        Some(body) => axum::Json(body.clone()).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
+fn credentials() -> Credentials {
+    Credentials::new(MOLLIE_KEY, GOPAY_ACCESS, KLARNA_USER, KLARNA_PASSWORD)
 }
 
 fn mollie_payment(id: &str, status: &str, order: &str, created: i64) -> Value {
@@ -235,7 +82,7 @@ fn klarna_path(id: &str) -> String {
 
 struct Harness {
     b: Backend,
-    api: FakeApi,
+    api: FakeThinApi,
     ingestor: Arc<Ingestor>,
     /// The same ingest path a few minutes later (the provider's own late hint).
     later: Ingestor,
@@ -271,7 +118,11 @@ impl Harness {
     }
 
     async fn on(b: Backend, page_size: usize) -> Harness {
-        let api = FakeApi::start(page_size).await;
+        let api = FakeThinApi::start_with(Options {
+            credentials: credentials(),
+            mollie_list_page_size: Some(page_size),
+        })
+        .await;
         let config = config(&api.base);
         let ingestor = Arc::new(Ingestor::new(
             config.clone(),
@@ -688,7 +539,7 @@ async fn gopay_lookup_error_fails_the_run_and_keeps_the_checkpoint() {
     assert!(!h.hint("gopay", gopay_hint(id)).await);
     h.drain().await;
     h.api.set(&gopay_path(id), gopay_payment(id, "PAID", "g-9"));
-    h.api.fail_next(&gopay_path(id), 503);
+    h.api.fail_next(&gopay_path(id), &[503]);
     let reports = h
         .reconciler
         .run_with(&only("gopay"), Some(h.b.state.as_ref()))

@@ -11,14 +11,9 @@
 //! Should the reference domain not map a thin type, a tiny stand-in domain that books
 //! `#paid` for paid states takes its place (see [`Recorder`]).
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use axum::Router;
 use einmal::config::Config;
 use einmal::domain::reference::{order_key, Order, ReferenceDomain};
 use einmal::domain::state::{StateKey, StateRecord};
@@ -30,6 +25,7 @@ use einmal::pipeline::process::Processor;
 use einmal::ports::{InboxItem, InboxState};
 use einmal::providers;
 use einmal::request::WebhookRequest;
+use einmal_tests::fake_thin_api::{Credentials, FakeThinApi};
 use einmal_tests::scenario::{self, Backend};
 use serde_json::{json, Value};
 
@@ -47,104 +43,8 @@ const T0_MS: i64 = 1_700_000_000_000 - 20_000;
 // ---------------------------------------------------------------------------
 // The fake provider API
 
-/// What the fake answers for one path: first the queued one-shot statuses, then the
-/// resource (or 404 when there is none).
-#[derive(Default)]
-struct FakeState {
-    resources: HashMap<String, Value>,
-    one_shot: HashMap<String, VecDeque<u16>>,
-    calls: HashMap<String, usize>,
-}
-
-#[derive(Clone)]
-struct FakeApi {
-    base: String,
-    state: Arc<Mutex<FakeState>>,
-}
-
-impl FakeApi {
-    async fn start() -> FakeApi {
-        let state = Arc::new(Mutex::new(FakeState::default()));
-        let app = Router::new().fallback(answer).with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("fake API binds");
-        let base = format!("http://{}", listener.local_addr().expect("address"));
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("fake API serves");
-        });
-        FakeApi { base, state }
-    }
-
-    fn set(&self, path: &str, resource: Value) {
-        let mut s = self.state.lock().unwrap();
-        s.resources.insert(path.to_string(), resource);
-    }
-
-    fn fail_next(&self, path: &str, statuses: &[u16]) {
-        let mut s = self.state.lock().unwrap();
-        s.one_shot
-            .entry(path.to_string())
-            .or_default()
-            .extend(statuses);
-    }
-
-    fn calls(&self, path: &str) -> usize {
-        self.state
-            .lock()
-            .unwrap()
-            .calls
-            .get(path)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn total_calls(&self) -> usize {
-        self.state.lock().unwrap().calls.values().sum()
-    }
-}
-
-fn basic(user: &str, password: &str) -> String {
-    use base64::Engine;
-    let raw = format!("{user}:{password}");
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(raw)
-    )
-}
-
-/// Each provider's API checks its own credential, as the real ones do.
-async fn answer(
-    State(state): State<Arc<Mutex<FakeState>>>,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Response {
-    let path = uri.path().to_string();
-    let expected = if path.starts_with("/v2/payments/") {
-        format!("Bearer {MOLLIE_KEY}")
-    } else if path.starts_with("/api/payments/payment/") {
-        format!("Bearer {GOPAY_ACCESS}")
-    } else if path.starts_with("/ordermanagement/v1/orders/") {
-        basic(KLARNA_USER, KLARNA_PASSWORD)
-    } else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let mut s = state.lock().unwrap();
-    *s.calls.entry(path.clone()).or_default() += 1;
-    let auth = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if auth != expected {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    if let Some(status) = s.one_shot.get_mut(&path).and_then(VecDeque::pop_front) {
-        return StatusCode::from_u16(status).unwrap().into_response();
-    }
-    match s.resources.get(&path) {
-        Some(body) => axum::Json(body.clone()).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
+fn credentials() -> Credentials {
+    Credentials::new(MOLLIE_KEY, GOPAY_ACCESS, KLARNA_USER, KLARNA_PASSWORD)
 }
 
 fn mollie_payment(id: &str, status: &str, order: &str) -> Value {
@@ -248,7 +148,7 @@ impl Domain for Recorder {
 
 struct Harness {
     b: Backend,
-    api: FakeApi,
+    api: FakeThinApi,
     clock: Arc<AtomicI64>,
     ingestor: Ingestor,
     processor: Processor,
@@ -283,7 +183,7 @@ options = {{ path_token = "{KLARNA_TOKEN}", api_username = "{KLARNA_USER}", api_
 
 impl Harness {
     async fn new() -> Harness {
-        let api = FakeApi::start().await;
+        let api = FakeThinApi::start(credentials()).await;
         let config = Arc::new(Config::from_toml(&config_toml(&api.base)).expect("config"));
         let b = scenario::embedded(4).await;
         let clock = Arc::new(AtomicI64::new(T0_MS));
