@@ -271,57 +271,37 @@ fn sweep_index_attribute(
 /// constant while pending), ranged by `received_at_ms`, KEYS_ONLY: claims and retries
 /// never write it; the sweeper reads the few candidates from the table.
 fn sweep_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
-    let err = |e: aws_sdk_dynamodb::error::BuildError| {
-        AwsSetupError::Resource(format!("table {table}: {e}"))
-    };
-    GlobalSecondaryIndex::builder()
-        .index_name(item::BY_SWEEP_SHARD)
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(item::SWEEP_SHARD)
-                .key_type(KeyType::Hash)
-                .build()
-                .map_err(err)?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(item::RECEIVED_AT_MS)
-                .key_type(KeyType::Range)
-                .build()
-                .map_err(err)?,
-        )
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::KeysOnly)
-                .build(),
-        )
-        .build()
-        .map_err(err)
+    keys_only_index(table, item::BY_SWEEP_SHARD, item::SWEEP_SHARD)
 }
 
 /// The reconciler's sparse GSI: only the hints of GoPay and Klarna push carry
 /// `hint_scope` (`{provider}#{tenant}`, set by the put), ranged by `received_at_ms`,
 /// KEYS_ONLY: a hint's state changes never write it.
 fn hint_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    keys_only_index(table, item::BY_HINT, item::HINT_SCOPE)
+}
+
+/// A KEYS_ONLY inbox index `name`, hash `hash`, range `received_at_ms` (which never
+/// changes): sparse when only some items carry `hash`.
+fn keys_only_index(
+    table: &str,
+    name: &str,
+    hash: &str,
+) -> Result<GlobalSecondaryIndex, AwsSetupError> {
     let err = |e: aws_sdk_dynamodb::error::BuildError| {
         AwsSetupError::Resource(format!("table {table}: {e}"))
     };
+    let key = |attribute: &str, key_type: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(attribute)
+            .key_type(key_type)
+            .build()
+            .map_err(err)
+    };
     GlobalSecondaryIndex::builder()
-        .index_name(item::BY_HINT)
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(item::HINT_SCOPE)
-                .key_type(KeyType::Hash)
-                .build()
-                .map_err(err)?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(item::RECEIVED_AT_MS)
-                .key_type(KeyType::Range)
-                .build()
-                .map_err(err)?,
-        )
+        .index_name(name)
+        .key_schema(key(hash, KeyType::Hash)?)
+        .key_schema(key(item::RECEIVED_AT_MS, KeyType::Range)?)
         .projection(
             Projection::builder()
                 .projection_type(ProjectionType::KeysOnly)
