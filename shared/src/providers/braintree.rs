@@ -350,9 +350,7 @@ mod tests {
 
     fn verify(body: &[u8], t: &TenantConfig) -> Result<Envelope, ProviderError> {
         let r = WebhookRequest::post(HeaderMap::new(), body.to_vec());
-        let mut v = Braintree.verify_and_extract(&r, t, 0)?;
-        assert_eq!(v.len(), 1);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&Braintree, &r, t, 0)
     }
 
     fn form(signature: &str, payload: &str) -> Vec<u8> {

@@ -661,10 +661,7 @@ mod tests {
         t: &TenantConfig,
         now: i64,
     ) -> Result<Envelope, ProviderError> {
-        let mut v = GenericHmac.verify_and_extract(r, t, now)?;
-        assert_eq!(v.len(), 1);
-        assert_eq!(v[0].body, r.body);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&GenericHmac, r, t, now)
     }
 
     fn gh_req(sigs: &[&str], body: &str) -> WebhookRequest {

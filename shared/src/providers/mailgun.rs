@@ -261,9 +261,7 @@ mod tests {
 
     fn verify_at(body: &str, t: &TenantConfig, now: i64) -> Result<Envelope, ProviderError> {
         let r = WebhookRequest::post(HeaderMap::new(), body.to_owned());
-        let mut v = Mailgun.verify_and_extract(&r, t, now)?;
-        assert_eq!(v.len(), 1);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&Mailgun, &r, t, now)
     }
 
     fn verify(body: &str, t: &TenantConfig) -> Result<Envelope, ProviderError> {

@@ -172,3 +172,25 @@ pub fn all() -> &'static [&'static dyn Provider] {
 pub fn lookup(name: &str) -> Option<&'static dyn Provider> {
     all().iter().copied().find(|p| p.name() == name)
 }
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::{Provider, ProviderError};
+    use crate::config::TenantConfig;
+    use crate::envelope::Envelope;
+    use crate::request::WebhookRequest;
+
+    /// Verify `request` as exactly one whole event (its stored body is the request's
+    /// raw body) and return its envelope: the common assertion of the provider tests.
+    pub(crate) fn verify_one(
+        provider: &dyn Provider,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Envelope, ProviderError> {
+        let mut events = provider.verify_and_extract(request, tenant, now_secs)?;
+        assert_eq!(events.len(), 1, "one event per request");
+        assert_eq!(events[0].body, request.body, "the whole raw body is stored");
+        Ok(events.remove(0).envelope)
+    }
+}

@@ -186,9 +186,7 @@ mod tests {
 
     fn verify(h: HeaderMap, body: &str, t: &TenantConfig) -> Result<Envelope, ProviderError> {
         let r = WebhookRequest::post(h, body.to_owned());
-        let mut v = Shopify.verify_and_extract(&r, t, 0)?;
-        assert_eq!(v.len(), 1);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&Shopify, &r, t, 0)
     }
 
     #[test]

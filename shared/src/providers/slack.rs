@@ -174,10 +174,7 @@ mod tests {
         t: &TenantConfig,
         now: i64,
     ) -> Result<Envelope, ProviderError> {
-        let mut v = Slack.verify_and_extract(r, t, now)?;
-        assert_eq!(v.len(), 1);
-        assert_eq!(v[0].body, r.body);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&Slack, r, t, now)
     }
 
     fn verify(r: &WebhookRequest, t: &TenantConfig) -> Result<Envelope, ProviderError> {

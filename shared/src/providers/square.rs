@@ -186,10 +186,7 @@ mod tests {
     }
 
     fn verify(r: &WebhookRequest, t: &TenantConfig) -> Result<Envelope, ProviderError> {
-        let mut v = Square.verify_and_extract(r, t, 0)?;
-        assert_eq!(v.len(), 1);
-        assert_eq!(v[0].body, r.body);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&Square, r, t, 0)
     }
 
     #[test]

@@ -201,9 +201,7 @@ mod tests {
         now: i64,
     ) -> Result<Envelope, ProviderError> {
         let r = WebhookRequest::post(h, body.to_owned());
-        let mut v = StandardWebhooks.verify_and_extract(&r, t, now)?;
-        assert_eq!(v.len(), 1);
-        Ok(v.remove(0).envelope)
+        crate::providers::test_support::verify_one(&StandardWebhooks, &r, t, now)
     }
 
     fn verify(h: HeaderMap, body: &str, t: &TenantConfig) -> Result<Envelope, ProviderError> {
