@@ -843,18 +843,37 @@ pub fn retry_delays(handled: &[Handled], key: &InboxKey) -> Vec<Duration> {
 // ---------------------------------------------------------------------------
 // Fault injection (the only fakes: real stores underneath)
 
+/// Says yes to the first `n` calls of [`FirstN::take`] and no after: the "fail the
+/// first n times" counter of the fault-injecting wrappers.
+#[derive(Debug)]
+pub struct FirstN(std::sync::atomic::AtomicUsize);
+
+impl FirstN {
+    pub fn new(n: usize) -> Self {
+        FirstN(n.into())
+    }
+
+    /// Whether this call is one of the first `n`.
+    pub fn take(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
 /// `finish` fails the first `n` times, as if the process died after its commit and
 /// before the inbox was finished.
 pub struct FinishFails {
     inner: Arc<dyn InboxProcessing>,
-    left: std::sync::atomic::AtomicUsize,
+    left: FirstN,
 }
 
 impl FinishFails {
     pub fn new(inner: Arc<dyn InboxProcessing>, n: usize) -> Self {
         FinishFails {
             inner,
-            left: n.into(),
+            left: FirstN::new(n),
         }
     }
 }
@@ -871,12 +890,7 @@ impl InboxProcessing for FinishFails {
         self.inner.claim(key, owner, now_ms, lease_ms).await
     }
     async fn finish(&self, key: &InboxKey, owner: &str, f: &Finish) -> Result<bool, StoreError> {
-        use std::sync::atomic::Ordering;
-        if self
-            .left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.left.take() {
             return Err(StoreError::Unavailable(
                 "injected: crashed before finish".into(),
             ));
@@ -897,14 +911,14 @@ impl InboxProcessing for FinishFails {
 /// outage): a transient error.
 pub struct CommitFails {
     inner: Arc<dyn StateStore>,
-    left: std::sync::atomic::AtomicUsize,
+    left: FirstN,
 }
 
 impl CommitFails {
     pub fn new(inner: Arc<dyn StateStore>, n: usize) -> Self {
         CommitFails {
             inner,
-            left: n.into(),
+            left: FirstN::new(n),
         }
     }
 }
@@ -915,12 +929,7 @@ impl StateStore for CommitFails {
         self.inner.load(keys).await
     }
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        use std::sync::atomic::Ordering;
-        if self
-            .left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.left.take() {
             return Err(StoreError::Unavailable("injected: throttled".into()));
         }
         self.inner.commit(writes).await
@@ -940,7 +949,7 @@ impl StateStore for CommitFails {
 pub struct SlowCommits {
     inner: Arc<dyn StateStore>,
     delay: Duration,
-    left: std::sync::atomic::AtomicUsize,
+    left: FirstN,
 }
 
 impl SlowCommits {
@@ -948,7 +957,7 @@ impl SlowCommits {
         SlowCommits {
             inner,
             delay,
-            left: n.into(),
+            left: FirstN::new(n),
         }
     }
 }
@@ -959,12 +968,7 @@ impl StateStore for SlowCommits {
         self.inner.load(keys).await
     }
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        use std::sync::atomic::Ordering;
-        if self
-            .left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if self.left.take() {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.commit(writes).await
