@@ -474,7 +474,6 @@ impl Provider for Adyen {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::HeaderMap;
 
     /// providers.md V6 (Adyen python SDK `test_notification_request_item_hmac`).
@@ -502,13 +501,7 @@ mod tests {
     }
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: NAME.into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant(NAME, secrets)
     }
 
     fn req(body: impl Into<Bytes>) -> WebhookRequest {

@@ -279,13 +279,7 @@ mod tests {
     const NOW: i64 = 1_700_000_000;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "gitlab".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("gitlab", secrets)
     }
 
     fn headers(token: Option<&str>) -> HeaderMap {

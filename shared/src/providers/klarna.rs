@@ -156,13 +156,7 @@ mod tests {
     const BODY: &str = r#"{"metadata":{"event_type":"payment.transaction.captured","event_id":"d9f9b1a0-5b1a-4b0e-9b0a-0b9b0a0b9b0a","event_version":"v1","occurred_at":"2024-01-01T12:00:00Z","subject_account_id":"krn:partner:global:account:live:AB12","recipient_account_id":"krn:partner:global:account:live:AB12","product_instance_id":"krn:x","webhook_id":"krn:wh","live":false},"payload":{"transaction_id":"t1"}}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "klarna".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("klarna", secrets)
     }
 
     fn sig_for(key: &str, body: &str) -> String {

@@ -120,19 +120,12 @@ impl Provider for LemonSqueezy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::{HeaderMap, HeaderValue};
 
     const BODY: &str = r#"{"meta":{"event_name":"order_created","custom_data":{"tenant":"x"}},"data":{"type":"orders","id":"1","attributes":{"store_id":42,"status":"paid","created_at":"2021-08-17T09:45:53.000000Z","updated_at":"2021-08-17T09:45:53.000000Z"}}}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "lemonsqueezy".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("lemonsqueezy", secrets)
     }
 
     fn sig_for(secret: &str, body: &str) -> String {

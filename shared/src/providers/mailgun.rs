@@ -218,19 +218,12 @@ impl Provider for Mailgun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::HeaderMap;
 
     const NOW: i64 = 1_529_006_854;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "mailgun".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("mailgun", secrets)
     }
 
     fn event() -> serde_json::Value {

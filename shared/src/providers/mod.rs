@@ -176,7 +176,7 @@ pub fn lookup(name: &str) -> Option<&'static dyn Provider> {
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::{Provider, ProviderError};
-    use crate::config::TenantConfig;
+    use crate::config::{Secret, TenantConfig};
     use crate::envelope::Envelope;
     use crate::request::WebhookRequest;
 
@@ -192,5 +192,16 @@ pub(crate) mod test_support {
         assert_eq!(events.len(), 1, "one event per request");
         assert_eq!(events[0].body, request.body, "the whole raw body is stored");
         Ok(events.remove(0).envelope)
+    }
+
+    /// Tenant `acme` of `provider` with these secrets, 300 s tolerance, no options.
+    pub(crate) fn tenant(provider: &str, secrets: &[&str]) -> TenantConfig {
+        TenantConfig {
+            provider: provider.into(),
+            tenant: "acme".into(),
+            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
+            tolerance_secs: 300,
+            options: Default::default(),
+        }
     }
 }

@@ -157,19 +157,12 @@ impl Provider for Mollie {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::{HeaderMap, HeaderValue};
 
     const BODY: &str = r#"{"resource":"event","id":"event_GvJ8WHrp5isUdRub9CJyH","type":"payment-link.paid","entityId":"pl_qng5gbbv8NAZ5gpM5ZYgx","createdAt":"2024-12-16T15:57:04.0Z","_embedded":{"entity":{"id":"pl_qng5gbbv8NAZ5gpM5ZYgx","resource":"payment-link"}},"_links":{"self":{"href":"x"}}}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "mollie".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("mollie", secrets)
     }
 
     fn sig_for(secret: &str, body: &str) -> String {

@@ -160,7 +160,6 @@ impl Provider for Paddle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::{HeaderMap, HeaderValue};
 
     const NOW: i64 = 1_700_000_000;
@@ -174,13 +173,7 @@ mod tests {
     const BODY: &str = r#"{"event_id":"evt_01hv8x2acma2gz34a3xb3e8bcf","event_type":"transaction.paid","occurred_at":"2024-04-12T10:18:49.621022Z","notification_id":"ntf_01hv8x2af9bf5dv2hzr0ahfwkp","data":{"id":"txn_01hv8wptq8987qeep44cyrewp9","status":"paid","items":[{"id":"x"}]}}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "paddle".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("paddle", secrets)
     }
 
     fn req(headers: &[&str], body: &str) -> WebhookRequest {

@@ -129,7 +129,6 @@ impl Provider for Slack {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::{HeaderMap, HeaderValue};
 
     const NOW: i64 = 1_700_000_000;
@@ -140,13 +139,7 @@ mod tests {
     const BODY: &str = r#"{"token":"XXYYZZ","team_id":"T123ABC456","api_app_id":"A123ABC456","event":{"type":"app_mention","user":"U1","text":"hi","ts":"1515449522.000016","channel":"C1","event_ts":"1515449522000016"},"type":"event_callback","event_id":"Ev123ABC456","event_time":1515449522,"authorizations":[{"team_id":"T9","type":"x"}]}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "slack".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("slack", secrets)
     }
 
     fn sig_for(secret: &str, ts: i64, body: &str) -> String {

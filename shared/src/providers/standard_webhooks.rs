@@ -168,13 +168,7 @@ mod tests {
     const BODY: &str = r#"{"type":"invoice.paid","timestamp":"2022-11-03T20:26:10.344522Z","data":{"id":"inv_1","type":"nested"}}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "standard-webhooks".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("standard-webhooks", secrets)
     }
 
     fn sign_with(secret: &str, id: &str, ts: i64, body: &str) -> String {

@@ -187,7 +187,6 @@ impl Provider for Stripe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
     use http::{HeaderMap, HeaderValue};
 
     const NOW: i64 = 1_700_000_000;
@@ -196,13 +195,7 @@ mod tests {
     const BODY: &str = r#"{"id":"evt_1","object":"event","account":"acct_9","created":1699999990,"data":{"object":{"id":"pi_1","object":"payment_intent","metadata":{"id":"x"}}},"type":"payment_intent.succeeded"}"#;
 
     fn tenant(secrets: &[&str]) -> TenantConfig {
-        TenantConfig {
-            provider: "stripe".into(),
-            tenant: "acme".into(),
-            secrets: secrets.iter().map(|s| Secret::new(*s)).collect(),
-            tolerance_secs: 300,
-            options: Default::default(),
-        }
+        crate::providers::test_support::tenant("stripe", secrets)
     }
 
     fn req(headers: &[&str], body: &str) -> WebhookRequest {
