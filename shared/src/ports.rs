@@ -14,7 +14,9 @@ use crate::envelope::{Envelope, InboxKey};
 
 /// Where an inbox item is in the pipeline.
 ///
-/// `received -> queued -> processing -> completed | ignored | retryable -> ... | dead_letter`
+/// `received -> queued -> processing -> completed | ignored | retryable -> ... | dead_letter`,
+/// and `processing -> waiting -> processing` while a prerequisite is missing (see
+/// [`Waiting`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InboxState {
@@ -24,17 +26,21 @@ pub enum InboxState {
     Completed,
     Ignored,
     Retryable,
+    /// Parked until a prerequisite record commits ([`Waiting`]): no queue message,
+    /// no retry budget spent.
+    Waiting,
     DeadLetter,
 }
 
 impl InboxState {
-    pub const ALL: [InboxState; 7] = [
+    pub const ALL: [InboxState; 8] = [
         InboxState::Received,
         InboxState::Queued,
         InboxState::Processing,
         InboxState::Completed,
         InboxState::Ignored,
         InboxState::Retryable,
+        InboxState::Waiting,
         InboxState::DeadLetter,
     ];
 
@@ -46,6 +52,7 @@ impl InboxState {
             InboxState::Completed => "completed",
             InboxState::Ignored => "ignored",
             InboxState::Retryable => "retryable",
+            InboxState::Waiting => "waiting",
             InboxState::DeadLetter => "dead_letter",
         }
     }
@@ -124,6 +131,38 @@ pub struct InboxItem {
     pub body_len: u64,
     #[serde(skip)]
     pub body: Vec<u8>,
+    /// Set while the event waits for a prerequisite (state `waiting`, and while a
+    /// woken waiter is being processed again); cleared when it leaves waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
+}
+
+/// What a parked event waits for. The reason (the domain's `Wait` message) is in
+/// [`InboxItem::last_error`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// The state record whose commit wakes the event: the first of the records the
+    /// domain targeted ([`crate::domain::Domain::targets`]), or [`NO_RECORD`].
+    pub on: String,
+    /// When the event first parked (Unix ms); kept across wakes that park it again,
+    /// so the wait window counts from here.
+    pub since_ms: i64,
+}
+
+/// [`Waiting::on`] of an event that targeted no record: only the sweeper's periodic
+/// re-check wakes it.
+pub const NO_RECORD: &str = "-";
+
+/// How a [`Finish`] changes the item's [`Waiting`] marker.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum WaitChange {
+    /// Leave it as it is (the item never waited).
+    #[default]
+    Keep,
+    /// Park (state `waiting`): set the marker (and its index entry).
+    Park(Waiting),
+    /// The item waited and now moves on: remove the marker (and its index entry).
+    Clear,
 }
 
 /// The result of a conditional insert.
@@ -247,7 +286,7 @@ pub enum ClaimOutcome {
 /// The end of one processing attempt, written by [`InboxProcessing::finish`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
-    /// `completed`, `ignored`, `dead_letter` or `retryable`.
+    /// `completed`, `ignored`, `dead_letter`, `retryable` or `waiting`.
     pub state: InboxState,
     /// `Some` overwrites the stored value; `None` leaves it as it is.
     pub error_class: Option<String>,
@@ -256,6 +295,8 @@ pub struct Finish {
     /// `Some` overwrites the stored value; `None` leaves it as it is.
     pub result: Option<String>,
     pub now_ms: i64,
+    /// [`WaitChange::Park`] exactly when `state` is `waiting`.
+    pub wait: WaitChange,
 }
 
 /// The processor's side of the inbox: claim an item under a lease, finish it.
@@ -263,8 +304,8 @@ pub struct Finish {
 #[async_trait]
 pub trait InboxProcessing: Send + Sync {
     /// Conditional update to `processing` with a lease until `now_ms + lease_ms`,
-    /// `attempts += 1`. Allowed from `received`, `queued`, `retryable`, or `processing`
-    /// whose lease has run out (a crashed worker). Returns the claimed item with its
+    /// `attempts += 1`. Allowed from `received`, `queued`, `retryable`, `waiting`, or
+    /// `processing` whose lease has run out (a crashed worker). Returns the claimed item with its
     /// body in the same call; otherwise says why not (from the same call too).
     async fn claim(
         &self,
@@ -293,6 +334,24 @@ pub trait InboxProcessing: Send + Sync {
         reason: &str,
         now_ms: i64,
     ) -> Result<(), StoreError>;
+
+    /// Up to `limit` items parked on the state record `record_pk` ([`Waiting::on`]),
+    /// found through an index of waiters (never a scan). Called after a commit wrote
+    /// that record, to wake them. May include items already woken (harmless: their
+    /// claim decides).
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError>;
+}
+
+/// What [`InboxSweep::waiting`] saw of the parked items.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WaitingScan {
+    /// Items in state `waiting` seen (capped by the store's read bound).
+    pub count: usize,
+    /// The earliest [`Waiting::since_ms`] among them.
+    pub oldest_since_ms: Option<i64>,
+    /// Up to `limit` parked items last touched before `due_before_ms`, least recently
+    /// touched first: the sweeper re-sends their pointers.
+    pub due: Vec<InboxKey>,
 }
 
 /// The pointer message: the queue carries the key, never the body.
@@ -357,7 +416,16 @@ pub trait InboxSweep: DeadLetterQueue + Send + Sync {
     /// items last updated before `older_than_ms`, and `processing` items whose lease
     /// ran out before `older_than_ms` (a crashed worker).
     async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
+
+    /// The parked items, through the waiters' index: their count and oldest wait
+    /// (reading at most [`WAITING_SCAN_MAX`] index entries), and up to `limit` whose
+    /// last update is before `due_before_ms`.
+    async fn waiting(&self, due_before_ms: i64, limit: usize) -> Result<WaitingScan, StoreError>;
 }
+
+/// The most index entries one [`InboxSweep::waiting`] call reads: the bound of a
+/// sweep pass over parked items (beyond it the count is a lower bound).
+pub const WAITING_SCAN_MAX: usize = 10_000;
 
 /// What [`InboxReplay::requeue`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

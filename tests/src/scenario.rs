@@ -405,6 +405,9 @@ impl<T: InboxProcessing + ?Sized> InboxProcessing for AtomicCalls<T> {
         let _g = self.lock.lock().await;
         self.inner.mark_dead_letter(key, reason, now_ms).await
     }
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.inner.waiters(record_pk, limit).await
+    }
 }
 
 #[async_trait]
@@ -543,6 +546,7 @@ pub fn settings(lease_ms: i64, max_receive_count: u32) -> ProcessSettings {
         backoff_base_ms: 1,
         backoff_max_ms: 20,
         max_conflict_retries: 5,
+        wait_window_ms: None,
     }
 }
 
@@ -904,6 +908,9 @@ impl InboxProcessing for FinishFails {
         now_ms: i64,
     ) -> Result<(), StoreError> {
         self.inner.mark_dead_letter(key, reason, now_ms).await
+    }
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.inner.waiters(record_pk, limit).await
     }
 }
 

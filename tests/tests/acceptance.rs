@@ -350,6 +350,7 @@ async fn crash_after_claim_is_completed_after_the_lease(kind: Kind) {
         error: None,
         result: Some("late".into()),
         now_ms: einmal::time::now_millis(),
+        wait: Default::default(),
     };
     assert!(!b
         .processing

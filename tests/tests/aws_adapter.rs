@@ -55,6 +55,7 @@ fn item(tenant: &str, event_id: &str, received_at_ms: i64) -> InboxItem {
         body_len: 1234,
         // Not UTF-8 on purpose: the body is a binary attribute.
         body: vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xff, 0x80, 0x01],
+        waiting: None,
     }
 }
 

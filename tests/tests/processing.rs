@@ -196,6 +196,7 @@ fn settings() -> ProcessSettings {
         backoff_base_ms: 100,
         backoff_max_ms: 250,
         max_conflict_retries: 5,
+        wait_window_ms: None,
     }
 }
 
@@ -345,6 +346,7 @@ fn inbox_item(event_id: &str, kind: &str, object: &str, version: &str, amount: i
         body_encoding: einmal::body::BODY_ENCODING.into(),
         body_len: body.len() as u64,
         body: einmal::body::compress(&body).unwrap(),
+        waiting: None,
     }
 }
 
@@ -393,6 +395,9 @@ impl InboxProcessing for FinishFailsOnce {
     ) -> Result<(), StoreError> {
         self.inner.mark_dead_letter(key, reason, now_ms).await
     }
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.inner.waiters(record_pk, limit).await
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -433,6 +438,7 @@ async fn claim_lease_and_finish_on_the_port(b: Backend) {
         error: None,
         result: Some("c1 += 1".into()),
         now_ms: 41_000,
+        wait: Default::default(),
     };
     assert!(
         !p.finish(&item.key, "w1", &done).await.unwrap(),
@@ -488,6 +494,7 @@ async fn retryable_then_completed_keeps_the_last_error(b: Backend) {
         error: Some("waiting: payment first".into()),
         result: None,
         now_ms: 1_100,
+        wait: Default::default(),
     };
     assert!(p.finish(&item.key, "w1", &retry).await.unwrap());
     let stored = b.item(&item.key).await;
@@ -505,6 +512,7 @@ async fn retryable_then_completed_keeps_the_last_error(b: Backend) {
         error: None,
         result: Some("ok".into()),
         now_ms: 1_300,
+        wait: Default::default(),
     };
     assert!(p.finish(&item.key, "w2", &done).await.unwrap());
     let stored = b.item(&item.key).await;

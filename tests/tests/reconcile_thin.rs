@@ -661,6 +661,7 @@ fn stored(provider: &str, tenant: &str, event_type: &str, object: &str, at_ms: i
         body_encoding: "identity".into(),
         body_len: 0,
         body: Vec::new(),
+        waiting: None,
     }
 }
 

@@ -333,6 +333,7 @@ async fn aws_claim_and_retry_leave_the_index_key_alone() {
         error: Some("try later".into()),
         result: None,
         now_ms: now + 10,
+        wait: Default::default(),
     };
     assert!(store.finish(&key, "w1", &retry).await.expect("finish"));
     assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "retry");
@@ -362,6 +363,7 @@ async fn aws_claim_and_retry_leave_the_index_key_alone() {
         error: None,
         result: Some("done".into()),
         now_ms: now + 30,
+        wait: Default::default(),
     };
     assert!(store.finish(&key, "w2", &done).await.expect("finish"));
     let left = index_key(&dynamodb, &table, &pk).await;

@@ -152,6 +152,7 @@ impl Setup {
             body_encoding: einmal::body::BODY_ENCODING.into(),
             body_len: body.len() as u64,
             body: einmal::body::compress(body).unwrap(),
+            waiting: None,
         };
         self.inbox.put_new(&item).await.unwrap();
         self.queue

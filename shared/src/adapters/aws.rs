@@ -17,6 +17,7 @@ mod hints;
 mod item;
 mod replay;
 mod setup;
+mod waiting;
 
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ pub use setup::{
 use crate::envelope::InboxKey;
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
-    PutOutcome, Queue, QueueError, QueueMessage, StoreError,
+    PutOutcome, Queue, QueueError, QueueMessage, StoreError, WaitChange, WaitingScan,
 };
 use error::describe;
 
@@ -367,7 +368,7 @@ impl Inbox for AwsStore {
 
 /// The claim condition, shared with `mark_dead_letter`: the item exists and is
 /// waiting (`received`, `queued`, `retryable`) or held by a lease that ran out.
-const CLAIMABLE: &str = "attribute_exists(#pk) AND (#state IN (:received, :queued, :retryable) \
+const CLAIMABLE: &str = "attribute_exists(#pk) AND (#state IN (:received, :queued, :retryable, :waiting) \
      OR (#state = :processing AND (attribute_not_exists(#lease_until) OR #lease_until <= :now)))";
 
 fn s_attr(v: &str) -> AttributeValue {
@@ -408,6 +409,7 @@ impl InboxProcessing for AwsStore {
             .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
             .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
             .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
+            .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()))
             .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
             .expression_attribute_values(":owner", s_attr(owner))
             .expression_attribute_values(":until", n_attr(now_ms.saturating_add(lease_ms)))
@@ -480,6 +482,38 @@ impl InboxProcessing for AwsStore {
         // The sweeper's sparse index: untouched while the item stays pending (a retry
         // writes no index entry), left once terminal (one index delete).
         let mut remove = "#lease_owner, #lease_until".to_string();
+        match &finish.wait {
+            WaitChange::Keep => {}
+            // Parked: into the waiters' index (one entry), out of the sweeper's.
+            WaitChange::Park(w) => {
+                set.push("#wait_on = :wait_on, #wait_shard = :wait_shard, #wait_since = :wait_since".into());
+                request = request
+                    .expression_attribute_names("#wait_on", item::WAIT_ON)
+                    .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
+                    .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
+                    .expression_attribute_values(":wait_on", s_attr(&w.on))
+                    .expression_attribute_values(":wait_shard", s_attr(&item::sweep_shard(&w.on)))
+                    .expression_attribute_values(":wait_since", n_attr(w.since_ms));
+            }
+            // Moving on from waiting: out of the waiters' index, and back into the
+            // sweeper's while still pending (a retry after a wake).
+            WaitChange::Clear => {
+                remove.push_str(", #wait_on, #wait_shard, #wait_since");
+                request = request
+                    .expression_attribute_names("#wait_on", item::WAIT_ON)
+                    .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
+                    .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS);
+                if item::in_sweep_index(finish.state) {
+                    set.push("#shard = :shard".into());
+                    request = request
+                        .expression_attribute_names("#shard", item::SWEEP_SHARD)
+                        .expression_attribute_values(
+                            ":shard",
+                            s_attr(&item::sweep_shard(key.as_str())),
+                        );
+                }
+            }
+        }
         if !item::in_sweep_index(finish.state) {
             remove.push_str(", #shard");
             request = request.expression_attribute_names("#shard", item::SWEEP_SHARD);
@@ -513,9 +547,13 @@ impl InboxProcessing for AwsStore {
             .key(item::PK, Self::key_attr(key))
             .update_expression(
                 "SET #state = :dead, #error = :reason, #updated = :now \
-                 REMOVE #lease_owner, #lease_until, #shard",
+                 REMOVE #lease_owner, #lease_until, #shard, #wait_on, #wait_shard, #wait_since",
             )
             .expression_attribute_names("#shard", item::SWEEP_SHARD)
+            .expression_attribute_names("#wait_on", item::WAIT_ON)
+            .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
+            .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
+            .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()))
             .condition_expression(CLAIMABLE)
             .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#state", item::STATE)
@@ -543,6 +581,10 @@ impl InboxProcessing for AwsStore {
             }
             Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
         }
+    }
+
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.waiters_of(record_pk, limit).await
     }
 }
 
@@ -840,6 +882,10 @@ impl crate::ports::InboxSweep for AwsStore {
         });
         found.truncate(limit);
         Ok(found)
+    }
+
+    async fn waiting(&self, due_before_ms: i64, limit: usize) -> Result<WaitingScan, StoreError> {
+        self.waiting_scan(due_before_ms, limit).await
     }
 }
 

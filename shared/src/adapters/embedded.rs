@@ -31,6 +31,7 @@
 
 mod hints;
 mod replay;
+mod waiting;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,7 +48,8 @@ use crate::envelope::{Envelope, InboxKey};
 use crate::ports::InboxSweep;
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
-    PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
+    PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError, WaitChange, Waiting,
+    WaitingScan,
 };
 use crate::time::now_millis;
 
@@ -355,6 +357,8 @@ fn open_writer(path: &Path) -> Result<Connection, DbError> {
     conn.execute_batch(SWEEP_INDEX)?;
     // Idempotent too: the reconciler's partial index of GoPay / Klarna push hints.
     conn.execute_batch(&hints::hint_index_sql())?;
+    // Idempotent too: the waiting columns and the waiters' partial index.
+    waiting::ensure_waiting_columns(&conn)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -553,7 +557,7 @@ const ITEM_COLUMNS: &str =
     "pk, provider, tenant, event_id, event_type, object_id, object_version, \
      occurred_at, delivery_id, state, source, attempts, received_at_ms, updated_at_ms, expires_at, \
      enqueue_failed, last_error, body_encoding, body_len, body, last_error_class, lease_until_ms, \
-     lease_owner, result";
+     lease_owner, result, wait_on, waiting_since_ms";
 
 const INSERT_ITEM: &str = "INSERT INTO inbox (pk, provider, tenant, event_id, event_type, object_id, \
      object_version, occurred_at, delivery_id, state, source, attempts, received_at_ms, updated_at_ms, \
@@ -612,6 +616,10 @@ fn item_from_row(row: &Row<'_>) -> Result<InboxItem, DbError> {
         lease_until_ms: row.get(21)?,
         lease_owner: row.get(22)?,
         result: row.get(23)?,
+        waiting: match (row.get::<_, Option<String>>(24)?, row.get::<_, Option<i64>>(25)?) {
+            (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
+            _ => None,
+        },
         key: InboxKey::from_stored(pk),
     })
 }
@@ -739,17 +747,20 @@ impl Inbox for EmbeddedStore {
 /// statement, inside the writer's transaction.
 const CLAIM_ITEM: &str = "UPDATE inbox SET state = 'processing', lease_owner = ?2, \
      lease_until_ms = ?3, updated_at_ms = ?4, attempts = attempts + 1 \
-     WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable') \
+     WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable', 'waiting') \
      OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?4)))";
 
 const FINISH_ITEM: &str = "UPDATE inbox SET state = ?3, updated_at_ms = ?4, \
      last_error_class = COALESCE(?5, last_error_class), last_error = COALESCE(?6, last_error), \
-     result = COALESCE(?7, result), lease_owner = NULL, lease_until_ms = NULL \
+     result = COALESCE(?7, result), lease_owner = NULL, lease_until_ms = NULL, \
+     wait_on = CASE ?8 WHEN 1 THEN ?9 WHEN 2 THEN NULL ELSE wait_on END, \
+     waiting_since_ms = CASE ?8 WHEN 1 THEN ?10 WHEN 2 THEN NULL ELSE waiting_since_ms END \
      WHERE pk = ?1 AND state = 'processing' AND lease_owner = ?2";
 
 const MARK_DEAD_LETTER: &str = "UPDATE inbox SET state = 'dead_letter', last_error = ?2, \
-     updated_at_ms = ?3, lease_owner = NULL, lease_until_ms = NULL \
-     WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable') \
+     updated_at_ms = ?3, lease_owner = NULL, lease_until_ms = NULL, wait_on = NULL, \
+     waiting_since_ms = NULL \
+     WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable', 'waiting') \
      OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?3)))";
 
 fn claim_item(
@@ -791,6 +802,11 @@ fn claim_item(
 }
 
 fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<bool, DbError> {
+    let (wait_mode, wait_on, since_ms) = match &f.wait {
+        WaitChange::Keep => (0, None, None),
+        WaitChange::Park(w) => (1, Some(w.on.as_str()), Some(w.since_ms)),
+        WaitChange::Clear => (2, None, None),
+    };
     let changed = conn.prepare_cached(FINISH_ITEM)?.execute(params![
         pk,
         owner,
@@ -799,6 +815,9 @@ fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<b
         f.error_class,
         f.error,
         f.result,
+        wait_mode,
+        wait_on,
+        since_ms,
     ])?;
     Ok(changed == 1)
 }
@@ -848,6 +867,13 @@ impl InboxProcessing for EmbeddedStore {
         })
         .await?;
         Ok(())
+    }
+
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        let record_pk = record_pk.to_string();
+        Ok(self
+            .read(move |conn| waiting::waiters_of(conn, &record_pk, limit))
+            .await?)
     }
 }
 
@@ -1196,6 +1222,12 @@ impl InboxSweep for EmbeddedStore {
             .read(move |conn| stuck_items(conn, older_than_ms, limit))
             .await?)
     }
+
+    async fn waiting(&self, due_before_ms: i64, limit: usize) -> Result<WaitingScan, StoreError> {
+        Ok(self
+            .read(move |conn| waiting::waiting_scan(conn, due_before_ms, limit))
+            .await?)
+    }
 }
 
 #[cfg(test)]
@@ -1235,6 +1267,7 @@ mod tests {
             body_encoding: "zstd".into(),
             body_len: 42,
             body: format!("body of {event_id}").into_bytes(),
+            waiting: None,
         }
     }
 
@@ -1377,6 +1410,7 @@ mod tests {
             error: None,
             result: None,
             now_ms,
+            wait: Default::default(),
         }
     }
 
@@ -1458,6 +1492,7 @@ mod tests {
             error: Some("waiting: payment first".into()),
             result: None,
             now_ms: 200,
+            wait: Default::default(),
         };
         assert!(store.finish(&a.key, "w1", &retry).await.unwrap());
         let claimed = match store.claim(&a.key, "w2", 300, 1_000).await.unwrap() {

@@ -522,5 +522,6 @@ fn inbox_item(
         body_encoding: body::BODY_ENCODING.to_string(),
         body_len: event.body.len() as u64,
         body: compressed,
+        waiting: None,
     })
 }

@@ -45,9 +45,26 @@
 //! commit (dead letters) are counted by `DeadLetters`, not by the SLI. The processor
 //! Lambda prints the tally as one EMF line per batch.
 //!
+//! # Waiting for a prerequisite
+//!
+//! [`DomainError::Wait`] (a refund before its order, ...) is not a failure and spends
+//! no retry budget: the item is *parked* (`waiting`, with the record it waits on, the
+//! first of its [`Domain::targets`], and since when) and its message is deleted, so
+//! no receive count or redrive can dead-letter it. It is woken by a new pointer:
+//! - every decision that changes a record (committed now, or found already applied on
+//!   a redelivery after a crash) re-enqueues up to [`WAKE_LIMIT`] waiters parked on
+//!   it, found through the store's waiters' index ([`InboxProcessing::waiters`]);
+//! - after parking, the processor re-reads the record it waits on: if it changed
+//!   since the decision (a commit that raced the park), it wakes itself;
+//! - the sweeper re-sends parked items periodically at a bounded pace (the fallback).
+//!
+//! A waiter still waiting when its wait window has run out
+//! ([`ProcessSettings::wait_window_ms`], default the provider's retry window from
+//! [`crate::retention`]) is dead-lettered with "waited … for …".
+//!
 //! # Errors
 //!
-//! Transient ([`DomainError::Wait`], [`StoreError::Unavailable`], lock contention):
+//! Transient ([`StoreError::Unavailable`], lock contention):
 //! the item becomes `retryable` and the message comes back after an exponential
 //! backoff with full jitter. On the last receive SQS allows (`max_receive_count`) the
 //! item is dead-lettered instead, so inbox and DLQ agree. Permanent
@@ -70,9 +87,11 @@ use crate::domain::state::{CommitOutcome, StateRecord, StateStore, StateWrite};
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
 use crate::lookup::{LookupError, ResourceLookup};
+use crate::domain::state::StateKey;
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
-    StoreError, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
+    QueueMessage, StoreError, WaitChange, Waiting, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
+    NO_RECORD,
 };
 use crate::providers::thin::HINT_PREFIX;
 use crate::telemetry::emf::{RetryCause, WorkerMetrics, DEFAULT_SLI_THRESHOLD_MS};
@@ -94,6 +113,13 @@ pub const MAX_RECEIVE_COUNT_ENV: &str = "EINMAL_MAX_RECEIVE_COUNT";
 pub const BACKOFF_BASE_MS_ENV: &str = "EINMAL_BACKOFF_BASE_MS";
 pub const BACKOFF_MAX_MS_ENV: &str = "EINMAL_BACKOFF_MAX_MS";
 pub const MAX_CONFLICT_RETRIES_ENV: &str = "EINMAL_MAX_CONFLICT_RETRIES";
+/// The wait window for every provider (`EINMAL_WAIT_WINDOW_MS`); unset = each
+/// provider's retry window.
+pub const WAIT_WINDOW_MS_ENV: &str = "EINMAL_WAIT_WINDOW_MS";
+
+/// Waiters woken per changed record per decision. More waiters on one record are
+/// woken by the next change of it or by the sweeper's re-check.
+pub const WAKE_LIMIT: usize = 100;
 
 /// Result recorded when every change of a decision had already been applied.
 pub const ALREADY_APPLIED: &str = "already applied";
@@ -120,6 +146,10 @@ pub struct ProcessSettings {
     pub backoff_max_ms: i64,
     /// Reload-and-decide rounds after a version conflict before giving up (transient).
     pub max_conflict_retries: u32,
+    /// How long an event may wait for a prerequisite before it is dead-lettered.
+    /// `None`: the provider's retry window ([`crate::retention::retry_window_days`]),
+    /// as long as the provider may still deliver the prerequisite late.
+    pub wait_window_ms: Option<i64>,
 }
 
 impl Default for ProcessSettings {
@@ -130,6 +160,7 @@ impl Default for ProcessSettings {
             backoff_base_ms: 2_000,
             backoff_max_ms: 15 * 60_000,
             max_conflict_retries: 5,
+            wait_window_ms: None,
         }
     }
 }
@@ -143,7 +174,8 @@ pub struct SettingsError {
 
 impl ProcessSettings {
     /// Defaults overridden by `EINMAL_LEASE_MS`, `EINMAL_MAX_RECEIVE_COUNT`,
-    /// `EINMAL_BACKOFF_BASE_MS`, `EINMAL_BACKOFF_MAX_MS`, `EINMAL_MAX_CONFLICT_RETRIES`.
+    /// `EINMAL_BACKOFF_BASE_MS`, `EINMAL_BACKOFF_MAX_MS`, `EINMAL_MAX_CONFLICT_RETRIES`,
+    /// `EINMAL_WAIT_WINDOW_MS`.
     pub fn from_env() -> Result<Self, SettingsError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -181,6 +213,10 @@ impl ProcessSettings {
             backoff_base_ms: read(&env, BACKOFF_BASE_MS_ENV, d.backoff_base_ms, 0)?,
             backoff_max_ms: read(&env, BACKOFF_MAX_MS_ENV, d.backoff_max_ms, 0)?,
             max_conflict_retries: read(&env, MAX_CONFLICT_RETRIES_ENV, d.max_conflict_retries, 0)?,
+            wait_window_ms: match env(WAIT_WINDOW_MS_ENV).filter(|v| !v.trim().is_empty()) {
+                None => None,
+                Some(_) => Some(read(&env, WAIT_WINDOW_MS_ENV, 0i64, 1)?),
+            },
         };
         if settings.backoff_max_ms < settings.backoff_base_ms {
             return Err(SettingsError {
@@ -198,6 +234,13 @@ impl ProcessSettings {
             .max(0)
             .saturating_mul(1i64 << doublings)
             .min(self.backoff_max_ms.max(0))
+    }
+
+    /// The wait window of an event of `provider` (see [`ProcessSettings::wait_window_ms`]).
+    pub fn wait_window_ms_for(&self, provider: &str) -> i64 {
+        self.wait_window_ms.unwrap_or_else(|| {
+            i64::from(crate::retention::retry_window_days(provider)) * 86_400_000
+        })
     }
 
     /// Full jitter: `jitter` in `[0, 1]` times the ceiling.
@@ -237,13 +280,28 @@ pub enum AckMode {
 enum Failure {
     Transient(RetryCause, String),
     Permanent(String),
+    /// A prerequisite is missing: park the item.
+    Wait(WaitFor),
+}
+
+/// What a waiting decision waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WaitFor {
+    /// The domain's message (`waiting: ...`).
+    reason: String,
+    /// The first target and the version the decision saw; `None` when the event
+    /// targeted no record.
+    record: Option<(StateKey, u64)>,
 }
 
 impl From<DomainError> for Failure {
     fn from(e: DomainError) -> Self {
         match e {
             DomainError::Permanent(_) => Failure::Permanent(e.to_string()),
-            DomainError::Wait(_) => Failure::Transient(RetryCause::Prerequisite, e.to_string()),
+            DomainError::Wait(_) => Failure::Wait(WaitFor {
+                reason: e.to_string(),
+                record: None,
+            }),
         }
     }
 }
@@ -447,7 +505,8 @@ impl Processor {
         let result = self.apply(&item).await;
         let attempt = item.attempts;
         let mut retry_cause = None;
-        let (finish, outcome) = match result {
+        let mut parked = None;
+        let (mut finish, outcome) = match result {
             Ok(Applied::Completed(result, committed)) => {
                 if let Some(committed) = committed {
                     self.count_effect(&item, committed, trace_id);
@@ -469,6 +528,40 @@ impl Processor {
                 ),
                 MessageOutcome::DeadLetterNow,
             ),
+            Err(Failure::Wait(wait)) => {
+                let since_ms = item.waiting.as_ref().map_or(now, |w| w.since_ms);
+                let window_ms = self.settings.wait_window_ms_for(&item.envelope.provider);
+                let waited_ms = (self.now_ms)().saturating_sub(since_ms);
+                if waited_ms >= window_ms {
+                    let reason = format!(
+                        "waited {} (window {}) for {}",
+                        human_duration(waited_ms),
+                        human_duration(window_ms),
+                        wait.reason
+                    );
+                    (
+                        self.finish(
+                            InboxState::DeadLetter,
+                            Some((ERROR_CLASS_TRANSIENT, reason)),
+                            None,
+                        ),
+                        MessageOutcome::DeadLetterNow,
+                    )
+                } else {
+                    let on = wait
+                        .record
+                        .as_ref()
+                        .map_or_else(|| NO_RECORD.to_string(), |(key, _)| key.pk());
+                    let mut finish = self.finish(
+                        InboxState::Waiting,
+                        Some((ERROR_CLASS_TRANSIENT, wait.reason.clone())),
+                        None,
+                    );
+                    finish.wait = WaitChange::Park(Waiting { on, since_ms });
+                    parked = wait.record.clone();
+                    (finish, MessageOutcome::Ack)
+                }
+            }
             Err(Failure::Transient(_, reason))
                 if delivery.receive_count >= self.settings.max_receive_count =>
             {
@@ -500,6 +593,9 @@ impl Processor {
             }
         };
 
+        if finish.state != InboxState::Waiting && item.waiting.is_some() {
+            finish.wait = WaitChange::Clear;
+        }
         let log = |level, message: &str, detail: Option<&str>| {
             log_attempt(
                 level,
@@ -519,6 +615,7 @@ impl Processor {
                 (Ok(true), InboxState::Completed) => t.completed += 1,
                 (Ok(true), InboxState::Ignored) => t.ignored += 1,
                 (Ok(true), InboxState::DeadLetter) => t.dead_letters += 1,
+                (Ok(true), InboxState::Waiting) => t.parked += 1,
                 (Ok(true), _) => {
                     if let Some(cause) = retry_cause {
                         *t.retries.entry(cause).or_default() += 1;
@@ -534,9 +631,13 @@ impl Processor {
                 let (level, message) = match finish.state {
                     InboxState::DeadLetter => (Level::ERROR, "event dead-lettered"),
                     InboxState::Retryable => (Level::WARN, "event will be retried"),
+                    InboxState::Waiting => (Level::INFO, "event waits for a prerequisite"),
                     _ => (Level::INFO, "event processed"),
                 };
                 log(level, message, detail);
+                if let Some((record, seen_version)) = parked {
+                    self.recheck_parked(key, &record, seen_version).await;
+                }
                 outcome
             }
             Ok(false) => {
@@ -611,6 +712,49 @@ impl Processor {
             error,
             result,
             now_ms: (self.now_ms)(),
+            wait: WaitChange::Keep,
+        }
+    }
+
+    /// After parking: if the record waited on changed since the decision saw it (a
+    /// commit whose wake ran before the park was visible), wake the item at once.
+    async fn recheck_parked(&self, key: &crate::envelope::InboxKey, record: &StateKey, seen: u64) {
+        match self.state.load(std::slice::from_ref(record)).await {
+            Ok(current) if current.first().is_some_and(|r| r.version != seen) => {
+                self.send_wake(key).await;
+            }
+            Ok(_) => {}
+            // The sweeper's re-check covers it.
+            Err(e) => tracing::warn!(pk = %key, error = %e, "cannot re-check a parked event"),
+        }
+    }
+
+    /// Re-enqueue the items parked on `records` (bounded by [`WAKE_LIMIT`] each),
+    /// except `own` (the event being processed). A failure is logged, not returned:
+    /// the sweeper's re-check wakes what was missed.
+    async fn wake_waiters(&self, records: &[String], own: &crate::envelope::InboxKey) {
+        for record in records {
+            let waiters = match self.processing.waiters(record, WAKE_LIMIT).await {
+                Ok(waiters) => waiters,
+                Err(e) => {
+                    tracing::warn!(record = %record, error = %e, "cannot look up waiters");
+                    continue;
+                }
+            };
+            for waiter in waiters.iter().filter(|w| *w != own) {
+                self.send_wake(waiter).await;
+            }
+        }
+    }
+
+    async fn send_wake(&self, key: &crate::envelope::InboxKey) {
+        let message = QueueMessage { pk: key.clone() };
+        match self.queue.send(&message).await {
+            Ok(()) => {
+                self.metrics.update(|t| t.woken += 1);
+                tracing::info!(pk = %key, "waiter woken");
+            }
+            Err(e) => tracing::warn!(pk = %key, error = %e, "cannot wake a waiter"),
         }
     }
 
@@ -655,19 +799,34 @@ impl Processor {
                     ),
                 ));
             }
-            let (changes, result) = match self.domain.decide(&event, &current)? {
+            let decision = self.domain.decide(&event, &current).map_err(|e| {
+                match Failure::from(e) {
+                    Failure::Wait(wait) => Failure::Wait(WaitFor {
+                        record: current.first().map(|r| (r.key.clone(), r.version)),
+                        ..wait
+                    }),
+                    other => other,
+                }
+            })?;
+            let (changes, result) = match decision {
                 Decision::Ignore { reason } => return Ok(Applied::Ignored(reason)),
                 Decision::Apply { changes, result } => (changes, result),
             };
             if changes.is_empty() {
                 return Ok(Applied::Completed(result, None));
             }
+            // The records this decision changes: their waiters are woken once the
+            // change is in (also when it was in already: a crash may have cut the
+            // wake off after the commit).
+            let changed: Vec<String> = changes.iter().map(|c| c.key.pk()).collect();
             let writes = plan_writes(&current, changes)?;
             if writes.is_empty() {
+                self.wake_waiters(&changed, &item.key).await;
                 return Ok(Applied::Completed(ALREADY_APPLIED.to_string(), None));
             }
             match self.state.commit(&writes).await? {
                 CommitOutcome::Committed => {
+                    self.wake_waiters(&changed, &item.key).await;
                     let committed = Committed {
                         at_ms: (self.now_ms)(),
                         payment: moves_payment_status(&current, &writes),
@@ -876,6 +1035,17 @@ fn log_attempt(
         emit!(Level::WARN)
     } else {
         emit!(Level::INFO)
+    }
+}
+
+/// `90s`, `45m`, `26h`, `3d`: the largest whole unit (for dead-letter reasons).
+fn human_duration(ms: i64) -> String {
+    let secs = ms.max(0) / 1000;
+    match secs {
+        s if s >= 2 * 86_400 => format!("{}d", s / 86_400),
+        s if s >= 2 * 3_600 => format!("{}h", s / 3_600),
+        s if s >= 2 * 60 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 

@@ -8,8 +8,13 @@
 //!    message costs one refused claim, never a second effect;
 //! 2. marks `dead_letter` the items whose pointers sit in the DLQ (the messages stay
 //!    there for replay and are made visible again at once);
-//! 3. logs the backlog: one line with `backlog_count` and `oldest_pending_age_ms`; the
-//!    sweeper Lambda also prints the pass as one EMF line ([`SweepReport::figures`]).
+//! 3. re-sends parked (`waiting`) items not touched for `waiting_recheck_ms`, at most
+//!    `batch` per pass ([`InboxSweep::waiting`]): the fallback for a wake lost to a
+//!    crash between a commit and its wake; the processor decides again and parks the
+//!    item anew, applies it, or dead-letters it once its wait window has run out;
+//! 4. logs the backlog: one line with `backlog_count`, `oldest_pending_age_ms`,
+//!    `waiting_count` and `oldest_waiting_age_ms`; the sweeper Lambda also prints the
+//!    pass as one EMF line ([`SweepReport::figures`]).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -36,8 +41,12 @@ pub struct SweepSettings {
     /// A `retryable` item waits out its backoff first (up to `backoff_max_ms`, 15 min
     /// by default), so it counts as stuck only after this long. Default 20 minutes.
     pub retryable_after_ms: i64,
-    /// Items looked at (and DLQ messages read) per pass. Default 100.
+    /// Items looked at (and DLQ messages read, parked items re-sent) per pass.
+    /// Default 100.
     pub batch: usize,
+    /// A parked item untouched this long is re-sent (the fallback wake; each parked
+    /// item at most once per interval, `batch` per pass). Default 10 minutes.
+    pub waiting_recheck_ms: i64,
 }
 
 impl Default for SweepSettings {
@@ -46,6 +55,7 @@ impl Default for SweepSettings {
             stuck_after_ms: 5 * 60_000,
             retryable_after_ms: 20 * 60_000,
             batch: 100,
+            waiting_recheck_ms: 10 * 60_000,
         }
     }
 }
@@ -56,6 +66,8 @@ pub const STUCK_AFTER_MS_ENV: &str = "EINMAL_SWEEP_STUCK_AFTER_MS";
 pub const RETRYABLE_AFTER_MS_ENV: &str = "EINMAL_SWEEP_RETRYABLE_AFTER_MS";
 /// `batch` from the environment.
 pub const BATCH_ENV: &str = "EINMAL_SWEEP_BATCH";
+/// `waiting_recheck_ms` from the environment.
+pub const WAITING_RECHECK_MS_ENV: &str = "EINMAL_SWEEP_WAITING_RECHECK_MS";
 
 impl SweepSettings {
     /// Defaults, overridden by `EINMAL_SWEEP_*` variables; a malformed one is an error.
@@ -83,6 +95,7 @@ impl SweepSettings {
             stuck_after_ms: read(&env, STUCK_AFTER_MS_ENV, d.stuck_after_ms)?.max(0),
             retryable_after_ms: read(&env, RETRYABLE_AFTER_MS_ENV, d.retryable_after_ms)?.max(0),
             batch: read(&env, BATCH_ENV, d.batch)?.max(1),
+            waiting_recheck_ms: read(&env, WAITING_RECHECK_MS_ENV, d.waiting_recheck_ms)?.max(0),
         })
     }
 }
@@ -103,6 +116,12 @@ pub struct SweepReport {
     pub oldest_pending_age_ms: i64,
     /// Pending items past their stuck threshold this pass (re-enqueued or not).
     pub stuck_count: usize,
+    /// Parked (`waiting`) items seen (a lower bound past `WAITING_SCAN_MAX`).
+    pub waiting_count: usize,
+    /// How long the longest-waiting of them has waited, 0 when there is none.
+    pub oldest_waiting_age_ms: i64,
+    /// Parked items re-sent this pass (the fallback wake).
+    pub waiters_rechecked: usize,
     /// Store or queue calls that failed (the next pass tries again).
     pub errors: usize,
 }
@@ -118,6 +137,9 @@ impl SweepReport {
             reenqueued: self.reenqueued as u64,
             leases_released: self.leases_released as u64,
             dead_letters_marked: self.dead_lettered as u64,
+            waiting_items: self.waiting_count as u64,
+            oldest_waiting_age_ms: self.oldest_waiting_age_ms,
+            waiters_rechecked: self.waiters_rechecked as u64,
         }
     }
 }
@@ -156,6 +178,7 @@ impl Sweeper {
         let mut report = SweepReport::default();
         self.requeue_stuck(now_ms, &mut report).await;
         self.mark_dead_letters(now_ms, &mut report).await;
+        self.recheck_waiting(now_ms, &mut report).await;
         tracing::info!(
             backlog_count = report.backlog_count,
             oldest_pending_age_ms = report.oldest_pending_age_ms,
@@ -163,6 +186,9 @@ impl Sweeper {
             reenqueued = report.reenqueued,
             leases_released = report.leases_released,
             dead_lettered = report.dead_lettered,
+            waiting_count = report.waiting_count,
+            oldest_waiting_age_ms = report.oldest_waiting_age_ms,
+            waiters_rechecked = report.waiters_rechecked,
             errors = report.errors,
             "sweep"
         );
@@ -223,6 +249,34 @@ impl Sweeper {
                 stuck_for_ms = now_ms.saturating_sub(since),
                 "sweep: re-enqueued"
             );
+        }
+    }
+
+    async fn recheck_waiting(&self, now_ms: i64, report: &mut SweepReport) {
+        let due_before = now_ms.saturating_sub(self.settings.waiting_recheck_ms);
+        let scan = match self.sweep.waiting(due_before, self.settings.batch).await {
+            Ok(scan) => scan,
+            Err(e) => {
+                tracing::warn!(error = %e, "sweep: cannot list waiting items");
+                report.errors += 1;
+                return;
+            }
+        };
+        report.waiting_count = scan.count;
+        report.oldest_waiting_age_ms = scan
+            .oldest_since_ms
+            .map_or(0, |since| now_ms.saturating_sub(since).max(0));
+        for key in scan.due {
+            match self.queue.send(&QueueMessage { pk: key.clone() }).await {
+                Ok(()) => {
+                    report.waiters_rechecked += 1;
+                    tracing::info!(pk = %key, "sweep: waiting item re-checked");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, pk = %key, "sweep: re-check of a waiting item failed");
+                    report.errors += 1;
+                }
+            }
         }
     }
 

@@ -84,6 +84,9 @@ metrics! {
     PROCESSING_TIME = "ProcessingTime", Milliseconds, Processor, BY_DEPLOYMENT;
     RETRIES = "Retries", Count, Processor, BY_CAUSE;
     DEAD_LETTERS = "DeadLetters", Count, Processor, BY_DEPLOYMENT;
+    // events parked for a prerequisite, and parked events re-enqueued by a commit
+    EVENTS_PARKED = "EventsParked", Count, Processor, BY_DEPLOYMENT;
+    WAITERS_WOKEN = "WaitersWoken", Count, Processor, BY_DEPLOYMENT;
     // business (processor): provider event timestamp → effect committed
     EFFECT_LAG = "EffectLag", Milliseconds, Processor, BY_DEPLOYMENT;
     // 1 when a payment event's effect landed within the SLI threshold, else 0.
@@ -95,6 +98,10 @@ metrics! {
     SWEEP_REENQUEUED = "SweepReenqueued", Count, Sweeper, BY_DEPLOYMENT;
     LEASES_RELEASED = "LeasesReleased", Count, Sweeper, BY_DEPLOYMENT;
     DEAD_LETTERS_MARKED = "DeadLettersMarked", Count, Sweeper, BY_DEPLOYMENT;
+    // parked items (sweeper): how many, the longest wait, re-sent by the fallback
+    WAITING_ITEMS = "WaitingItems", Count, Sweeper, BY_DEPLOYMENT;
+    OLDEST_WAITING_AGE = "OldestWaitingAge", Seconds, Sweeper, BY_DEPLOYMENT;
+    WAITERS_RECHECKED = "WaitersRechecked", Count, Sweeper, BY_DEPLOYMENT;
     // reconciliation
     RECONCILE_INGESTED = "ReconcileIngested", Count, Reconciler, BY_DEPLOYMENT;
     RECONCILE_DIFFERENCES = "ReconcileDifferences", Count, Reconciler, BY_DEPLOYMENT;

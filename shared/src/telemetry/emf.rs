@@ -448,6 +448,10 @@ pub struct WorkerTally {
     pub completed: u64,
     pub ignored: u64,
     pub dead_letters: u64,
+    /// Events parked (state `waiting`) for a prerequisite.
+    pub parked: u64,
+    /// Parked events re-enqueued after a commit changed what they wait on.
+    pub woken: u64,
     pub retries: BTreeMap<RetryCause, u64>,
     /// Claim → finish of each claimed message, milliseconds.
     pub processing_ms: Samples,
@@ -468,6 +472,8 @@ impl WorkerTally {
         emf.count(catalog::EVENTS_COMPLETED, self.completed);
         emf.count(catalog::EVENTS_IGNORED, self.ignored);
         emf.count(catalog::DEAD_LETTERS, self.dead_letters);
+        emf.count(catalog::EVENTS_PARKED, self.parked);
+        emf.count(catalog::WAITERS_WOKEN, self.woken);
         for (cause, n) in &self.retries {
             emf.count_by(catalog::RETRIES, cause.as_str(), *n);
         }
@@ -513,6 +519,9 @@ pub struct SweepFigures {
     pub reenqueued: u64,
     pub leases_released: u64,
     pub dead_letters_marked: u64,
+    pub waiting_items: u64,
+    pub oldest_waiting_age_ms: i64,
+    pub waiters_rechecked: u64,
 }
 
 impl SweepFigures {
@@ -530,6 +539,12 @@ impl SweepFigures {
             catalog::DEAD_LETTERS_MARKED,
             self.dead_letters_marked as f64,
         );
+        emf.put(catalog::WAITING_ITEMS, self.waiting_items as f64);
+        emf.put(
+            catalog::OLDEST_WAITING_AGE,
+            self.oldest_waiting_age_ms.max(0) as f64 / 1000.0,
+        );
+        emf.put(catalog::WAITERS_RECHECKED, self.waiters_rechecked as f64);
         emf
     }
 }
@@ -691,6 +706,9 @@ mod tests {
             reenqueued: 1,
             leases_released: 1,
             dead_letters_marked: 0,
+            waiting_items: 4,
+            oldest_waiting_age_ms: 7_200_000,
+            waiters_rechecked: 0,
         };
         let lines = figures.emf("einmal", 1).render();
         assert_eq!(lines.len(), 1);
@@ -698,6 +716,9 @@ mod tests {
         assert_eq!(doc["OldestPendingAge"], 90.5);
         assert_eq!(doc["DeadLettersMarked"], 0);
         assert_eq!(doc["StuckItems"], 2);
+        assert_eq!(doc["WaitingItems"], 4);
+        assert_eq!(doc["OldestWaitingAge"], 7200.0);
+        assert_eq!(doc["WaitersRechecked"], 0);
         let doc = check(&ReconcileFigures::default().emf("einmal", 1).render()[0]);
         for name in [
             catalog::RECONCILE_INGESTED,

@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::envelope::{Envelope, InboxKey};
-use crate::ports::{InboxItem, InboxState, Source};
+use crate::ports::{InboxItem, InboxState, Source, Waiting};
 
 pub(crate) const PK: &str = "pk";
 pub(crate) const PROVIDER: &str = "provider";
@@ -70,10 +70,29 @@ pub(crate) fn sweep_shards() -> impl Iterator<Item = String> {
     (0..SWEEP_SHARDS).map(|n| format!("p#{n}"))
 }
 
-/// Whether an item in `state` belongs in the sweeper's index: every non-terminal state.
+/// Whether an item in `state` belongs in the sweeper's index: every non-terminal state
+/// but `waiting` (parked items are in [`BY_WAIT_SHARD`] instead, so that thousands of
+/// them never slow the search for stuck items).
 pub(crate) fn in_sweep_index(state: InboxState) -> bool {
-    !state.is_terminal()
+    !state.is_terminal() && state != InboxState::Waiting
 }
+
+/// [`crate::ports::Waiting::on`]: the prerequisite record's pk. Sparse: present while
+/// the item waits (and while a woken waiter is processed again), removed when it
+/// moves on. The range key of [`BY_WAIT_SHARD`].
+pub(crate) const WAIT_ON: &str = "wait_on";
+/// [`crate::ports::Waiting::since_ms`], projected into [`BY_WAIT_SHARD`].
+pub(crate) const WAITING_SINCE_MS: &str = "waiting_since_ms";
+/// Sparse hash key of [`BY_WAIT_SHARD`]: [`sweep_shard`] of [`WAIT_ON`], so all
+/// waiters of one record are in one shard (one Query wakes them) and the sweeper
+/// reads the parked items with one Query per shard.
+pub(crate) const WAIT_SHARD: &str = "wait_shard";
+/// The waiters' sparse GSI: hash [`WAIT_SHARD`], range [`WAIT_ON`], projecting
+/// `state`, `updated_at_ms` and `waiting_since_ms` (INCLUDE), so neither the wake nor
+/// the sweeper reads the items. Parking writes one entry, leaving deletes it.
+pub(crate) const BY_WAIT_SHARD: &str = "by_wait_shard";
+/// The non-key attributes [`BY_WAIT_SHARD`] projects.
+pub(crate) const WAIT_INDEX_PROJECTION: [&str; 3] = [STATE, UPDATED_AT_MS, WAITING_SINCE_MS];
 
 /// Sparse attribute, the hash key of the [`BY_HINT`] index: `{provider}#{tenant}` on
 /// the hints of GoPay and Klarna push ([`crate::ports::hint_scope`]), absent on every
@@ -142,6 +161,11 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
     m.insert(BODY_ENCODING.into(), s(&item.body_encoding));
     m.insert(BODY_LEN.into(), n(item.body_len.to_string()));
     m.insert(BODY.into(), AttributeValue::B(Blob::new(item.body.clone())));
+    if let Some(w) = &item.waiting {
+        m.insert(WAIT_ON.into(), s(&w.on));
+        m.insert(WAIT_SHARD.into(), s(&sweep_shard(&w.on)));
+        m.insert(WAITING_SINCE_MS.into(), n(w.since_ms.to_string()));
+    }
     m
 }
 
@@ -183,6 +207,10 @@ pub(crate) fn decode(mut m: Item) -> Result<InboxItem, String> {
         body_encoding: d.string(BODY_ENCODING)?,
         body_len: d.number(BODY_LEN)?,
         body: d.binary(BODY)?,
+        waiting: match (d.opt_string(WAIT_ON)?, d.opt_number(WAITING_SINCE_MS)?) {
+            (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
+            _ => None,
+        },
         key: InboxKey::from_stored(pk.clone()),
     };
     Ok(item)
@@ -277,6 +305,7 @@ mod tests {
             body_encoding: "zstd".into(),
             body_len: 42,
             body: vec![0, 1, 2, 255],
+            waiting: None,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::ports::{
 
 /// Requeueable without force: waiting, failed, or held by a lease that ran out.
 const REQUEUEABLE: &str =
-    "attribute_exists(#pk) AND (#state IN (:dead, :retryable, :received, :queued) \
+    "attribute_exists(#pk) AND (#state IN (:dead, :retryable, :received, :queued, :waiting) \
      OR (#state = :processing AND (attribute_not_exists(#lease_until) OR #lease_until <= :now)))";
 
 fn s(v: &str) -> AttributeValue {
@@ -78,6 +78,7 @@ impl InboxReplay for AwsStore {
             .expression_attribute_values(":queued", s(InboxState::Queued.as_str()))
             .expression_attribute_values(":dead", s(InboxState::DeadLetter.as_str()))
             .expression_attribute_values(":retryable", s(InboxState::Retryable.as_str()))
+            .expression_attribute_values(":waiting", s(InboxState::Waiting.as_str()))
             .expression_attribute_values(":received", s(InboxState::Received.as_str()))
             .expression_attribute_values(":processing", s(InboxState::Processing.as_str()))
             .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()));

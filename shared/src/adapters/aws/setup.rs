@@ -227,6 +227,18 @@ pub async fn create_tables(
             ScalarAttributeType::S,
         )?)
         .global_secondary_indexes(hint_index(table)?)
+        // The waiters' index: parked items by prerequisite record.
+        .attribute_definitions(sweep_index_attribute(
+            table,
+            item::WAIT_SHARD,
+            ScalarAttributeType::S,
+        )?)
+        .attribute_definitions(sweep_index_attribute(
+            table,
+            item::WAIT_ON,
+            ScalarAttributeType::S,
+        )?)
+        .global_secondary_indexes(wait_index(table)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
@@ -279,6 +291,38 @@ fn sweep_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
 /// KEYS_ONLY: a hint's state changes never write it.
 fn hint_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
     keys_only_index(table, item::BY_HINT, item::HINT_SCOPE)
+}
+
+/// The waiters' sparse GSI: only parked items carry `wait_shard` / `wait_on` (hash,
+/// range), projecting the few attributes the wake and the sweeper need.
+fn wait_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    let err = |e: aws_sdk_dynamodb::error::BuildError| {
+        AwsSetupError::Resource(format!("table {table}: {e}"))
+    };
+    let key = |attribute: &str, key_type: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(attribute)
+            .key_type(key_type)
+            .build()
+            .map_err(err)
+    };
+    GlobalSecondaryIndex::builder()
+        .index_name(item::BY_WAIT_SHARD)
+        .key_schema(key(item::WAIT_SHARD, KeyType::Hash)?)
+        .key_schema(key(item::WAIT_ON, KeyType::Range)?)
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::Include)
+                .set_non_key_attributes(Some(
+                    item::WAIT_INDEX_PROJECTION
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect(),
+                ))
+                .build(),
+        )
+        .build()
+        .map_err(err)
 }
 
 /// A KEYS_ONLY inbox index `name`, hash `hash`, range `received_at_ms` (which never

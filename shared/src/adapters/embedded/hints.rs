@@ -123,6 +123,7 @@ mod tests {
             body_encoding: "identity".into(),
             body_len: 0,
             body: Vec::new(),
+            waiting: None,
         }
     }
 
@@ -196,6 +197,7 @@ mod tests {
             error: None,
             result: Some("not final".into()),
             now_ms: now,
+            wait: Default::default(),
         };
         assert!(store.finish(&first.key, "w1", &finish).await.unwrap());
         let hints = store.hints_since("gopay", "t1", t, 100).await.unwrap();
