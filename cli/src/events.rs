@@ -28,7 +28,7 @@ pub enum EventsCommand {
     },
     /// Inbox items, newest first.
     List {
-        /// received, queued, processing, completed, ignored, retryable, dead_letter
+        /// received, queued, processing, completed, ignored, retryable, waiting, dead_letter
         #[arg(long, value_parser = parse_state)]
         state: Option<InboxState>,
         #[arg(long)]
@@ -126,12 +126,22 @@ fn item_json(item: &InboxItem) -> serde_json::Value {
 }
 
 fn line(item: &InboxItem) -> String {
-    format!(
+    let mut line = format!(
         "{}  {:<11} {:<28} attempts={} received_at_ms={}",
         item.key,
         item.state.as_str(),
         item.envelope.event_type,
         item.attempts,
         item.received_at_ms
-    )
+    );
+    // A parked event says what it waits for and since when.
+    if let (InboxState::Waiting, Some(w)) = (item.state, &item.waiting) {
+        line.push_str(&format!(
+            " waiting_on={} waiting_since_ms={} reason={:?}",
+            w.on,
+            w.since_ms,
+            item.last_error.as_deref().unwrap_or("")
+        ));
+    }
+    line
 }

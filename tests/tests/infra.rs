@@ -583,6 +583,7 @@ fn every_alarm_and_dashboard_metric_is_one_the_code_or_aws_emits() {
         ("AWS/Lambda", "Errors"),
         ("AWS/Lambda", "Throttles"),
         (catalog::NAMESPACE, catalog::STUCK_ITEMS),
+        (catalog::NAMESPACE, catalog::OLDEST_WAITING_AGE),
         (catalog::NAMESPACE, catalog::SIGNATURE_FAILURES),
         (catalog::NAMESPACE, catalog::WEBHOOKS_ACCEPTED),
         (catalog::NAMESPACE, catalog::WEBHOOKS_DUPLICATE),
@@ -1148,6 +1149,31 @@ fn tables_mirror_the_code_and_are_protected() {
         path(pending, &["Projection", "ProjectionType"]).and_then(Value::as_str),
         Some("KEYS_ONLY")
     );
+    // The waiters' index, as `wait_index` in setup.rs: by prerequisite record, with
+    // the attributes the wake and the sweeper read projected.
+    assert_eq!(types.get("wait_shard").map(String::as_str), Some("S"));
+    assert_eq!(types.get("wait_on").map(String::as_str), Some("S"));
+    let waiters = index(inbox, "by_wait_shard");
+    assert_eq!(
+        key_schema(waiters),
+        vec![pair("wait_shard", "HASH"), pair("wait_on", "RANGE")]
+    );
+    assert_eq!(
+        path(waiters, &["Projection", "ProjectionType"]).and_then(Value::as_str),
+        Some("INCLUDE")
+    );
+    let projected: BTreeSet<&str> = list(path(waiters, &["Projection", "NonKeyAttributes"]))
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|a| match a {
+            "state" | "updated_at_ms" | "waiting_since_ms" => a,
+            other => panic!("by_wait_shard projects {other}, which the code never reads"),
+        })
+        .collect();
+    assert_eq!(
+        projected,
+        BTreeSet::from(["state", "updated_at_ms", "waiting_since_ms"])
+    );
     assert_eq!(
         path(inbox, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),
         Some("expires_at")
@@ -1565,7 +1591,7 @@ fn provisioned_mode_scales_every_table_and_index() {
         }
     }
     // inbox + by_sweep_shard + by_hint, state + by_tenant_kind, audit
-    assert_eq!(expected.len(), 6, "{expected:?}");
+    assert_eq!(expected.len(), 7, "{expected:?}");
 
     // (ResourceId, Read/Write) → the scalable target's logical id
     let mut targets: BTreeMap<(String, String), String> = BTreeMap::new();
