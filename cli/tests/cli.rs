@@ -26,12 +26,16 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_in(tempfile::tempdir().unwrap())
+    }
+
+    /// `einmal serve` on the store in `data_dir` (a new one, or one a killed server left).
+    fn start_in(data_dir: tempfile::TempDir) -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let data_dir = tempfile::tempdir().unwrap();
         let addr = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_einmal"))
             .args(["serve", "--addr", &addr, "--data-dir"])
@@ -56,6 +60,13 @@ impl Server {
 
     fn dir(&self) -> &str {
         self.data_dir.path().to_str().unwrap()
+    }
+
+    /// SIGKILL (`kill -9`): no shutdown, no flush; the store it leaves is returned.
+    fn kill(mut self) -> tempfile::TempDir {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+        std::mem::replace(&mut self.data_dir, tempfile::tempdir().unwrap())
     }
 }
 
@@ -486,4 +497,156 @@ fn replay_needs_a_reason_and_every_replay_is_audited() {
     let dlq = einmal(&["dlq", "list", "--json", "--data-dir", data_dir]);
     assert!(dlq.status.success());
     assert_eq!(stdout(&dlq).trim(), "[]");
+}
+
+/// One Shopify webhook through `einmal send` (body written to a temp file).
+fn send_shopify(url: &str, dir: &Path, topic: &str, event_id: &str, body: serde_json::Value) {
+    let file = dir.join(format!("{event_id}.json"));
+    std::fs::write(&file, body.to_string()).unwrap();
+    let out = einmal(&[
+        "send",
+        "--provider",
+        "shopify",
+        "--tenant",
+        "demo",
+        "--topic",
+        topic,
+        "--event",
+        file.to_str().unwrap(),
+        "--event-id",
+        event_id,
+        "--url",
+        url,
+    ]);
+    assert!(
+        stdout(&out).starts_with("200 "),
+        "{topic} {event_id}: {} {}",
+        stdout(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn shopify_order(id: u64, updated_at: &str, financial: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": id, "name": format!("#{id}"), "order_number": id, "email": "jon@example.com",
+        "created_at": "2026-11-30T10:00:00-05:00", "updated_at": updated_at,
+        "currency": "EUR", "total_price": "20.00", "subtotal_price": "20.00",
+        "financial_status": financial,
+        "line_items": [{"id": id * 100, "sku": "SKU-RED-M", "quantity": 2, "title": "T-shirt",
+                        "price": "10.00"}]
+    })
+}
+
+/// `einmal serve` killed with SIGKILL while events wait for their orders and while
+/// the orders (the prerequisites) are being processed: after restarts every effect is
+/// applied once and nothing is dead-lettered (a waiting event spends no retries, and
+/// a create's commit that a kill cut off before its wake wakes its waiters when the
+/// create is redelivered).
+#[test]
+fn serve_killed_with_prerequisites_in_flight_applies_every_effect() {
+    const ORDERS: std::ops::Range<u64> = 7001..7009;
+    let bodies = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let seed = einmal(&[
+        "inventory", "set", "--tenant", "demo", "SKU-RED-M", "--on-hand", "100", "--data-dir",
+        server.dir(),
+    ]);
+    assert!(seed.status.success(), "{}", String::from_utf8_lossy(&seed.stderr));
+    // The dependents first: fulfillment, refund, update of each order.
+    for id in ORDERS {
+        send_shopify(
+            &server.url,
+            bodies.path(),
+            "fulfillments/create",
+            &format!("ful-{id}"),
+            serde_json::json!({"id": id * 10, "order_id": id, "status": "success",
+                "created_at": "2026-11-30T11:00:00-05:00", "updated_at": "2026-11-30T11:00:00-05:00",
+                "tracking_company": "UPS", "tracking_number": format!("1Z{id}"),
+                "tracking_numbers": [format!("1Z{id}")]}),
+        );
+        send_shopify(
+            &server.url,
+            bodies.path(),
+            "refunds/create",
+            &format!("ref-{id}"),
+            serde_json::json!({"id": id * 10 + 1, "order_id": id,
+                "created_at": "2026-11-30T12:00:00-05:00", "restock": false,
+                "transactions": [{"id": id * 100 + 1, "order_id": id, "kind": "refund",
+                    "status": "success", "amount": "5.00", "currency": "EUR"}]}),
+        );
+        send_shopify(
+            &server.url,
+            bodies.path(),
+            "orders/updated",
+            &format!("upd-{id}"),
+            shopify_order(id, "2026-11-30T10:30:00-05:00", "paid"),
+        );
+    }
+    // Killed while the dependents are being parked.
+    std::thread::sleep(Duration::from_millis(300));
+    let server = Server::start_in(server.kill());
+    // The prerequisites, killed right after the last one is acknowledged: creates
+    // claimed, committed or woken mid-way stay behind for the restart.
+    for id in ORDERS {
+        send_shopify(
+            &server.url,
+            bodies.path(),
+            "orders/create",
+            &format!("create-{id}"),
+            shopify_order(id, "2026-11-30T10:00:00-05:00", "paid"),
+        );
+    }
+    let server = Server::start_in(server.kill());
+    let d = server.dir().to_string();
+
+    // Every event completes (a create left under a dead lease is reclaimed after it).
+    let expected = ORDERS.count() * 4;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let items = loop {
+        let list = einmal(&["events", "list", "--json", "--limit", "1000", "--data-dir", &d]);
+        let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
+        let states: Vec<&str> = items.iter().filter_map(|i| i["state"].as_str()).collect();
+        assert!(
+            !states.contains(&"dead_letter"),
+            "dead-lettered: {:#?}",
+            items
+                .iter()
+                .filter(|i| i["state"] == "dead_letter")
+                .map(|i| (&i["key"], &i["last_error"]))
+                .collect::<Vec<_>>()
+        );
+        if items.len() == expected && states.iter().all(|s| *s == "completed") {
+            break items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all completed: {:?}",
+            items.iter().map(|i| (&i["key"], &i["state"], &i["last_error"])).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(items.len(), expected);
+    for id in ORDERS {
+        let order = einmal(&[
+            "orders", "show", "--tenant", "demo", &id.to_string(), "--json", "--data-dir", &d,
+        ]);
+        assert!(order.status.success(), "{}", String::from_utf8_lossy(&order.stderr));
+        let order: serde_json::Value = serde_json::from_str(&stdout(&order)).unwrap();
+        assert_eq!(order["shipments"].as_array().unwrap().len(), 1, "order {id}");
+        assert_eq!(order["refunds"].as_array().unwrap().len(), 1, "order {id}");
+        assert_eq!(order["refunded_minor"], 500, "order {id}");
+        assert_eq!(order["invoices"].as_array().unwrap().len(), 1, "order {id}");
+    }
+    let stock = einmal(&[
+        "inventory", "show", "--tenant", "demo", "SKU-RED-M", "--json", "--data-dir", &d,
+    ]);
+    let stock: serde_json::Value = serde_json::from_str(&stdout(&stock)).unwrap();
+    assert_eq!(stock["on_hand"], 100 - 2 * ORDERS.count() as i64, "stock reserved once each");
+    let dlq = einmal(&["dlq", "list", "--json", "--data-dir", &d]);
+    assert!(dlq.status.success(), "{}", String::from_utf8_lossy(&dlq.stderr));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&stdout(&dlq)).unwrap(),
+        serde_json::json!([]),
+        "nothing dead-lettered"
+    );
 }

@@ -1190,6 +1190,41 @@ mod tests {
         assert!(err.to_string().contains("not a number"), "{err}");
         let err = ProcessSettings::from_lookup(env(&[(BACKOFF_MAX_MS_ENV, "10")])).unwrap_err();
         assert_eq!(err.name, BACKOFF_MAX_MS_ENV);
+        // The wait window: the provider's retry window unless configured.
+        let d = ProcessSettings::default();
+        assert_eq!(d.wait_window_ms_for("shopify"), 86_400_000);
+        assert_eq!(d.wait_window_ms_for("stripe"), 3 * 86_400_000);
+        assert_eq!(d.wait_window_ms_for("adyen"), 30 * 86_400_000);
+        let s = ProcessSettings::from_lookup(env(&[(WAIT_WINDOW_MS_ENV, "3600000")])).unwrap();
+        assert_eq!(s.wait_window_ms_for("adyen"), 3_600_000);
+        for bad in ["0", "-5", "a day"] {
+            let err = ProcessSettings::from_lookup(move |k: &str| {
+                (k == WAIT_WINDOW_MS_ENV).then(|| bad.to_string())
+            })
+            .unwrap_err();
+            assert_eq!(err.name, WAIT_WINDOW_MS_ENV, "{bad}");
+        }
+    }
+
+    #[test]
+    fn wait_durations_read_in_their_largest_unit() {
+        assert_eq!(human_duration(45_000), "45s");
+        assert_eq!(human_duration(119_000), "119s");
+        assert_eq!(human_duration(31 * 60_000), "31m");
+        assert_eq!(human_duration(86_460_000), "24h");
+        assert_eq!(human_duration(3 * 86_400_000 + 1), "3d");
+        assert_eq!(human_duration(-1), "0s");
+    }
+
+    #[test]
+    fn a_wait_is_not_a_transient_failure() {
+        assert_eq!(
+            Failure::from(DomainError::Wait("order 1".into())),
+            Failure::Wait(WaitFor {
+                reason: "waiting: order 1".into(),
+                record: None
+            })
+        );
     }
 
     fn record(id: &str, version: u64, applied: &[&str]) -> StateRecord {
