@@ -911,14 +911,21 @@ async fn aws_calls_per_event_with_the_reference_domain() {
     );
     assert_eq!(ack_path, ["PutItem", "SendMessage"]);
     // claim (returns the body) + load (consistent GetItem) + one conditional PutItem
-    // carrying the effect key + finish.
-    assert_eq!(single, ["UpdateItem", "GetItem", "PutItem", "UpdateItem"]);
+    // carrying the effect key + the waiters parked on the written record (one Query
+    // on the sparse waiters' index) + finish.
+    assert_eq!(
+        single,
+        ["UpdateItem", "GetItem", "PutItem", "Query", "UpdateItem"]
+    );
     assert_eq!(
         multi,
         [
             "UpdateItem",
             "BatchGetItem",
             "TransactWriteItems",
+            "Query",
+            "Query",
+            "Query",
             "UpdateItem"
         ]
     );

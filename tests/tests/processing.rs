@@ -7,10 +7,11 @@
 //! `tenant#counter#X`, effect key `tenant#X#incr#<object_version>`; `pair` does the
 //! same on X and `X-mirror` in one atomic commit; `fail` is a permanent error; `wait`
 //! waits while the shared `waits_left` is above zero, then acts like `incr`; anything
-//! else is ignored.
+//! else is ignored. Transient failures come from the state store's `load`, failed the
+//! first `load_failures` times (fault injection over the real store).
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use async_trait::async_trait;
 use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
-use einmal::domain::state::{StateKey, StateRecord, StateStore};
+use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
@@ -130,12 +131,55 @@ impl Domain for CounterDomain {
 // ---------------------------------------------------------------------------
 // Backends
 
+/// The real state store whose `load` is unavailable while `left` is above zero
+/// (throttling, an outage): a transient error.
+struct FlakyLoads {
+    inner: Arc<dyn StateStore>,
+    left: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl StateStore for FlakyLoads {
+    async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
+        if self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(StoreError::Unavailable("injected: state store throttled".into()));
+        }
+        self.inner.load(keys).await
+    }
+    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+        self.inner.commit(writes).await
+    }
+    async fn list(
+        &self,
+        tenant: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<StateRecord>, StoreError> {
+        self.inner.list(tenant, kind, limit).await
+    }
+}
+
+fn flaky(inner: Arc<dyn StateStore>) -> (Arc<dyn StateStore>, Arc<AtomicUsize>) {
+    let left = Arc::new(AtomicUsize::new(0));
+    let store = FlakyLoads {
+        inner,
+        left: left.clone(),
+    };
+    (Arc::new(store), left)
+}
+
 struct Backend {
     inbox: Arc<dyn Inbox>,
     processing: Arc<dyn InboxProcessing>,
     queue: Arc<dyn Queue>,
     state: Arc<dyn StateStore>,
     domain: Arc<CounterDomain>,
+    /// The next this many state loads fail (transient).
+    load_failures: Arc<AtomicUsize>,
     /// Every AWS call of the stores (AWS only).
     calls: Option<CallCounter>,
     _keep: Box<dyn Any + Send>,
@@ -148,12 +192,14 @@ async fn embedded() -> Backend {
     };
     let store = Arc::new(EmbeddedStore::open(dir.path(), options).expect("store opens"));
     let state = Arc::new(EmbeddedStateStore::open(dir.path()).expect("state store opens"));
+    let (state, load_failures) = flaky(state);
     Backend {
         inbox: store.clone(),
         processing: store.clone(),
         queue: store,
         state,
         domain: Arc::default(),
+        load_failures,
         calls: None,
         _keep: Box::new(dir),
     }
@@ -178,12 +224,14 @@ async fn aws() -> Backend {
     // there. Serialise each conditional write (not the interleaving between them).
     let lock = Arc::new(tokio::sync::Mutex::new(()));
     let state: Arc<dyn StateStore> = Arc::new(DynamoStateStore::new(client, state_table));
+    let (state, load_failures) = flaky(Arc::new(AtomicCalls::new(state, lock.clone())));
     Backend {
         inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
-        processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
+        processing: Arc::new(AtomicCalls::new(store.clone(), lock)),
         queue: store,
-        state: Arc::new(AtomicCalls::new(state, lock)),
+        state,
         domain: Arc::default(),
+        load_failures,
         calls: Some(counter),
         _keep: Box::new(()),
     }
@@ -772,8 +820,8 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
         ..settings()
     };
     let processor = b.processor(s.clone());
-    b.domain.waits_left.store(4, Ordering::SeqCst);
-    let d = b.deliver("evt_wait", "wait", "c1", "v1", 1).await;
+    b.load_failures.store(4, Ordering::SeqCst);
+    let d = b.deliver("evt_flaky", "incr", "c1", "v1", 1).await;
     let mut delays = Vec::new();
     for n in 1..=4 {
         match processor.process_message(&redelivered(&d, n), "w1").await {
@@ -784,8 +832,7 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
         assert_eq!(item.state, InboxState::Retryable);
         assert_eq!(item.attempts, n);
         assert_eq!(item.last_error_class.as_deref(), Some("transient"));
-        assert!(item.last_error.as_deref().unwrap().contains("not paid yet"));
-        assert_eq!(b.count("c1").await, 0);
+        assert!(item.last_error.as_deref().unwrap().contains("throttled"));
     }
     // Doubling from the base, bounded by the maximum (jitter pinned to its ceiling).
     assert_eq!(delays, [100, 200, 250, 250]);
@@ -799,8 +846,8 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
 
     // With real full jitter every delay stays within its ceiling.
     let jittered = b.random_jitter_processor(b.processing.clone(), s.clone());
-    b.domain.waits_left.store(6, Ordering::SeqCst);
-    let d = b.deliver("evt_wait_jitter", "wait", "c2", "v1", 1).await;
+    b.load_failures.store(6, Ordering::SeqCst);
+    let d = b.deliver("evt_flaky_jitter", "incr", "c2", "v1", 1).await;
     for n in 1..=6u32 {
         match jittered.process_message(&redelivered(&d, n), "w1").await {
             MessageOutcome::Retry { delay } => {
@@ -814,8 +861,8 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
     }
 
     // On a real queue the retry delay is the message's visibility.
-    b.domain.waits_left.store(1, Ordering::SeqCst);
-    let d = b.deliver("evt_wait_queue", "wait", "c3", "v1", 1).await;
+    b.load_failures.store(1, Ordering::SeqCst);
+    let d = b.deliver("evt_flaky_queue", "incr", "c3", "v1", 1).await;
     let outcome = processor.process_message(&d, "w1").await;
     assert!(matches!(outcome, MessageOutcome::Retry { .. }));
     assert!(
@@ -845,8 +892,8 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
 
 async fn retries_exhausted_dead_letter(b: Backend) {
     let processor = b.processor(settings());
-    b.domain.waits_left.store(100, Ordering::SeqCst);
-    let d = b.deliver("evt_exhaust", "wait", "c1", "v1", 1).await;
+    b.load_failures.store(100, Ordering::SeqCst);
+    let d = b.deliver("evt_exhaust", "incr", "c1", "v1", 1).await;
     for n in 1..MAX_RECEIVE_COUNT {
         assert!(matches!(
             processor.process_message(&redelivered(&d, n), "w1").await,
@@ -862,12 +909,54 @@ async fn retries_exhausted_dead_letter(b: Backend) {
     assert_eq!(item.last_error_class.as_deref(), Some("transient"));
     let error = item.last_error.unwrap();
     assert!(
-        error.starts_with("retries exhausted after 3 receives") && error.contains("not paid yet"),
+        error.starts_with("retries exhausted after 3 receives") && error.contains("throttled"),
         "{error}"
     );
     assert!(!processor.settle(&last, outcome, AckMode::Delete).await);
     assert_eq!(b.dead_letters().await.len(), 1);
+    b.load_failures.store(0, Ordering::SeqCst);
     assert_eq!(b.count("c1").await, 0);
+}
+
+/// A custom domain's `Wait` parks the event, even on the last receive SQS allows, and
+/// spends no receive: the message is deleted. The commit of another event on the
+/// record it waits on wakes it (a new pointer), and it is applied once.
+async fn a_wait_parks_and_a_commit_on_its_record_wakes_it(b: Backend) {
+    let processor = b.processor(settings());
+    b.domain.waits_left.store(1, Ordering::SeqCst);
+    let d = b.deliver("evt_waits", "wait", "c1", "v1", 5).await;
+    let last = redelivered(&d, MAX_RECEIVE_COUNT);
+    let outcome = processor.process_message(&last, "w1").await;
+    assert_eq!(outcome, MessageOutcome::Ack, "parked: the message goes");
+    assert!(!processor.settle(&last, outcome, AckMode::Delete).await);
+    let item = b.item(&d.message.pk).await;
+    assert_eq!(item.state, InboxState::Waiting);
+    let waiting = item.waiting.expect("what it waits for");
+    assert_eq!(waiting.on, CounterDomain::key(TENANT, "c1").pk());
+    assert_eq!(item.last_error.as_deref(), Some("waiting: the order is not paid yet"));
+    assert!(b.queue.receive(10, Duration::ZERO).await.unwrap().is_empty());
+    assert!(b.dead_letters().await.is_empty());
+
+    // Another event commits on c1: its waiter gets a new pointer.
+    let incr = b.deliver("evt_unblocks", "incr", "c1", "v2", 1).await;
+    assert_eq!(processor.process_message(&incr, "w1").await, MessageOutcome::Ack);
+    processor.settle(&incr, MessageOutcome::Ack, AckMode::Delete).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let woken = loop {
+        let mut got = b.queue.receive(1, Duration::from_secs(60)).await.unwrap();
+        if let Some(woken) = got.pop() {
+            break woken;
+        }
+        assert!(Instant::now() < deadline, "the waiter was never woken");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(woken.message.pk, d.message.pk);
+    assert_eq!(woken.receive_count, 1, "a fresh message: no receive spent");
+    assert_eq!(processor.process_message(&woken, "w1").await, MessageOutcome::Ack);
+    let item = b.item(&d.message.pk).await;
+    assert_eq!((item.state, item.waiting), (InboxState::Completed, None));
+    assert_eq!(b.count("c1").await, 6);
+    assert!(b.dead_letters().await.is_empty());
 }
 
 async fn unsupported_and_missing_events_are_acknowledged(b: Backend) {
@@ -1027,6 +1116,7 @@ on_both_backends!(
     permanent_error_dead_letters_at_once,
     transient_errors_back_off_then_succeed,
     retries_exhausted_dead_letter,
+    a_wait_parks_and_a_commit_on_its_record_wakes_it,
     unsupported_and_missing_events_are_acknowledged,
     a_batch_survives_its_bad_records,
     run_local_drains_the_queue,
@@ -1050,8 +1140,9 @@ async fn aws_calls_per_processed_event() {
     );
     let single = calls.count() - before;
     // Claim (UpdateItem, returns the body), load (GetItem), commit (conditional
-    // PutItem), finish (UpdateItem). SQS deletes unreported records for the Lambda.
-    assert_eq!(single, 4, "claim + load + commit + finish");
+    // PutItem), the waiters of the written record (Query on the sparse waiters'
+    // index), finish (UpdateItem). SQS deletes unreported records for the Lambda.
+    assert_eq!(single, 5, "claim + load + commit + waiters + finish");
 
     let before = calls.count();
     assert_eq!(
@@ -1072,8 +1163,8 @@ async fn aws_calls_per_processed_event() {
     );
     let two_records = calls.count() - before;
     assert_eq!(
-        two_records, 4,
-        "claim + BatchGetItem + TransactWriteItems + finish"
+        two_records, 6,
+        "claim + BatchGetItem + TransactWriteItems + 2 waiter lookups + finish"
     );
 
     let ignored = b.deliver("evt_cost_ignored", "other", "c1", "v1", 1).await;

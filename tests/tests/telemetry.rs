@@ -11,7 +11,7 @@ use einmal::pipeline::sweep::Sweeper;
 use einmal::ports::{Queue, QueueMessage};
 use einmal::request::WebhookRequest;
 use einmal::telemetry::catalog;
-use einmal::telemetry::emf::{IntakeRecord, IntakeResult, RetryCause, WorkerTally};
+use einmal::telemetry::emf::{IntakeRecord, IntakeResult, WorkerTally};
 use einmal::telemetry::trace::{TraceHeader, AWS_TRACE_HEADER};
 use einmal::telemetry::LogCapture;
 use einmal_tests::fixtures::FailingQueue;
@@ -256,12 +256,9 @@ async fn a_real_processing_run_counts_outcomes_lag_and_the_payment_sli() {
         (2, 1, 0),
         "{tally:?}"
     );
-    assert_eq!(
-        tally.retries.get(&RetryCause::Prerequisite),
-        Some(&1),
-        "{tally:?}"
-    );
-    assert_eq!(tally.retries_total(), 1);
+    // The refund before its order is parked, not retried.
+    assert_eq!(tally.parked, 1, "{tally:?}");
+    assert_eq!(tally.retries_total(), 0, "{tally:?}");
     assert_eq!(tally.processing_ms.count, 4);
     // Lag from the provider's `created` (whole seconds) to the commit.
     let mut lags = tally.effect_lag_ms.values.clone();
@@ -277,10 +274,10 @@ async fn a_real_processing_run_counts_outcomes_lag_and_the_payment_sli() {
     let lines = tally.emf("test-stack", einmal::time::now_millis()).render();
     assert_eq!(lines.len(), 1, "one EMF line for the batch: {lines:#?}");
     let docs = emf_docs(&lines);
-    assert_eq!(docs[0]["Cause"], "prerequisite");
     assert_eq!(total(&docs, catalog::EVENTS_COMPLETED), 2.0);
     assert_eq!(total(&docs, catalog::EVENTS_IGNORED), 1.0);
-    assert_eq!(total(&docs, catalog::RETRIES), 1.0);
+    assert_eq!(total(&docs, catalog::EVENTS_PARKED), 1.0);
+    assert!(docs[0].get(catalog::RETRIES).is_none(), "no retry");
     assert_eq!(values(&docs, catalog::PAYMENT_WITHIN_SLO), vec![0.0, 1.0]);
     assert_eq!(values(&docs, catalog::PROCESSING_TIME).len(), 4);
     assert_eq!(values(&docs, catalog::EFFECT_LAG).len(), 2);
@@ -290,21 +287,17 @@ async fn a_real_processing_run_counts_outcomes_lag_and_the_payment_sli() {
     );
 
     // A redelivered pointer of a finished event counts nothing: no second effect, no
-    // second lag or SLI sample. (The refund, retried after its short test backoff,
-    // waits again.)
+    // second lag or SLI sample. (The parked refund has no message.)
     b.queue
         .send(&QueueMessage {
             pk: on_time.inbox_key(),
         })
         .await
         .expect("send");
-    // The test settings cap a backoff at 20 ms (`scenario::settings`): after this pause
-    // the refund is visible again whatever the machine's speed.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let (received, tally) = one_batch(&b, &processor).await;
-    assert_eq!(received, 2);
+    assert_eq!(received, 1);
     assert_eq!((tally.completed, tally.ignored), (0, 0), "{tally:?}");
-    assert_eq!(tally.retries.get(&RetryCause::Prerequisite), Some(&1));
+    assert_eq!((tally.parked, tally.retries_total()), (0, 0));
     assert_eq!(tally.effect_lag_ms.count, 0);
     assert_eq!(tally.payment_within_slo.count, 0);
     assert_eq!(tally.processing_ms.count, 1, "the duplicate is not claimed");

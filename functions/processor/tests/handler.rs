@@ -2,20 +2,25 @@
 //! (`tests/fixtures/`), on the embedded store and on moto (real SQS receipts).
 //!
 //! The domain is a tiny test double of the domain port: `ignored.*` types are
-//! ignored, `fail` is permanent, `wait` always waits, `incr` counts.
+//! ignored, `fail` is permanent, `wait` always waits (parked, no retry), `incr`
+//! counts, `flaky` targets a record whose loads the state store fails (a transient
+//! error, injected over the real store).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsEvent;
 use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
-use einmal::domain::state::{StateKey, StateRecord};
+use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::pipeline::process::{ProcessSettings, Processor};
-use einmal::ports::{Delivery, Inbox, InboxItem, InboxState, Queue, QueueMessage, Source};
+use einmal::ports::{
+    Delivery, Inbox, InboxItem, InboxState, Queue, QueueMessage, Source, StoreError,
+};
 use einmal_tests::moto::{self, MAX_RECEIVE_COUNT};
 use serde_json::json;
 
@@ -31,6 +36,7 @@ impl Domain for TestDomain {
             "incr" => Ok(vec![StateKey::new(&event.envelope.tenant, "counter", "c")]),
             "fail" => Err(DomainError::Permanent("schema invalid".into())),
             "wait" => Err(DomainError::Wait("payment not seen yet".into())),
+            "flaky" => Ok(vec![StateKey::new(&event.envelope.tenant, "counter", UNREACHABLE)]),
             _ => Ok(Vec::new()),
         }
     }
@@ -53,6 +59,33 @@ impl Domain for TestDomain {
                 reason: format!("{} is not handled", event.envelope.event_type),
             }),
         }
+    }
+}
+
+/// The record whose loads fail.
+const UNREACHABLE: &str = "unreachable";
+
+/// The real state store, unavailable for the [`UNREACHABLE`] record (throttling).
+struct Unreachable(Arc<dyn StateStore>);
+
+#[async_trait]
+impl StateStore for Unreachable {
+    async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
+        if keys.iter().any(|k| k.id == UNREACHABLE) {
+            return Err(StoreError::Unavailable("injected: throttled".into()));
+        }
+        self.0.load(keys).await
+    }
+    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+        self.0.commit(writes).await
+    }
+    async fn list(
+        &self,
+        tenant: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<StateRecord>, StoreError> {
+        self.0.list(tenant, kind, limit).await
     }
 }
 
@@ -79,7 +112,9 @@ fn embedded() -> Setup {
         max_receive_count: MAX_RECEIVE_COUNT,
     };
     let store = Arc::new(EmbeddedStore::open(dir.path(), options).unwrap());
-    let state = Arc::new(EmbeddedStateStore::open(dir.path()).unwrap());
+    let state = Arc::new(Unreachable(Arc::new(
+        EmbeddedStateStore::open(dir.path()).unwrap(),
+    )));
     let processor = Processor::new(
         store.clone(),
         store.clone(),
@@ -101,7 +136,10 @@ async fn aws() -> Setup {
     let (store, names) = moto::aws_store(moto::shared(), None).await;
     let table = format!("{}-state", names.table);
     create_state_table(store.dynamodb(), &table).await.unwrap();
-    let state = Arc::new(DynamoStateStore::new(store.dynamodb().clone(), table));
+    let state = Arc::new(Unreachable(Arc::new(DynamoStateStore::new(
+        store.dynamodb().clone(),
+        table,
+    ))));
     let store = Arc::new(store);
     let processor = Processor::new(
         store.clone(),
@@ -230,16 +268,24 @@ async fn an_empty_batch_reports_nothing() {
 
 async fn retry_is_reported_and_hidden_dead_letter_is_not(s: Setup) {
     let ok = s.deliver("evt_ok", "incr").await;
-    let wait = s.deliver("evt_wait", "wait").await;
+    let flaky = s.deliver("evt_flaky", "flaky").await;
     let fail = s.deliver("evt_fail", "fail").await;
-    let batch = event(&[("m-ok", &ok, 1), ("m-wait", &wait, 1), ("m-fail", &fail, 1)]);
+    let parked = s.deliver("evt_parked", "wait").await;
+    let batch = event(&[
+        ("m-ok", &ok, 1),
+        ("m-flaky", &flaky, 1),
+        ("m-fail", &fail, 1),
+        ("m-parked", &parked, 1),
+    ]);
     let response = processor::handle_as(&s.processor, batch, "req-1").await;
-    assert_eq!(reported(&response), ["m-wait"]);
+    assert_eq!(reported(&response), ["m-flaky"]);
 
     assert_eq!(s.state(&ok.message.pk).await.state, InboxState::Completed);
-    let waiting = s.state(&wait.message.pk).await;
-    assert_eq!(waiting.state, InboxState::Retryable);
-    assert_eq!(waiting.last_error_class.as_deref(), Some("transient"));
+    let retrying = s.state(&flaky.message.pk).await;
+    assert_eq!(retrying.state, InboxState::Retryable);
+    assert_eq!(retrying.last_error_class.as_deref(), Some("transient"));
+    // A wait is parked: Lambda deletes its message (not reported), no retry spent.
+    assert_eq!(s.state(&parked.message.pk).await.state, InboxState::Waiting);
     let dead = s.state(&fail.message.pk).await;
     assert_eq!(dead.state, InboxState::DeadLetter);
     assert!(dead.last_error.unwrap().contains("schema invalid"));
@@ -253,27 +299,33 @@ async fn retry_is_reported_and_hidden_dead_letter_is_not(s: Setup) {
     assert_eq!(dlq.len(), 1);
     assert_eq!(dlq[0].message.pk, fail.message.pk);
     // The retried message was hidden for the backoff (60 s), not left to reappear.
-    let wait_visibility = s
+    let retry_visibility = s
         .queue
-        .change_visibility(&wait.receipt, Duration::ZERO)
+        .change_visibility(&flaky.receipt, Duration::ZERO)
         .await;
-    assert!(wait_visibility.is_ok(), "the receipt is still valid");
+    assert!(retry_visibility.is_ok(), "the receipt is still valid");
     let back = s.queue.receive(10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(back.len(), 1, "only the message made visible again");
-    assert_eq!(back[0].message.pk, wait.message.pk);
+    assert_eq!(back[0].message.pk, flaky.message.pk);
 }
 
 async fn the_receive_count_attribute_decides_exhaustion(s: Setup) {
-    let wait = s.deliver("evt_last", "wait").await;
-    let batch = event(&[("m-last", &wait, MAX_RECEIVE_COUNT)]);
+    let flaky = s.deliver("evt_last", "flaky").await;
+    let parked = s.deliver("evt_last_wait", "wait").await;
+    let batch = event(&[
+        ("m-last", &flaky, MAX_RECEIVE_COUNT),
+        ("m-last-wait", &parked, MAX_RECEIVE_COUNT),
+    ]);
     let response = processor::handle(&s.processor, batch).await;
     assert!(
         reported(&response).is_empty(),
-        "dead-lettered, so Lambda deletes it"
+        "dead-lettered or parked, so Lambda deletes both"
     );
-    let item = s.state(&wait.message.pk).await;
+    let item = s.state(&flaky.message.pk).await;
     assert_eq!(item.state, InboxState::DeadLetter);
     assert!(item.last_error.unwrap().starts_with("retries exhausted"));
+    // Waiting spends no receives: parked even on the last one SQS allows.
+    assert_eq!(s.state(&parked.message.pk).await.state, InboxState::Waiting);
     let dlq = s
         .queue
         .receive_dead_letters(10, Duration::from_secs(60))

@@ -733,8 +733,16 @@ impl Processor {
     /// except `own` (the event being processed). A failure is logged, not returned:
     /// the sweeper's re-check wakes what was missed.
     async fn wake_waiters(&self, records: &[String], own: &crate::envelope::InboxKey) {
-        for record in records {
-            let waiters = match self.processing.waiters(record, WAKE_LIMIT).await {
+        let mut records: Vec<&String> = records.iter().collect();
+        records.sort();
+        records.dedup();
+        // One index lookup per record, side by side: one round trip of latency.
+        let lookups = records
+            .iter()
+            .map(|record| self.processing.waiters(record, WAKE_LIMIT));
+        let found = futures::future::join_all(lookups).await;
+        for (record, waiters) in records.into_iter().zip(found) {
+            let waiters = match waiters {
                 Ok(waiters) => waiters,
                 Err(e) => {
                     tracing::warn!(record = %record, error = %e, "cannot look up waiters");

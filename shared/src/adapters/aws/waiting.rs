@@ -114,17 +114,24 @@ impl AwsStore {
                     .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
                 for m in out.items.unwrap_or_default() {
                     read += 1;
-                    let waiting = matches!(m.get(item::STATE),
-                        Some(AttributeValue::S(state)) if state == InboxState::Waiting.as_str());
-                    if !waiting {
-                        continue;
-                    }
-                    scan.count += 1;
-                    if let Some(since) = number(&m, item::WAITING_SINCE_MS) {
-                        scan.oldest_since_ms =
-                            Some(scan.oldest_since_ms.map_or(since, |o| o.min(since)));
-                    }
+                    let state = match m.get(item::STATE) {
+                        Some(AttributeValue::S(state)) => InboxState::parse(state),
+                        _ => None,
+                    };
                     let updated = number(&m, item::UPDATED_AT_MS).unwrap_or(i64::MIN);
+                    match state {
+                        Some(InboxState::Waiting) => {
+                            scan.count += 1;
+                            if let Some(since) = number(&m, item::WAITING_SINCE_MS) {
+                                scan.oldest_since_ms =
+                                    Some(scan.oldest_since_ms.map_or(since, |o| o.min(since)));
+                            }
+                        }
+                        // A woken waiter whose worker died (not in the sweeper's other
+                        // index): re-sent like a parked one once untouched that long.
+                        Some(InboxState::Processing) => {}
+                        _ => continue,
+                    }
                     if updated < due_before_ms {
                         due.push((updated, pk_of(&m)?));
                     }
