@@ -441,15 +441,16 @@ async fn swapped_order_converges_to_the_in_order_outcome(kind: Kind) {
         seen = now;
     };
 
-    // orders/updated before orders/create: waits, then applies.
+    // orders/updated before orders/create: parked (its message deleted), then woken
+    // by the create's commit and applied.
     b.send(&ingest, &updated).await;
     let handled = step(&b, &p, "w").await;
     assert!(matches!(
         outcomes_for(&handled, &updated.inbox_key())[..],
-        [MessageOutcome::Retry { .. }]
+        [MessageOutcome::Ack]
     ));
     let item = b.item(&updated).await;
-    assert_eq!(item.state, InboxState::Retryable);
+    assert_eq!(item.state, InboxState::Waiting);
     assert_eq!(item.last_error_class.as_deref(), Some("transient"));
     assert!(
         item.last_error
@@ -474,8 +475,9 @@ async fn swapped_order_converges_to_the_in_order_outcome(kind: Kind) {
     let handled = step(&b, &p, "w").await;
     assert!(matches!(
         outcomes_for(&handled, &refund.inbox_key())[..],
-        [MessageOutcome::Retry { .. }]
+        [MessageOutcome::Ack]
     ));
+    assert_eq!(b.item(&refund).await.state, InboxState::Waiting);
     assert!(b
         .item(&refund)
         .await

@@ -736,13 +736,8 @@ impl Processor {
         let mut records: Vec<&String> = records.iter().collect();
         records.sort();
         records.dedup();
-        // One index lookup per record, side by side: one round trip of latency.
-        let lookups = records
-            .iter()
-            .map(|record| self.processing.waiters(record, WAKE_LIMIT));
-        let found = futures::future::join_all(lookups).await;
-        for (record, waiters) in records.into_iter().zip(found) {
-            let waiters = match waiters {
+        for record in records {
+            let waiters = match self.processing.waiters(record, WAKE_LIMIT).await {
                 Ok(waiters) => waiters,
                 Err(e) => {
                     tracing::warn!(record = %record, error = %e, "cannot look up waiters");
