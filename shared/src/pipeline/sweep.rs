@@ -377,5 +377,8 @@ mod tests {
         assert_eq!((s.stuck_after_ms, s.batch), (1000, 7));
         let err = SweepSettings::from_lookup(env(&[(BATCH_ENV, "many")])).unwrap_err();
         assert!(err.contains(BATCH_ENV), "{err}");
+        let s = SweepSettings::from_lookup(env(&[(WAITING_RECHECK_MS_ENV, "60000")])).unwrap();
+        assert_eq!(s.waiting_recheck_ms, 60_000);
+        assert_eq!(SweepSettings::default().waiting_recheck_ms, 600_000);
     }
 }
