@@ -562,10 +562,21 @@ fn serve_killed_with_prerequisites_in_flight_applies_every_effect() {
     let bodies = tempfile::tempdir().unwrap();
     let server = Server::start();
     let seed = einmal(&[
-        "inventory", "set", "--tenant", "demo", "SKU-RED-M", "--on-hand", "100", "--data-dir",
+        "inventory",
+        "set",
+        "--tenant",
+        "demo",
+        "SKU-RED-M",
+        "--on-hand",
+        "100",
+        "--data-dir",
         server.dir(),
     ]);
-    assert!(seed.status.success(), "{}", String::from_utf8_lossy(&seed.stderr));
+    assert!(
+        seed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seed.stderr)
+    );
     // The dependents first: fulfillment, refund, update of each order.
     let mut dependents = Vec::new();
     for id in ORDERS {
@@ -613,7 +624,15 @@ fn serve_killed_with_prerequisites_in_flight_applies_every_effect() {
     let expected = ORDERS.count() * 4;
     let deadline = Instant::now() + Duration::from_secs(120);
     let items = loop {
-        let list = einmal(&["events", "list", "--json", "--limit", "1000", "--data-dir", &d]);
+        let list = einmal(&[
+            "events",
+            "list",
+            "--json",
+            "--limit",
+            "1000",
+            "--data-dir",
+            &d,
+        ]);
         let items: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
         let states: Vec<&str> = items.iter().filter_map(|i| i["state"].as_str()).collect();
         assert!(
@@ -642,22 +661,52 @@ fn serve_killed_with_prerequisites_in_flight_applies_every_effect() {
     assert_eq!(items.len(), expected);
     for id in ORDERS {
         let order = einmal(&[
-            "orders", "show", "--tenant", "demo", &id.to_string(), "--json", "--data-dir", &d,
+            "orders",
+            "show",
+            "--tenant",
+            "demo",
+            &id.to_string(),
+            "--json",
+            "--data-dir",
+            &d,
         ]);
-        assert!(order.status.success(), "{}", String::from_utf8_lossy(&order.stderr));
+        assert!(
+            order.status.success(),
+            "{}",
+            String::from_utf8_lossy(&order.stderr)
+        );
         let order: serde_json::Value = serde_json::from_str(&stdout(&order)).unwrap();
-        assert_eq!(order["shipments"].as_array().unwrap().len(), 1, "order {id}");
+        assert_eq!(
+            order["shipments"].as_array().unwrap().len(),
+            1,
+            "order {id}"
+        );
         assert_eq!(order["refunds"].as_array().unwrap().len(), 1, "order {id}");
         assert_eq!(order["refunded_minor"], 500, "order {id}");
         assert_eq!(order["invoices"].as_array().unwrap().len(), 1, "order {id}");
     }
     let stock = einmal(&[
-        "inventory", "show", "--tenant", "demo", "SKU-RED-M", "--json", "--data-dir", &d,
+        "inventory",
+        "show",
+        "--tenant",
+        "demo",
+        "SKU-RED-M",
+        "--json",
+        "--data-dir",
+        &d,
     ]);
     let stock: serde_json::Value = serde_json::from_str(&stdout(&stock)).unwrap();
-    assert_eq!(stock["on_hand"], 100 - 2 * ORDERS.count() as i64, "stock reserved once each");
+    assert_eq!(
+        stock["on_hand"],
+        100 - 2 * ORDERS.count() as i64,
+        "stock reserved once each"
+    );
     let dlq = einmal(&["dlq", "list", "--json", "--data-dir", &d]);
-    assert!(dlq.status.success(), "{}", String::from_utf8_lossy(&dlq.stderr));
+    assert!(
+        dlq.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dlq.stderr)
+    );
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&stdout(&dlq)).unwrap(),
         serde_json::json!([]),

@@ -299,8 +299,8 @@ pub struct Finish {
     pub wait: WaitChange,
 }
 
-/// The processor's side of the inbox: claim an item under a lease, finish it.
-/// Every method is one conditional write.
+/// The processor's side of the inbox: claim an item under a lease, finish it (each one
+/// conditional write), and find the items waiting on a record (one index query).
 #[async_trait]
 pub trait InboxProcessing: Send + Sync {
     /// Conditional update to `processing` with a lease until `now_ms + lease_ms`,
@@ -350,7 +350,8 @@ pub struct WaitingScan {
     /// The earliest [`Waiting::since_ms`] among them.
     pub oldest_since_ms: Option<i64>,
     /// Up to `limit` parked items last touched before `due_before_ms`, least recently
-    /// touched first: the sweeper re-sends their pointers.
+    /// touched first: the sweeper re-sends their pointers. (On DynamoDB also woken
+    /// waiters whose worker died: they are in no other index the sweeper reads.)
     pub due: Vec<InboxKey>,
 }
 

@@ -146,7 +146,9 @@ impl StateStore for FlakyLoads {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(StoreError::Unavailable("injected: state store throttled".into()));
+            return Err(StoreError::Unavailable(
+                "injected: state store throttled".into(),
+            ));
         }
         self.inner.load(keys).await
     }
@@ -933,14 +935,27 @@ async fn a_wait_parks_and_a_commit_on_its_record_wakes_it(b: Backend) {
     assert_eq!(item.state, InboxState::Waiting);
     let waiting = item.waiting.expect("what it waits for");
     assert_eq!(waiting.on, CounterDomain::key(TENANT, "c1").pk());
-    assert_eq!(item.last_error.as_deref(), Some("waiting: the order is not paid yet"));
-    assert!(b.queue.receive(10, Duration::ZERO).await.unwrap().is_empty());
+    assert_eq!(
+        item.last_error.as_deref(),
+        Some("waiting: the order is not paid yet")
+    );
+    assert!(b
+        .queue
+        .receive(10, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
     assert!(b.dead_letters().await.is_empty());
 
     // Another event commits on c1: its waiter gets a new pointer.
     let incr = b.deliver("evt_unblocks", "incr", "c1", "v2", 1).await;
-    assert_eq!(processor.process_message(&incr, "w1").await, MessageOutcome::Ack);
-    processor.settle(&incr, MessageOutcome::Ack, AckMode::Delete).await;
+    assert_eq!(
+        processor.process_message(&incr, "w1").await,
+        MessageOutcome::Ack
+    );
+    processor
+        .settle(&incr, MessageOutcome::Ack, AckMode::Delete)
+        .await;
     let deadline = Instant::now() + Duration::from_secs(5);
     let woken = loop {
         let mut got = b.queue.receive(1, Duration::from_secs(60)).await.unwrap();
@@ -952,7 +967,10 @@ async fn a_wait_parks_and_a_commit_on_its_record_wakes_it(b: Backend) {
     };
     assert_eq!(woken.message.pk, d.message.pk);
     assert_eq!(woken.receive_count, 1, "a fresh message: no receive spent");
-    assert_eq!(processor.process_message(&woken, "w1").await, MessageOutcome::Ack);
+    assert_eq!(
+        processor.process_message(&woken, "w1").await,
+        MessageOutcome::Ack
+    );
     let item = b.item(&d.message.pk).await;
     assert_eq!((item.state, item.waiting), (InboxState::Completed, None));
     assert_eq!(b.count("c1").await, 6);

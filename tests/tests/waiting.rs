@@ -62,7 +62,11 @@ async fn settle(b: &Backend, p: &Processor) {
         } else if quiet_since.elapsed() >= quiet {
             return;
         }
-        assert!(Instant::now() < deadline, "{}: the queue never went quiet", b.name);
+        assert!(
+            Instant::now() < deadline,
+            "{}: the queue never went quiet",
+            b.name
+        );
         tokio::time::sleep(b.idle_poll).await;
     }
 }
@@ -140,8 +144,16 @@ async fn late_prerequisites_are_applied_once(kind: Kind) {
         assert_eq!(o.refunded_minor, 500);
         assert_eq!(o.shopify_updated_at, Some(scenario::utc(at + 10)));
     }
-    assert_eq!(b.on_hand(SKU).await, 100 - 3 * 2, "stock reserved once per order");
-    assert!(b.dead_letters().await.is_empty(), "{}: nothing dead-lettered", b.name);
+    assert_eq!(
+        b.on_hand(SKU).await,
+        100 - 3 * 2,
+        "stock reserved once per order"
+    );
+    assert!(
+        b.dead_letters().await.is_empty(),
+        "{}: nothing dead-lettered",
+        b.name
+    );
     let sweep = Sweeper::new(
         b.inbox.clone(),
         b.sweep.clone(),

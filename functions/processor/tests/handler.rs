@@ -36,7 +36,11 @@ impl Domain for TestDomain {
             "incr" => Ok(vec![StateKey::new(&event.envelope.tenant, "counter", "c")]),
             "fail" => Err(DomainError::Permanent("schema invalid".into())),
             "wait" => Err(DomainError::Wait("payment not seen yet".into())),
-            "flaky" => Ok(vec![StateKey::new(&event.envelope.tenant, "counter", UNREACHABLE)]),
+            "flaky" => Ok(vec![StateKey::new(
+                &event.envelope.tenant,
+                "counter",
+                UNREACHABLE,
+            )]),
             _ => Ok(Vec::new()),
         }
     }

@@ -368,7 +368,8 @@ impl Inbox for AwsStore {
 
 /// The claim condition, shared with `mark_dead_letter`: the item exists and is
 /// waiting (`received`, `queued`, `retryable`) or held by a lease that ran out.
-const CLAIMABLE: &str = "attribute_exists(#pk) AND (#state IN (:received, :queued, :retryable, :waiting) \
+const CLAIMABLE: &str =
+    "attribute_exists(#pk) AND (#state IN (:received, :queued, :retryable, :waiting) \
      OR (#state = :processing AND (attribute_not_exists(#lease_until) OR #lease_until <= :now)))";
 
 fn s_attr(v: &str) -> AttributeValue {
@@ -486,7 +487,10 @@ impl InboxProcessing for AwsStore {
             WaitChange::Keep => {}
             // Parked: into the waiters' index (one entry), out of the sweeper's.
             WaitChange::Park(w) => {
-                set.push("#wait_on = :wait_on, #wait_shard = :wait_shard, #wait_since = :wait_since".into());
+                set.push(
+                    "#wait_on = :wait_on, #wait_shard = :wait_shard, #wait_since = :wait_since"
+                        .into(),
+                );
                 request = request
                     .expression_attribute_names("#wait_on", item::WAIT_ON)
                     .expression_attribute_names("#wait_shard", item::WAIT_SHARD)

@@ -616,7 +616,10 @@ fn item_from_row(row: &Row<'_>) -> Result<InboxItem, DbError> {
         lease_until_ms: row.get(21)?,
         lease_owner: row.get(22)?,
         result: row.get(23)?,
-        waiting: match (row.get::<_, Option<String>>(24)?, row.get::<_, Option<i64>>(25)?) {
+        waiting: match (
+            row.get::<_, Option<String>>(24)?,
+            row.get::<_, Option<i64>>(25)?,
+        ) {
             (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
             _ => None,
         },

@@ -83,11 +83,11 @@ use tracing::Level;
 use crate::body;
 use crate::config::Config;
 use crate::config_source::ConfigSource;
+use crate::domain::state::StateKey;
 use crate::domain::state::{CommitOutcome, StateRecord, StateStore, StateWrite};
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
 use crate::lookup::{LookupError, ResourceLookup};
-use crate::domain::state::StateKey;
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
     QueueMessage, StoreError, WaitChange, Waiting, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
@@ -802,15 +802,16 @@ impl Processor {
                     ),
                 ));
             }
-            let decision = self.domain.decide(&event, &current).map_err(|e| {
-                match Failure::from(e) {
-                    Failure::Wait(wait) => Failure::Wait(WaitFor {
-                        record: current.first().map(|r| (r.key.clone(), r.version)),
-                        ..wait
-                    }),
-                    other => other,
-                }
-            })?;
+            let decision =
+                self.domain
+                    .decide(&event, &current)
+                    .map_err(|e| match Failure::from(e) {
+                        Failure::Wait(wait) => Failure::Wait(WaitFor {
+                            record: current.first().map(|r| (r.key.clone(), r.version)),
+                            ..wait
+                        }),
+                        other => other,
+                    })?;
             let (changes, result) = match decision {
                 Decision::Ignore { reason } => return Ok(Applied::Ignored(reason)),
                 Decision::Apply { changes, result } => (changes, result),
