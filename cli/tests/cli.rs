@@ -551,9 +551,9 @@ fn send_all(url: &str, dir: &Path, events: &[(&str, String, serde_json::Value)])
     });
 }
 
-/// `einmal serve` killed with SIGKILL while events wait for their orders and while
-/// the orders (the prerequisites) are being processed: after the restart every effect
-/// is applied once and nothing is dead-lettered. A create killed mid-processing stays
+/// `einmal serve` killed with SIGKILL while events wait for their orders (which come
+/// 32 s later) and while the orders (the prerequisites) are being processed: after the
+/// restart every effect is applied once and nothing is dead-lettered. A create killed mid-processing stays
 /// under its dead lease for 30 s; its waiters wait without spending retries, and its
 /// redelivery (committed or not before the kill) wakes them.
 #[test]
@@ -603,8 +603,11 @@ fn serve_killed_with_prerequisites_in_flight_applies_every_effect() {
         ));
     }
     send_all(&server.url, bodies.path(), &dependents);
-    // Killed while the last dependents are being parked.
+    // Killed while they wait; the orders come more than 30 s later (providers deliver minutes to days out of order). Before waiting
+    // existed, 5 receives with a 2 s base backoff dead-lettered them within 30 s.
+    std::thread::sleep(Duration::from_secs(16));
     let server = Server::start_in(server.kill());
+    std::thread::sleep(Duration::from_secs(16));
     // The prerequisites in a burst, killed as soon as the last one is acknowledged:
     // creates claimed, committed or waking their waiters stay behind for the restart.
     let creates: Vec<_> = ORDERS
