@@ -16,10 +16,10 @@
 use serde::Serialize;
 
 use super::model::{
-    parse_data, to_data, EffectKeys, Invoice, NotificationKind, Order, OrderStatus, PaymentStatus,
-    Refund, Shipment, Sku,
+    parse_data, to_data, EffectKeys, Invoice, NotificationKind, Order, OrderStatus, Payment,
+    PaymentStatus, Refund, Shipment, Sku, SHOPIFY_ORDER_PAYMENT,
 };
-use super::{shopify, Event, RefundFact, Snapshot};
+use super::{shopify, Event, PaymentRef, RefundFact, Snapshot};
 use crate::domain::state::{StateKey, StateRecord};
 use crate::domain::{Change, Decision, DomainError};
 
@@ -74,7 +74,9 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
         let before = self.value.clone();
         match f(&mut self.value)? {
             Step::Changed(summary) => {
-                notes.summary.push(summary);
+                if !summary.is_empty() {
+                    notes.summary.push(summary);
+                }
                 self.new_keys.push(key);
                 Ok(Outcome::Changed)
             }
@@ -194,6 +196,7 @@ pub(super) fn decide(
             amount,
             currency,
             paid,
+            payment_intent,
             ..
         } => {
             order.effect(keys.checkout(session_id), &mut notes, |o| {
@@ -207,23 +210,41 @@ pub(super) fn decide(
             })?;
             if *paid {
                 let amount = amount.unwrap_or(0);
-                order.effect(keys.paid(), &mut notes, |o| {
+                let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                     pay(o, &keys, id, amount, currency.as_deref(), None)
                 })?;
+                // A session without a payment intent names no payment to record: its
+                // amount stays the invoice's.
+                if let Some(intent) = payment_intent {
+                    let payment = PaymentRef::new("stripe", intent);
+                    record_payment(
+                        &mut order, &keys, &mut notes, id, &payment, amount, invoiced,
+                    )?;
+                }
             }
         }
         Event::PaymentSucceeded {
-            amount, currency, ..
+            payment,
+            amount,
+            currency,
+            ..
         } => {
-            order.effect(keys.paid(), &mut notes, |o| {
+            let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                 pay(o, &keys, id, *amount, currency.as_deref(), None)
             })?;
+            record_payment(
+                &mut order, &keys, &mut notes, id, payment, *amount, invoiced,
+            )?;
         }
         Event::ShopifyPaid { amount, .. } => {
             let wait = Some("orders/paid before the order exists");
-            order.effect(keys.paid(), &mut notes, |o| {
+            let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                 pay(o, &keys, id, *amount, None, wait)
             })?;
+            let payment = PaymentRef::new("shopify", SHOPIFY_ORDER_PAYMENT);
+            record_payment(
+                &mut order, &keys, &mut notes, id, &payment, *amount, invoiced,
+            )?;
         }
         Event::PaymentFailed {
             payment_id,
@@ -350,9 +371,13 @@ pub(super) fn decide(
             }
             if *paid {
                 let amount = snapshot.total_minor;
-                order.effect(keys.paid(), &mut notes, |o| {
+                let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                     pay(o, &keys, id, amount, None, None)
                 })?;
+                let payment = PaymentRef::new("shopify", SHOPIFY_ORDER_PAYMENT);
+                record_payment(
+                    &mut order, &keys, &mut notes, id, &payment, amount, invoiced,
+                )?;
             }
         }
         Event::ShopifyUpdated { snapshot } => {
@@ -499,6 +524,62 @@ fn pay(
     )))
 }
 
+/// One reported payment (`#payment#{provider}#{id}`), after the `#paid` effect of
+/// the same event: recorded once, summed per provider into the paid total (see
+/// [`Order::payments_total_minor`]). A second payment of an order (deposit + balance,
+/// a partial capture) is thereby counted, and the same payment reported again is not.
+fn record_payment(
+    order: &mut Tracked<'_, Option<Order>>,
+    keys: &EffectKeys,
+    notes: &mut Notes,
+    id: &str,
+    payment: &PaymentRef,
+    amount: i64,
+    invoiced: Outcome,
+) -> Result<Outcome, DomainError> {
+    let key = keys.payment(&payment.provider, &payment.id);
+    order.effect(key, notes, |o| {
+        let Some(order) = o else {
+            return Err(DomainError::Wait(format!(
+                "payment before order {id} exists"
+            )));
+        };
+        if order
+            .payments
+            .iter()
+            .any(|p| p.provider == payment.provider && p.payment_id == payment.id)
+        {
+            return Ok(Step::Skipped(format!(
+                "payment {} already recorded",
+                payment.id
+            )));
+        }
+        let before = order.paid_minor();
+        order.payments.push(Payment {
+            provider: payment.provider.clone(),
+            payment_id: payment.id.clone(),
+            amount_minor: amount,
+        });
+        order.normalize();
+        // The payment that issued the invoice is told by `#paid`'s summary.
+        Ok(Step::Changed(if invoiced == Outcome::Changed {
+            String::new()
+        } else if order.paid_minor() == before {
+            format!(
+                "order {id} payment {} {} recorded (paid total unchanged)",
+                payment.provider, payment.id
+            )
+        } else {
+            format!(
+                "order {id} payment {} {} of {amount}; paid {}",
+                payment.provider,
+                payment.id,
+                order.paid_minor()
+            )
+        }))
+    })
+}
+
 /// One refund (`#refund#{id}`), whichever event reports it.
 fn refund(
     o: &mut Option<Order>,
@@ -522,7 +603,33 @@ fn refund(
             "refund before payment: order {id}"
         )));
     }
-    if order.refunded_minor + r.amount > order.paid_minor() {
+    let after = order.refunded_minor + r.amount;
+    if after > order.paid_minor() {
+        // More than paid so far, but perhaps not more than will be paid (the balance
+        // after a deposit). A Shopify order knows its total: within it, wait for the
+        // rest of the payment. An order known only from a payment provider has no
+        // total beyond its payments: wait when the refund names a payment not
+        // recorded yet, or comes from Shopify (whose orders/create brings the total).
+        if order.shopify_created && after <= order.total_minor {
+            return Err(DomainError::Wait(format!(
+                "refund before payment: refund {} of order {id} exceeds the amount paid so far",
+                r.id
+            )));
+        }
+        if !order.shopify_created && r.from_shopify {
+            return Err(DomainError::Wait(format!(
+                "refund before orders/create: refund {} of order {id} exceeds the amount paid so far",
+                r.id
+            )));
+        }
+        if let Some(payment) = r.payment_id.as_deref().filter(|p| {
+            !order.shopify_created && !order.payments.iter().any(|x| x.payment_id == *p)
+        }) {
+            return Err(DomainError::Wait(format!(
+                "refund before payment: refund {} of order {id} exceeds the amount paid until payment {payment} is recorded",
+                r.id
+            )));
+        }
         return Err(DomainError::Permanent(format!(
             "refund {} exceeds the amount paid for order {id}",
             r.id

@@ -36,8 +36,11 @@ pub(super) fn parse(topic: &str, body: &Value) -> Result<Event, DomainError> {
             let id = id_text(get(body, &["id"])).ok_or_else(|| missing(topic, "id"))?;
             check_id("refund id", &id)?;
             // The money moved: successful `refund` transactions. (Line-item subtotals
-            // are not used: they ignore shipping and adjustments.)
+            // are not used: they ignore shipping and adjustments.) A transaction that
+            // carries the gateway's refund id (Stripe `re_…`) is that refund, the one
+            // Stripe reports too; the others together are Shopify's refund `id`.
             let mut amount = 0i64;
+            let mut refunds: Vec<RefundFact> = Vec::new();
             for t in get(body, &["transactions"])
                 .and_then(Value::as_array)
                 .into_iter()
@@ -51,13 +54,30 @@ pub(super) fn parse(topic: &str, body: &Value) -> Result<Event, DomainError> {
                     .is_none_or(|s| s == "success");
                 if kind_ok && status_ok {
                     let a = get(t, &["amount"]).and_then(decimal).filter(|a| *a >= 0);
-                    amount += a.ok_or_else(|| missing(topic, "transactions[].amount"))?;
+                    let a = a.ok_or_else(|| missing(topic, "transactions[].amount"))?;
+                    match gateway_refund_id(t) {
+                        Some(gateway_id) => match refunds.iter_mut().find(|r| r.id == gateway_id) {
+                            Some(r) => r.amount += a,
+                            None => refunds.push(RefundFact {
+                                id: gateway_id,
+                                amount: a,
+                                payment_id: None,
+                                from_shopify: true,
+                            }),
+                        },
+                        None => amount += a,
+                    }
                 }
             }
-            Ok(Event::Refunds {
-                order_id,
-                refunds: vec![RefundFact { id, amount }],
-            })
+            if refunds.is_empty() || amount > 0 {
+                refunds.push(RefundFact {
+                    id,
+                    amount,
+                    payment_id: None,
+                    from_shopify: true,
+                });
+            }
+            Ok(Event::Refunds { order_id, refunds })
         }
         "fulfillments/create" => {
             let order_id = order_id(topic, body, "order_id")?;
@@ -78,6 +98,24 @@ pub(super) fn parse(topic: &str, body: &Value) -> Result<Event, DomainError> {
             "shopify {other}: not mapped"
         ))),
     }
+}
+
+/// The gateway's own refund id in a Shopify refund transaction: a Stripe refund id
+/// (`re_…`, `pyr_…`) in `receipt.id`, `receipt.refund_id` or `authorization`. Only
+/// ids of that shape are taken: other gateways may repeat the payment's
+/// authorization on every refund, which would merge two refunds into one.
+fn gateway_refund_id(transaction: &Value) -> Option<String> {
+    [
+        get(transaction, &["receipt", "id"]),
+        get(transaction, &["receipt", "refund_id"]),
+        get(transaction, &["authorization"]),
+    ]
+    .into_iter()
+    .filter_map(|v| v.and_then(Value::as_str))
+    .find(|id| {
+        (id.starts_with("re_") || id.starts_with("pyr_")) && check_id("refund id", id).is_ok()
+    })
+    .map(str::to_owned)
 }
 
 fn order_id(topic: &str, body: &Value, field: &str) -> Result<String, DomainError> {
