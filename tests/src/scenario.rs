@@ -16,7 +16,8 @@ use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
 use einmal::domain::reference::{
     order_key, seed_sku, sku_key, Invoice, LineItem, Notification, NotificationKind, Order,
-    OrderStatus, PaymentStatus, ReferenceDomain, Refund, Shipment, Sku, StockLine, ORDER, SKU,
+    OrderStatus, Payment, PaymentStatus, ReferenceDomain, Refund, Shipment, Sku, StockLine, ORDER,
+    SKU,
 };
 use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use einmal::envelope::InboxKey;
@@ -1471,6 +1472,20 @@ pub fn yesterday(seed: u64) -> Stream {
                 kind: NotificationKind::PaymentReceived,
                 dedup_key: keys.paid(),
             });
+            // Each report of the payment is recorded (the paid total stays `total`).
+            let reported = |provider: &str, payment_id: &str| Payment {
+                provider: provider.into(),
+                payment_id: payment_id.into(),
+                amount_minor: total,
+            };
+            if k % 4 != 2 {
+                if k % 4 != 3 {
+                    o.payments.push(reported("stripe", &pi));
+                }
+                if k % 4 != 1 || paid_at_create {
+                    o.payments.push(reported("shopify", "order"));
+                }
+            }
         } else {
             let key = keys.payment_failed(&pi, start + 35);
             o.payment_status = PaymentStatus::Failed;
@@ -1654,6 +1669,11 @@ pub fn yesterday(seed: u64) -> Stream {
             invoice_id: format!("inv-{ids}-1"),
             amount_minor: amount,
             source_effect: keys.paid(),
+        });
+        o.payments.push(Payment {
+            provider: "stripe".into(),
+            payment_id: "pi_web_4001".into(),
+            amount_minor: amount,
         });
         o.refunds.push(Refund {
             refund_id: "re_web_4001".into(),
