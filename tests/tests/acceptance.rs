@@ -935,6 +935,100 @@ async fn aws_calls_per_event_with_the_reference_domain() {
     check_invariants(&b, &SEEDS).await;
 }
 
+// ---------------------------------------------------------------------------
+// 8. One refund reported by Shopify and Stripe; a deposit and a balance
+
+/// A Shopify order paid through Stripe in two payments (deposit + balance), the
+/// balance refunded, and that refund reported by Stripe (`refund.created`) and by
+/// Shopify (`refunds/create`, whose Stripe transaction carries the refund id). All
+/// sent at once, so refunds may come before the balance (they wait for it).
+async fn one_refund_from_two_providers_and_two_payments_are_counted_once(kind: Kind) {
+    let b = fresh(kind).await;
+    let ingest = b.ingestor();
+    let p = b.processor(LEASE_MS);
+    let at = 1_764_400_000;
+    let create = orders_create(7001, at, &[(RED, 2)], 12_970, "pending");
+    let pi = |id: &str, amount: i64, created: i64| {
+        scenario::stripe_event(
+            "payment_intent.succeeded",
+            &format!("evt_{id}"),
+            created,
+            serde_json::json!({"id": id, "object": "payment_intent", "amount": amount,
+                   "amount_received": amount, "currency": "eur", "status": "succeeded",
+                   "metadata": {"order_id": "7001"}}),
+        )
+    };
+    let deposit = pi("pi_7001_dep", 3_000, at + 10);
+    let balance = pi("pi_7001_bal", 9_970, at + 20);
+    let shop_paid = orders_paid(7001, at + 30, &[(RED, 2)], 12_970);
+    let stripe_refund = scenario::stripe_event(
+        "refund.created",
+        "evt_re_7001",
+        at + 40,
+        serde_json::json!({"id": "re_7001_bal", "object": "refund", "amount": 9_970,
+               "currency": "eur", "status": "succeeded", "payment_intent": "pi_7001_bal",
+               "metadata": {"order_id": "7001"}}),
+    );
+    let shop_refund = scenario::shopify_event(
+        "refunds/create",
+        "refund-7101",
+        serde_json::json!({"id": 7101, "order_id": 7001, "restock": false, "transactions": [
+            {"id": 71010, "order_id": 7001, "kind": "refund", "status": "success",
+             "gateway": "stripe", "amount": "99.70", "currency": "EUR",
+             "authorization": "re_7001_bal",
+             "receipt": {"id": "re_7001_bal", "object": "refund", "charge": "ch_7001"}}
+        ]}),
+    );
+    for e in [
+        &stripe_refund,
+        &shop_refund,
+        &balance,
+        &create,
+        &deposit,
+        &shop_paid,
+    ] {
+        assert!(!b.send(&ingest, e).await);
+    }
+    drain(&b, &p).await;
+    assert!(b.dead_letters().await.is_empty());
+    for e in [
+        &stripe_refund,
+        &shop_refund,
+        &balance,
+        &create,
+        &deposit,
+        &shop_paid,
+    ] {
+        assert_eq!(b.item(e).await.state, InboxState::Completed, "{}", e.kind);
+    }
+
+    let o = b.order("7001").await;
+    assert_eq!(
+        (o.invoices.len(), o.paid_minor(), o.payments.len()),
+        (1, 12_970, 3),
+        "deposit + balance counted once each; Shopify's report is the same money"
+    );
+    assert_eq!(o.refunds.len(), 1, "{:?}", o.refunds);
+    assert_eq!(
+        (o.refunds[0].refund_id.as_str(), o.refunded_minor),
+        ("re_7001_bal", 9_970)
+    );
+    assert_eq!(
+        (o.payment_status, o.loyalty_points),
+        (PaymentStatus::PartiallyRefunded, 30)
+    );
+    let count = |kind| o.notifications.iter().filter(|n| n.kind == kind).count();
+    assert_eq!(
+        (
+            count(NotificationKind::PaymentReceived),
+            count(NotificationKind::Refunded)
+        ),
+        (1, 1)
+    );
+    assert_eq!(b.on_hand(RED).await, 10 - 2);
+    check_invariants(&b, &SEEDS).await;
+}
+
 macro_rules! on_both_backends {
     ($($scenario:ident),* $(,)?) => {
         mod embedded_store {
@@ -964,4 +1058,5 @@ on_both_backends!(
     swapped_order_converges_to_the_in_order_outcome,
     permanent_error_dead_letters_and_transient_error_retries,
     yesterdays_stream_replayed_shuffled_twice_matches_the_clean_pass,
+    one_refund_from_two_providers_and_two_payments_are_counted_once,
 );
