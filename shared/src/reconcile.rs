@@ -29,6 +29,29 @@
 //! ids (no duplicates), and only a newer `updated_at` yields a new event, which the
 //! domain's version check orders against the webhooks.
 //!
+//! The listed order is the full order, so an order the business has not created from
+//! Shopify (no `order` record, or one a payment provider opened, without
+//! `shopify_created`) is also ingested as an `orders/create` with event id
+//! `{shop}:orders/create:reconcile-{order id}` (one per order, whatever its version):
+//! its `orders/create` webhook may never come, and an update alone would wait for it
+//! forever. The domain applies the create once (`#created`, stock `#stock#{sku}`), so
+//! a late real `orders/create`, before or after it, changes nothing; the version is
+//! still the newest snapshot's, because the `orders/updated` of the listed version is
+//! ingested too. Known orders get only the update. The check reads the business
+//! store (the checkpoint's [`StateStore`] when none is given), one batch of at most
+//! 100 keys per 100 listed orders.
+//!
+//! # Every page is read, or the run fails
+//!
+//! A page request that answers 5xx, 429 or 408, times out ([`REQUEST_TIMEOUT`]) or
+//! cannot connect is retried: [`PAGE_ATTEMPTS`] attempts, pausing 250 ms, 500 ms, 1 s
+//! between them. A page that still fails, a 401/403 (the message names the tenant
+//! option holding the credential), another 4xx, or a `next` link (Shopify `Link`,
+//! Mollie `_links.next`) to another host than the API base (not followed, so the token
+//! never leaves it) fails the run with [`ReconcileError::Page`], naming the call
+//! (`GET {url without query} (page n)`) and the reason; the checkpoint is not moved
+//! past pages that were not read.
+//!
 //! # Thin providers: payment status (Mollie classic, GoPay, Klarna push)
 //!
 //! Their webhooks are hints without state, so what can be missed is a *status change*.
@@ -181,8 +204,9 @@ pub struct TenantReport {
     pub tenant: String,
     /// The start of the window read (RFC 3339).
     pub since: String,
-    /// Events (Stripe), order versions (Shopify) or payments (thin providers) read from
-    /// the API.
+    /// Events (Stripe), order versions (Shopify: plus one `orders/create` per listed
+    /// order the business has not created) or payments (thin providers) read from the
+    /// API.
     pub fetched: usize,
     /// Of those, already in the inbox (a webhook or an earlier run brought them);
     /// thin providers: already in sync with our order (see the module docs).
