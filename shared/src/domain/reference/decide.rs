@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::model::{
     parse_data, to_data, EffectKeys, Invoice, NotificationKind, Order, OrderStatus, Payment,
-    PaymentStatus, Refund, Shipment, Sku, SHOPIFY_ORDER_PAYMENT,
+    PaymentStatus, Refund, Shipment, Sku, INVOICE_PAYMENT, SHOPIFY_ORDER_PAYMENT,
 };
 use super::{shopify, Event, PaymentRef, RefundFact, Snapshot};
 use crate::domain::state::{StateKey, StateRecord};
@@ -555,6 +555,18 @@ fn record_payment(
             )));
         }
         let before = order.paid_minor();
+        // Paid before any payment was recorded (a record written before payments
+        // were, or a checkout without a payment intent): the invoice's amount is kept
+        // as a report of its own, so the paid total never drops below it.
+        if invoiced != Outcome::Changed && order.payments.is_empty() {
+            if let Some(invoice) = order.invoices.first() {
+                order.payments.push(Payment {
+                    provider: INVOICE_PAYMENT.to_owned(),
+                    payment_id: invoice.invoice_id.clone(),
+                    amount_minor: invoice.amount_minor,
+                });
+            }
+        }
         order.payments.push(Payment {
             provider: payment.provider.clone(),
             payment_id: payment.id.clone(),

@@ -76,6 +76,10 @@ pub struct Payment {
     pub amount_minor: i64,
 }
 
+/// The provider of the report that stands for an invoice issued before any payment
+/// was recorded (its payment id is the invoice id).
+pub const INVOICE_PAYMENT: &str = "invoice";
+
 /// The payment id of Shopify's order-level payment report (`orders/paid`, a paid
 /// `orders/create`), which names no gateway payment.
 pub const SHOPIFY_ORDER_PAYMENT: &str = "order";

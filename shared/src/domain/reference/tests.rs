@@ -1260,6 +1260,22 @@ fn deposit_and_balance_are_both_counted_and_the_balance_can_be_refunded() {
         assert_eq!(got.data(), clean.data(), "seed {seed}");
     }
 
+    // A record written before payments were recorded: its invoice's amount counts.
+    let mut legacy = World::new();
+    legacy.ok(&pi_succeeded("1004", "pi_old", 5000, 10));
+    let key = order_key(T, "1004");
+    let mut record = legacy.records[&key].clone();
+    record.data.as_object_mut().unwrap().remove("payments");
+    record.applied.retain(|k| !k.contains("#payment#"));
+    legacy.records.insert(key, record);
+    let o = legacy.order("1004");
+    assert_eq!((o.payments.len(), o.paid_minor()), (0, 5000));
+    // The same payment redelivered: the total stays; a second payment adds to it.
+    legacy.ok(&pi_succeeded("1004", "pi_old", 5000, 10));
+    assert_eq!(legacy.order("1004").paid_minor(), 5000);
+    legacy.ok(&pi_succeeded("1004", "pi_new", 2000, 20));
+    assert_eq!(legacy.order("1004").paid_minor(), 7000);
+
     // A Stripe-only order: the deposit and the balance make its total.
     let mut s = World::new();
     s.ok(&pi_succeeded("1002", "pi_b", 7000, 20));
