@@ -18,7 +18,9 @@ use einmal::domain::reference::{
     order_key, seed_sku, sku_key, Invoice, LineItem, Notification, NotificationKind, Order,
     OrderStatus, PaymentStatus, ReferenceDomain, Refund, Shipment, Sku, StockLine, ORDER, SKU,
 };
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use einmal::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+};
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
@@ -415,6 +417,14 @@ impl<T: StateStore + ?Sized> StateStore for AtomicCalls<T> {
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
         let _g = self.lock.lock().await;
         self.inner.commit(writes).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        let _g = self.lock.lock().await;
+        self.inner.commit_checked(writes, reads).await
     }
     async fn list(
         &self,
@@ -934,6 +944,16 @@ impl StateStore for CommitFails {
         }
         self.inner.commit(writes).await
     }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if self.left.take() {
+            return Err(StoreError::Unavailable("injected: throttled".into()));
+        }
+        self.inner.commit_checked(writes, reads).await
+    }
     async fn list(
         &self,
         tenant: &str,
@@ -972,6 +992,16 @@ impl StateStore for SlowCommits {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.commit(writes).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if self.left.take() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.commit_checked(writes, reads).await
     }
     async fn list(
         &self,
