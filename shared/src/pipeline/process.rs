@@ -71,9 +71,8 @@ use tracing::Level;
 use crate::body;
 use crate::config::Config;
 use crate::config_source::ConfigSource;
-use crate::domain::state::StateKey;
 use crate::domain::state::{
-    CommitOutcome, ReadCheck, StateRecord, StateStore, StateWrite, MAX_APPLIED_KEYS,
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_APPLIED_KEYS,
 };
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
