@@ -1079,8 +1079,16 @@ pub async fn check_invariants(b: &Backend, seeds: &[(&str, i64)]) -> BTreeMap<St
                 .cloned()
                 .collect()
         };
-        assert_eq!(keys_of("#stock#"), takers, "{sku}: one stock movement per order");
-        assert_eq!(keys_of("#restock#"), restockers, "{sku}: one restock per cancel");
+        assert_eq!(
+            keys_of("#stock#"),
+            takers,
+            "{sku}: one stock movement per order"
+        );
+        assert_eq!(
+            keys_of("#restock#"),
+            restockers,
+            "{sku}: one restock per cancel"
+        );
         assert!(
             record.applied.iter().all(|k| k.ends_with("#seed")),
             "{sku}: only the seed key on the SKU record: {:?}",

@@ -160,7 +160,9 @@ async fn same_delivery_twice_and_concurrent_processors_apply_once(kind: Kind) {
         assert_eq!(moves, 1, "{id}: one stock movement");
         let red = b.record(&sku_key(scenario::TENANT, RED)).await;
         assert!(
-            !red.applied.iter().any(|k| k.contains(&format!("order-{id}#"))),
+            !red.applied
+                .iter()
+                .any(|k| k.contains(&format!("order-{id}#"))),
             "{id}: {:?}",
             red.applied
         );

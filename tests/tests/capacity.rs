@@ -1037,7 +1037,9 @@ fn seed_hot_sku() -> StateWrite {
 
 async fn on_hand(state: &dyn StateStore) -> i64 {
     let sku = state.load(&[sku_key(TENANT, HOT_SKU)]).await.expect("load")[0].clone();
-    serde_json::from_value::<Sku>(sku.data).expect("a SKU").on_hand
+    serde_json::from_value::<Sku>(sku.data)
+        .expect("a SKU")
+        .on_hand
 }
 
 /// `after_20000` within 10% of `after_2000`.
@@ -1079,7 +1081,10 @@ async fn embedded_hot_sku_record_stays_constant_over_20000_orders() {
     for (n, bytes, keys) in &sizes {
         println!("HOT-SKU embedded: after {n} orders the SKU record is {bytes} B with {keys} effect keys");
     }
-    println!("HOT-SKU embedded: {HOT_ORDERS} orders in {:.1} s", elapsed.as_secs_f64());
+    println!(
+        "HOT-SKU embedded: {HOT_ORDERS} orders in {:.1} s",
+        elapsed.as_secs_f64()
+    );
     let size_at = |n: u64| sizes.iter().find(|s| s.0 == n).map(|s| s.1 as f64).unwrap();
     assert_constant("SKU record bytes", size_at(2_000), size_at(HOT_ORDERS));
 }
@@ -1147,8 +1152,14 @@ async fn aws_hot_sku_record_and_commit_cost_stay_constant_over_20000_orders() {
         let actions: Vec<&str> = commit.targets.iter().map(|t| t.action).collect();
         assert_eq!(actions, ["Put", "Put"], "order {n}: the order and the SKU");
         for c in &costs {
-            println!("HOT-SKU aws order {n}: {} | table {} WRU | index {} WRU | {} RRU | {}",
-                c.label, c.table_wru, c.index_wru(), c.rru, c.sizes);
+            println!(
+                "HOT-SKU aws order {n}: {} | table {} WRU | index {} WRU | {} RRU | {}",
+                c.label,
+                c.table_wru,
+                c.index_wru(),
+                c.rru,
+                c.sizes
+            );
         }
         let sku_bytes = item_size(
             &raw_get(&r.capture.endpoint, r.state.table(), &sku_item_key).expect("the SKU item"),
@@ -1170,7 +1181,11 @@ async fn aws_hot_sku_record_and_commit_cost_stay_constant_over_20000_orders() {
         elapsed.as_secs_f64()
     );
     let at = |n: u64| measured.iter().find(|m| m.0 == n).unwrap();
-    assert_constant("SKU item bytes", at(2_000).1 as f64, at(HOT_ORDERS).1 as f64);
+    assert_constant(
+        "SKU item bytes",
+        at(2_000).1 as f64,
+        at(HOT_ORDERS).1 as f64,
+    );
     // Write units per commit: the same at every measured order.
     let first = at(1).2;
     assert!(

@@ -458,7 +458,10 @@ async fn read_checks_hold_the_commit_to_the_versions_read(b: Backend) {
         },
     ];
     let x = create(&written, json!({"active": true}), &["x#activate"]);
-    let out = b.store.commit_checked(&[x.clone()], &checks).await;
+    let out = b
+        .store
+        .commit_checked(std::slice::from_ref(&x), &checks)
+        .await;
     assert_eq!(out.unwrap(), CommitOutcome::Committed);
     assert_eq!(
         load_one(&*b.store, &read).await,

@@ -257,7 +257,7 @@ impl World {
                 .unwrap_or_else(|| StateRecord::missing(k.clone()))
         };
         let mut written: BTreeMap<StateKey, StateRecord> = BTreeMap::new();
-        let mut write = |k: &StateKey| -> StateRecord {
+        let write = |k: &StateKey| -> StateRecord {
             let b = before(k);
             StateRecord {
                 version: b.version + 1,
