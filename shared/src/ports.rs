@@ -152,6 +152,10 @@ pub enum StoreError {
     /// A stored item could not be decoded.
     #[error("stored item is corrupt: {0}")]
     Corrupt(String),
+    /// The store refused this write and always will (an item over the size limit,
+    /// a request it validates as invalid): retrying cannot help.
+    #[error("store rejected the write: {0}")]
+    Rejected(String),
 }
 
 /// Error classes stored in [`InboxItem::last_error_class`].

@@ -19,7 +19,9 @@ use einmal::domain::reference::{
     OrderStatus, Payment, PaymentStatus, ReferenceDomain, Refund, Shipment, Sku, StockLine, ORDER,
     SKU,
 };
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use einmal::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+};
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
@@ -416,6 +418,14 @@ impl<T: StateStore + ?Sized> StateStore for AtomicCalls<T> {
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
         let _g = self.lock.lock().await;
         self.inner.commit(writes).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        let _g = self.lock.lock().await;
+        self.inner.commit_checked(writes, reads).await
     }
     async fn list(
         &self,
@@ -935,6 +945,16 @@ impl StateStore for CommitFails {
         }
         self.inner.commit(writes).await
     }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if self.left.take() {
+            return Err(StoreError::Unavailable("injected: throttled".into()));
+        }
+        self.inner.commit_checked(writes, reads).await
+    }
     async fn list(
         &self,
         tenant: &str,
@@ -973,6 +993,16 @@ impl StateStore for SlowCommits {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.commit(writes).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if self.left.take() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.commit_checked(writes, reads).await
     }
     async fn list(
         &self,
@@ -1040,20 +1070,31 @@ pub async fn check_invariants(b: &Backend, seeds: &[(&str, i64)]) -> BTreeMap<St
             "{}: on_hand must be seeded {seed} − reserved + restocked",
             sku
         );
-        let stock_keys: BTreeSet<String> = record
-            .applied
-            .iter()
-            .filter(|k| k.contains("#stock#"))
-            .cloned()
-            .collect();
-        let restock_keys: BTreeSet<String> = record
-            .applied
-            .iter()
-            .filter(|k| k.contains("#restock#"))
-            .cloned()
-            .collect();
-        assert_eq!(stock_keys, takers, "{sku}: one stock movement per order");
-        assert_eq!(restock_keys, restockers, "{sku}: one restock per cancel");
+        // The movements' keys live on the orders; the SKU record carries none of them
+        // (it must not grow with the number of orders).
+        let keys_of = |kind: &str| -> BTreeSet<String> {
+            orders
+                .iter()
+                .flat_map(|(r, _)| r.applied.iter())
+                .filter(|k| k.contains(kind) && k.ends_with(&format!("#{sku}")))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(
+            keys_of("#stock#"),
+            takers,
+            "{sku}: one stock movement per order"
+        );
+        assert_eq!(
+            keys_of("#restock#"),
+            restockers,
+            "{sku}: one restock per cancel"
+        );
+        assert!(
+            record.applied.iter().all(|k| k.ends_with("#seed")),
+            "{sku}: only the seed key on the SKU record: {:?}",
+            record.applied
+        );
     }
 
     // Every inbox item is finished.

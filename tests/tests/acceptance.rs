@@ -150,13 +150,22 @@ async fn same_delivery_twice_and_concurrent_processors_apply_once(kind: Kind) {
         assert_eq!(kinds.len(), 2, "{id}: {kinds:?}");
         assert!(kinds.contains(&NotificationKind::PaymentReceived));
         assert!(kinds.contains(&NotificationKind::Shipped));
-        let red = b.record(&sku_key(scenario::TENANT, RED)).await;
-        let moves = red
+        // The stock move's key is on the order; the SKU record carries none.
+        let order = b.record(&order_key(scenario::TENANT, id)).await;
+        let moves = order
             .applied
             .iter()
-            .filter(|k| k.contains(&format!("order-{id}#stock")))
+            .filter(|k| k.contains(&format!("order-{id}#stock#{RED}")))
             .count();
         assert_eq!(moves, 1, "{id}: one stock movement");
+        let red = b.record(&sku_key(scenario::TENANT, RED)).await;
+        assert!(
+            !red.applied
+                .iter()
+                .any(|k| k.contains(&format!("order-{id}#"))),
+            "{id}: {:?}",
+            red.applied
+        );
     }
     for e in &events {
         assert_eq!(

@@ -75,6 +75,7 @@ impl CounterDomain {
                 env.object_version.as_deref().unwrap_or("-")
             ),
             data: json!({ "count": count }),
+            keyed_on: None,
         }
     }
 }

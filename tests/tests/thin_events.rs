@@ -133,6 +133,7 @@ impl Domain for Recorder {
                     key: record.key.clone(),
                     effect_key: format!("{}#{order}#paid", env.tenant),
                     data: json!({"order_id": order, "paid": true}),
+                    keyed_on: None,
                 }],
                 result: format!("order {order} paid"),
             }),

@@ -46,6 +46,9 @@ struct Notes {
 /// One loaded record being decided on.
 struct Tracked<'r, T> {
     record: &'r StateRecord,
+    /// The record whose `applied` set holds this record's effect keys, when that is
+    /// not the record itself (a SKU's stock moves are keyed on the order).
+    owner: Option<&'r StateRecord>,
     value: T,
     new_keys: Vec<String>,
     done_keys: Vec<String>,
@@ -55,9 +58,19 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
     fn new(record: &'r StateRecord, value: T) -> Self {
         Tracked {
             record,
+            owner: None,
             value,
             new_keys: Vec::new(),
             done_keys: Vec::new(),
+        }
+    }
+
+    /// A record many events change: its effect keys live on `owner`, so it does not
+    /// grow with the number of events that touched it.
+    fn keyed_on(record: &'r StateRecord, value: T, owner: &'r StateRecord) -> Self {
+        Tracked {
+            owner: Some(owner),
+            ..Tracked::new(record, value)
         }
     }
 
@@ -67,7 +80,9 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
         notes: &mut Notes,
         f: impl FnOnce(&mut T) -> Result<Step, DomainError>,
     ) -> Result<Outcome, DomainError> {
-        if self.record.applied.contains(&key) {
+        // The record itself may hold a key from before its keys moved to the owner.
+        let applied = |r: &StateRecord| r.applied.contains(&key);
+        if applied(self.record) || self.owner.is_some_and(applied) {
             self.done_keys.push(key);
             return Ok(Outcome::Done);
         }
@@ -91,6 +106,7 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
     fn finish(self) -> Part {
         Part {
             key: self.record.key.clone(),
+            keyed_on: self.owner.map(|o| o.key.clone()),
             original: self.record.data.clone(),
             data: to_data(&self.value),
             new_keys: self.new_keys,
@@ -101,6 +117,7 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
 
 struct Part {
     key: StateKey,
+    keyed_on: Option<StateKey>,
     original: serde_json::Value,
     data: serde_json::Value,
     new_keys: Vec<String>,
@@ -114,6 +131,7 @@ fn assemble(parts: Vec<Part>, notes: Notes) -> Decision {
                 key: p.key.clone(),
                 effect_key: k.clone(),
                 data: data.clone(),
+                keyed_on: p.keyed_on.clone(),
             })
             .collect()
     };
@@ -187,7 +205,8 @@ pub(super) fn decide(
     let mut order = Tracked::new(&current[0], load_order(&current[0])?);
     let mut skus = Vec::with_capacity(current.len() - 1);
     for record in &current[1..] {
-        skus.push(Tracked::new(record, load_sku(record)?));
+        // SKUs are touched by every order: their stock moves are keyed on the order.
+        skus.push(Tracked::keyed_on(record, load_sku(record)?, &current[0]));
     }
 
     match event {
@@ -412,7 +431,7 @@ pub(super) fn decide(
                 Ok(Step::Changed(format!("order {id} cancelled")))
             })?;
             // Put back exactly what orders/create took, once per SKU (guarded by the
-            // `#restock#{sku}` key on the SKU record). Not tied to this event changing
+            // `#restock#{sku}` key, recorded on the order). Not tied to this event changing
             // the order: an Adyen CANCELLATION may have cancelled it already, and it
             // never moves stock.
             let reserved = order

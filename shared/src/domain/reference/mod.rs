@@ -123,6 +123,15 @@ impl Domain for ReferenceDomain {
         }
         decide::decide(&parsed, tenant, current)
     }
+
+    /// SKU reads are not guarded: a decision uses a SKU only to move its stock, and
+    /// then writes it under its version. A guard would make every order event that
+    /// loads a SKU without moving it (a paid `orders/create` redelivered, a cancel
+    /// already restocked) conflict with every order of that SKU. The order is always
+    /// guarded: it is written whenever anything commits (it holds the effect keys).
+    fn guards_read(&self, _event: &DomainEvent<'_>, record: &StateKey) -> bool {
+        record.kind != SKU
+    }
 }
 
 fn unsupported(event: &DomainEvent<'_>) -> String {

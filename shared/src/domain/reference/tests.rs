@@ -283,28 +283,44 @@ impl World {
     }
 
     /// What the framework does: drop changes whose effect key is already applied on
-    /// their record (as loaded); the rest become one write per record (new data,
-    /// version + 1, every effect key added). Returns the number of records written.
+    /// the record that holds it or on their own record (as loaded); the rest become one
+    /// write per record (new data, version + 1), each effect key added to its holder
+    /// (`Change::keyed_on`, else the record itself). Returns the number of records
+    /// written.
     fn apply(&mut self, decision: &Decision) -> usize {
         let Decision::Apply { changes, .. } = decision else {
             return 0;
         };
         let loaded = self.records.clone();
-        let mut written: BTreeMap<StateKey, StateRecord> = BTreeMap::new();
-        for c in changes {
-            let before = loaded
-                .get(&c.key)
+        let before = |k: &StateKey| {
+            loaded
+                .get(k)
                 .cloned()
-                .unwrap_or_else(|| StateRecord::missing(c.key.clone()));
-            if before.applied.contains(&c.effect_key) {
+                .unwrap_or_else(|| StateRecord::missing(k.clone()))
+        };
+        let mut written: BTreeMap<StateKey, StateRecord> = BTreeMap::new();
+        let write = |k: &StateKey| -> StateRecord {
+            let b = before(k);
+            StateRecord {
+                version: b.version + 1,
+                ..b
+            }
+        };
+        for c in changes {
+            if before(c.key_holder()).applied.contains(&c.effect_key)
+                || before(&c.key).applied.contains(&c.effect_key)
+            {
                 continue;
             }
-            let r = written.entry(c.key.clone()).or_insert_with(|| StateRecord {
-                version: before.version + 1,
-                ..before
-            });
-            r.data = c.data.clone();
-            r.applied.insert(c.effect_key.clone());
+            written
+                .entry(c.key.clone())
+                .or_insert_with(|| write(&c.key))
+                .data = c.data.clone();
+            written
+                .entry(c.key_holder().clone())
+                .or_insert_with(|| write(c.key_holder()))
+                .applied
+                .insert(c.effect_key.clone());
         }
         let n = written.len();
         self.records.extend(written);
@@ -401,7 +417,7 @@ fn assert_idempotent(w: &mut World, ev: &Ev) {
     if let Decision::Apply { changes, .. } = &again {
         for c in changes {
             assert!(
-                w.records[&c.key].applied.contains(&c.effect_key),
+                w.records[c.key_holder()].applied.contains(&c.effect_key),
                 "{}: re-decide produced a new effect {}",
                 ev.env.event_type,
                 c.effect_key
@@ -826,6 +842,17 @@ fn orders_create_reserves_stock_per_sku() {
         "order 1001 created; SKU-BLUE-L -2; SKU-RED-M -2"
     );
     assert_eq!((w.on_hand(RED), w.on_hand(BLUE)), (8, 3));
+    // The stock moves' keys live on the order: a SKU record keeps only its seed key,
+    // however many orders took from it.
+    assert_eq!(
+        w.applied(&order_key(T, "1001")),
+        [
+            "t1#order-1001#created",
+            "t1#order-1001#stock#SKU-BLUE-L",
+            "t1#order-1001#stock#SKU-RED-M"
+        ]
+    );
+    assert_eq!(w.applied(&sku_key(T, RED)), ["t1#sku-SKU-RED-M#seed"]);
     let o = w.order("1001");
     assert_eq!(
         (o.total_minor, o.payment_status, o.line_items.len()),
@@ -945,7 +972,9 @@ fn stripe_payment_before_shopify_create_merges() {
             "t1#order-1001#created",
             "t1#order-1001#paid",
             "t1#order-1001#payment#shopify#order",
-            "t1#order-1001#payment#stripe#pi_1"
+            "t1#order-1001#payment#stripe#pi_1",
+            "t1#order-1001#stock#SKU-BLUE-L",
+            "t1#order-1001#stock#SKU-RED-M"
         ]
     );
 
