@@ -340,6 +340,10 @@ impl Ingestor {
             return Err(IngestError::BodyTooLarge { limit });
         }
         let now_ms = (self.now_ms)();
+        // Network prerequisites of the signature check (PayPal's certificate), bounded.
+        if let Some(prepared) = provider.prepare(request, tenant, now_ms / 1000) {
+            prepared.await;
+        }
         let events = verify(provider, request, tenant, now_ms / 1000)?;
         let items = events
             .into_iter()
