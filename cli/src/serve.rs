@@ -180,6 +180,7 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
         // Not `signature_failures`: field names with `signature` are masked in logs.
         unverified = intake.signature_failures,
         rejected = intake.malformed + intake.not_found + intake.oversize,
+        rate_limited = intake.rate_limited,
         unavailable = intake.unavailable,
         completed = worker.completed,
         ignored = worker.ignored,
@@ -358,10 +359,16 @@ fn is_length_limit(err: &axum::Error) -> bool {
 fn respond(response: &IngestResponse) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let (content_type, body) = response.render();
-    (
+    let mut response_out = (
         status,
         [(axum::http::header::CONTENT_TYPE, content_type)],
         body,
     )
-        .into_response()
+        .into_response();
+    if let Some(secs) = response.retry_after_secs {
+        response_out
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, secs.into());
+    }
+    response_out
 }
