@@ -51,10 +51,17 @@ impl Default for GuardSettings {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Breaker {
-    Closed { failures: u32 },
-    Open { until_ms: i64, last_error: String },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until_ms: i64,
+        last_error: String,
+    },
     /// One trial lookup is out.
-    HalfOpen { last_error: String },
+    HalfOpen {
+        last_error: String,
+    },
 }
 
 struct TenantGuard {
@@ -198,9 +205,11 @@ impl ResourceLookup for GuardedLookup {
             self.publish(provider);
             return Err(refused);
         }
-        let permit =
-            tokio::time::timeout(self.settings.permit_wait, guard.permits.clone().acquire_owned())
-                .await;
+        let permit = tokio::time::timeout(
+            self.settings.permit_wait,
+            guard.permits.clone().acquire_owned(),
+        )
+        .await;
         let Ok(Ok(_permit)) = permit else {
             // A trial that never ran must not leave the circuit half-open forever.
             let mut breaker = guard.breaker.lock().unwrap_or_else(|p| p.into_inner());
@@ -317,25 +326,43 @@ mod tests {
             .with_clock(move || now.load(Ordering::SeqCst));
         let t = tenant("a");
         for _ in 0..5 {
-            assert!(guarded.fetch(&t, "mollie", "payment", "tr_1").await.is_err());
+            assert!(guarded
+                .fetch(&t, "mollie", "payment", "tr_1")
+                .await
+                .is_err());
         }
         assert_eq!(api.calls.load(Ordering::SeqCst), 5);
         assert_eq!(guarded.open_circuits("mollie"), 1);
         assert_eq!(metrics.drain().lookup_circuits_open["mollie"], 1);
         // Open: 100 more attempts reach no API.
         for _ in 0..100 {
-            let err = guarded.fetch(&t, "mollie", "payment", "tr_1").await.unwrap_err();
-            assert!(matches!(&err, LookupError::Transient(e) if e.contains("circuit open") && e.contains("503")), "{err}");
+            let err = guarded
+                .fetch(&t, "mollie", "payment", "tr_1")
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, LookupError::Transient(e) if e.contains("circuit open") && e.contains("503")),
+                "{err}"
+            );
         }
         assert_eq!(api.calls.load(Ordering::SeqCst), 5);
         // Another tenant of the provider is not affected.
-        assert!(guarded.fetch(&tenant("b"), "mollie", "payment", "tr_2").await.is_err());
+        assert!(guarded
+            .fetch(&tenant("b"), "mollie", "payment", "tr_2")
+            .await
+            .is_err());
         assert_eq!(api.calls.load(Ordering::SeqCst), 6);
         // After the open period one trial goes out; it fails: open again.
         clock.store(30_000, Ordering::SeqCst);
-        assert!(guarded.fetch(&t, "mollie", "payment", "tr_1").await.is_err());
+        assert!(guarded
+            .fetch(&t, "mollie", "payment", "tr_1")
+            .await
+            .is_err());
         assert_eq!(api.calls.load(Ordering::SeqCst), 7);
-        assert!(guarded.fetch(&t, "mollie", "payment", "tr_1").await.is_err());
+        assert!(guarded
+            .fetch(&t, "mollie", "payment", "tr_1")
+            .await
+            .is_err());
         assert_eq!(api.calls.load(Ordering::SeqCst), 7);
         // The next trial succeeds: closed, lookups flow again.
         clock.store(60_000, Ordering::SeqCst);

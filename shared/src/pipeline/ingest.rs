@@ -15,10 +15,10 @@ use crate::body;
 use crate::config::{Config, IngestSettings, TenantConfig};
 use crate::config_source::ConfigSource;
 use crate::envelope::InboxKey;
+use crate::pipeline::hint_limit::HintLimiter;
 use crate::ports::{
     Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
 };
-use crate::pipeline::hint_limit::HintLimiter;
 use crate::providers::{self, thin, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
 use crate::retention;
@@ -377,7 +377,15 @@ impl Ingestor {
         let mut outcomes = Vec::with_capacity(items.len());
         for item in &items {
             let outcome = self.store_and_enqueue(item, now_ms, trace).await;
-            if is_hint(item) && !matches!(outcome, Ok(EventOutcome { duplicate: false, .. })) {
+            if is_hint(item)
+                && !matches!(
+                    outcome,
+                    Ok(EventOutcome {
+                        duplicate: false,
+                        ..
+                    })
+                )
+            {
                 // Nothing new stored (a retry within the hint's minute, or a failure).
                 self.hints.give_back(tenant);
             }

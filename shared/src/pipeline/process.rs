@@ -353,8 +353,8 @@ impl Processor {
         source: ConfigSource,
     ) -> Self {
         // Per-tenant concurrency and a circuit breaker around every provider API.
-        let guarded = GuardedLookup::new(lookup, GuardSettings::default())
-            .with_metrics(self.metrics.clone());
+        let guarded =
+            GuardedLookup::new(lookup, GuardSettings::default()).with_metrics(self.metrics.clone());
         self.lookup = Some((Arc::new(guarded), Arc::new(source)));
         self
     }
