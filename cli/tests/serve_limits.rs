@@ -295,3 +295,34 @@ fn sigterm_stops_gracefully_with_the_final_metrics_line() {
         "no final metrics log line: {log}"
     );
 }
+
+#[test]
+fn a_hint_over_the_tenants_limit_gets_429_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("einmal.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[tenant]]
+provider = "gopay"
+tenant = "shop"
+options = { path_token = "tok-1", access_token = "unused", max_hints_per_minute = "1" }
+"#,
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let hint = |id: u32| {
+        format!("GET /webhooks/gopay/shop/tok-1?id={id} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    };
+    let (status, _) = exchange(&server, hint(1).as_bytes());
+    assert_eq!(status, 200);
+    let mut s = server.connect();
+    s.write_all(hint(2).as_bytes()).unwrap();
+    let raw = read_until_closed(&mut s);
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(head.contains("\r\nretry-after: 60\r\n"), "{head}");
+    let (status, body) = parse(&raw);
+    assert_eq!(status, 429);
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(server.stored().len(), 1, "the refused hint stored nothing");
+}
