@@ -140,7 +140,28 @@ impl GuardedLookup {
         }
     }
 
-    /// May a lookup go out now? Moves an expired open circuit to half-open.
+    /// [`GuardedLookup::admit`] without changing the state: refused while open (not yet
+    /// expired) or while a trial is out.
+    fn refusal(&self, guard: &TenantGuard) -> Result<(), LookupError> {
+        let breaker = guard.breaker.lock().unwrap_or_else(|p| p.into_inner());
+        match &*breaker {
+            Breaker::Open { until_ms, .. } if (self.now_ms)() >= *until_ms => Ok(()),
+            Breaker::Closed { .. } => Ok(()),
+            Breaker::Open { last_error, .. } | Breaker::HalfOpen { last_error } => {
+                Err(self.open_error(last_error))
+            }
+        }
+    }
+
+    fn open_error(&self, last_error: &str) -> LookupError {
+        LookupError::Transient(format!(
+            "circuit open: the provider API failed {} times in a row (last: {last_error})",
+            self.settings.failure_threshold
+        ))
+    }
+
+    /// May a lookup go out now (it holds a permit)? Moves an expired open circuit to
+    /// half-open: this lookup is the trial.
     fn admit(&self, guard: &TenantGuard) -> Result<(), LookupError> {
         let mut breaker = guard.breaker.lock().unwrap_or_else(|p| p.into_inner());
         match &*breaker {
@@ -155,10 +176,7 @@ impl GuardedLookup {
                 Ok(())
             }
             Breaker::Open { last_error, .. } | Breaker::HalfOpen { last_error } => {
-                Err(LookupError::Transient(format!(
-                    "circuit open: the provider API failed {} times in a row (last: {last_error})",
-                    self.settings.failure_threshold
-                )))
+                Err(self.open_error(last_error))
             }
         }
     }
@@ -201,7 +219,8 @@ impl ResourceLookup for GuardedLookup {
         resource_id: &str,
     ) -> Result<Vec<u8>, LookupError> {
         let guard = self.guard(tenant);
-        if let Err(refused) = self.admit(&guard) {
+        // An open circuit refuses at once, without waiting for a permit…
+        if let Err(refused) = self.refusal(&guard) {
             self.publish(provider);
             return Err(refused);
         }
@@ -211,19 +230,16 @@ impl ResourceLookup for GuardedLookup {
         )
         .await;
         let Ok(Ok(_permit)) = permit else {
-            // A trial that never ran must not leave the circuit half-open forever.
-            let mut breaker = guard.breaker.lock().unwrap_or_else(|p| p.into_inner());
-            if let Breaker::HalfOpen { last_error } = &*breaker {
-                *breaker = Breaker::Open {
-                    until_ms: (self.now_ms)(),
-                    last_error: last_error.clone(),
-                };
-            }
             return Err(LookupError::Transient(format!(
                 "{} lookups of this tenant are running; retry later",
                 self.settings.max_concurrent_per_tenant
             )));
         };
+        // …and one that opened while this lookup waited refuses it too.
+        if let Err(refused) = self.admit(&guard) {
+            self.publish(provider);
+            return Err(refused);
+        }
         let result = self
             .inner
             .fetch(tenant, provider, event_type, resource_id)
