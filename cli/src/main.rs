@@ -6,6 +6,7 @@ mod ops;
 mod reconcile;
 mod send;
 mod serve;
+mod serve_http;
 mod store;
 
 use std::path::PathBuf;

@@ -221,16 +221,17 @@ impl Config {
             if tenants.contains_key(&key) {
                 return Err(invalid("configured twice"));
             }
-            tenants.insert(
-                key,
-                TenantConfig {
-                    provider: t.provider,
-                    tenant: t.tenant,
-                    secrets,
-                    tolerance_secs: t.tolerance_secs.unwrap_or(default_tolerance),
-                    options: t.options,
-                },
-            );
+            let tenant = TenantConfig {
+                provider: t.provider.clone(),
+                tenant: t.tenant.clone(),
+                secrets,
+                tolerance_secs: t.tolerance_secs.unwrap_or(default_tolerance),
+                options: t.options.clone(),
+            };
+            // The hint intake limit (thin providers) must be a number, not a typo.
+            crate::pipeline::hint_limit::max_hints_per_minute(&tenant)
+                .map_err(|reason| invalid(&reason))?;
+            tenants.insert(key, tenant);
         }
         Ok(Config { ingest, tenants })
     }

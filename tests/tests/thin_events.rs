@@ -565,6 +565,34 @@ async fn api_5xx_retries_then_applies_and_404_dead_letters() {
     );
 }
 
+/// The provider API is down for a burst of distinct hints: the tenant's circuit opens
+/// after 5 transient failures in a row, so the API sees a handful of calls instead of
+/// one per hint and receive (20 hints × 4 receives = 80 without the breaker). The
+/// items still retry and dead-letter as before, with the API's error in `last_error`.
+#[tokio::test]
+async fn an_api_that_stays_down_opens_the_circuit_instead_of_taking_every_retry() {
+    let h = Harness::new().await;
+    let ids: Vec<String> = (0..20).map(|i| format!("tr_down{i:02}")).collect();
+    for id in &ids {
+        h.api.fail_next(&format!("/v2/payments/{id}"), &[503; 10]);
+        assert!(!h.hint("mollie", &mollie_hint(id, Some(MOLLIE_TOKEN))).await);
+    }
+    h.drain().await;
+    let m0 = h.minute();
+    for id in &ids {
+        let item = h.item("mollie", id, m0).await;
+        assert_eq!(item.state, InboxState::DeadLetter, "{id}");
+        let error = item.last_error.unwrap_or_default();
+        assert!(error.contains("503"), "{id}: {error}");
+    }
+    // 5 failures open it; at most 3 more were already in flight (4 per tenant at once).
+    let calls = h.api.total_calls();
+    assert!(
+        (5..=8).contains(&calls),
+        "{calls} API calls for 20 hints × 4 receives"
+    );
+}
+
 #[tokio::test]
 async fn hints_without_a_lookup_are_dead_lettered() {
     let h = Harness::new().await;

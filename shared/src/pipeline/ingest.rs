@@ -15,10 +15,11 @@ use crate::body;
 use crate::config::{Config, IngestSettings, TenantConfig};
 use crate::config_source::ConfigSource;
 use crate::envelope::InboxKey;
+use crate::pipeline::hint_limit::HintLimiter;
 use crate::ports::{
     Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
 };
-use crate::providers::{self, Provider, ProviderError, VerifiedEvent};
+use crate::providers::{self, thin, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
 use crate::retention;
 use crate::telemetry::emf::{IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
@@ -38,6 +39,9 @@ pub enum IngestError {
     NotFound,
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// The tenant's hint intake limit (`max_hints_per_minute`) is spent.
+    #[error("too many hints for this tenant; retry after {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
     #[error("body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("event body does not fit one inbox item even compressed ({stored} of {limit} bytes)")]
@@ -59,6 +63,7 @@ impl IngestError {
         match self {
             IngestError::NotFound => 404,
             IngestError::MethodNotAllowed => 405,
+            IngestError::RateLimited { .. } => 429,
             IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => 413,
             IngestError::Unauthenticated(_) => 401,
             IngestError::Malformed(_) => 400,
@@ -72,6 +77,7 @@ impl IngestError {
         match self {
             IngestError::NotFound => "not_found",
             IngestError::MethodNotAllowed => "method_not_allowed",
+            IngestError::RateLimited { .. } => "rate_limited",
             IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => {
                 "payload_too_large"
             }
@@ -94,6 +100,7 @@ impl IngestError {
     fn count(&self, metrics: &IngestMetrics) {
         let counter = match self {
             IngestError::NotFound | IngestError::MethodNotAllowed => &metrics.not_found,
+            IngestError::RateLimited { .. } => &metrics.rate_limited,
             IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => {
                 &metrics.oversize
             }
@@ -136,6 +143,8 @@ pub struct IngestResponse {
     /// A plain-text body some providers expect on success instead of JSON (Adyen's
     /// `[accepted]`); `body` keeps the JSON details for logs and tests.
     pub plain: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429).
+    pub retry_after_secs: Option<u64>,
 }
 
 impl IngestResponse {
@@ -157,6 +166,10 @@ impl IngestResponse {
             plain: None,
             status: err.status(),
             body: json!({ "error": err.code(), "message": err.public_message() }),
+            retry_after_secs: match err {
+                IngestError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
+                _ => None,
+            },
         }
     }
 
@@ -177,6 +190,7 @@ impl IngestResponse {
             status: 200,
             body,
             plain: None,
+            retry_after_secs: None,
         }
     }
 }
@@ -194,6 +208,8 @@ pub struct Ingestor {
     /// configuration itself (held, so the address cannot be reused by a newer one).
     redacting: AtomicUsize,
     redacted: std::sync::Mutex<Option<Arc<Config>>>,
+    /// Per-tenant intake limit of thin hints (per process: see `hint_limit`).
+    hints: HintLimiter,
 }
 
 impl Ingestor {
@@ -212,6 +228,7 @@ impl Ingestor {
             now_ms: Arc::new(time::now_millis),
             redacting: AtomicUsize::new(0),
             redacted: std::sync::Mutex::new(None),
+            hints: HintLimiter::default(),
         }
     }
 
@@ -340,15 +357,39 @@ impl Ingestor {
             return Err(IngestError::BodyTooLarge { limit });
         }
         let now_ms = (self.now_ms)();
+        // Network prerequisites of the signature check (PayPal's certificate), bounded.
+        if let Some(prepared) = provider.prepare(request, tenant, now_ms / 1000) {
+            prepared.await;
+        }
         let events = verify(provider, request, tenant, now_ms / 1000)?;
         let items = events
             .into_iter()
             .map(|event| inbox_item(&config.ingest, event, now_ms))
             .collect::<Result<Vec<_>, _>>()?;
 
+        // Hints are limited per tenant before anything is stored (at most one a request).
+        let is_hint = |item: &InboxItem| item.envelope.event_type.starts_with(thin::HINT_PREFIX);
+        if items.iter().any(is_hint) {
+            self.hints
+                .take(tenant, now_ms)
+                .map_err(|retry_after_secs| IngestError::RateLimited { retry_after_secs })?;
+        }
         let mut outcomes = Vec::with_capacity(items.len());
         for item in &items {
-            outcomes.push(self.store_and_enqueue(item, now_ms, trace).await?);
+            let outcome = self.store_and_enqueue(item, now_ms, trace).await;
+            if is_hint(item)
+                && !matches!(
+                    outcome,
+                    Ok(EventOutcome {
+                        duplicate: false,
+                        ..
+                    })
+                )
+            {
+                // Nothing new stored (a retry within the hint's minute, or a failure).
+                self.hints.give_back(tenant);
+            }
+            outcomes.push(outcome?);
         }
         Ok(outcomes)
     }

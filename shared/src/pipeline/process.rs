@@ -77,6 +77,7 @@ use crate::domain::state::{
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
 use crate::lookup::{LookupError, ResourceLookup};
+use crate::lookup_guard::{GuardSettings, GuardedLookup};
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
     StoreError, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
@@ -381,7 +382,10 @@ impl Processor {
         lookup: Arc<dyn ResourceLookup>,
         source: ConfigSource,
     ) -> Self {
-        self.lookup = Some((lookup, Arc::new(source)));
+        // Per-tenant concurrency and a circuit breaker around every provider API.
+        let guarded =
+            GuardedLookup::new(lookup, GuardSettings::default()).with_metrics(self.metrics.clone());
+        self.lookup = Some((Arc::new(guarded), Arc::new(source)));
         self
     }
 

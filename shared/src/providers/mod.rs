@@ -98,6 +98,19 @@ pub trait Provider: Send + Sync {
         method == http::Method::POST
     }
 
+    /// Fetch what verification needs from the network, before the synchronous
+    /// [`Provider::verify_and_extract`] (PayPal's certificate). Bounded, and it never
+    /// fails: verification reports what went wrong. `None` (the default): nothing to
+    /// fetch.
+    fn prepare<'a>(
+        &'a self,
+        _request: &'a WebhookRequest,
+        _tenant: &'a TenantConfig,
+        _now_secs: i64,
+    ) -> Option<futures::future::BoxFuture<'a, ()>> {
+        None
+    }
+
     /// Verify the request for `tenant` (its secrets, tolerance, options) at `now_secs`,
     /// then extract the envelope(s). Must not parse the body before the signature holds.
     fn verify_and_extract(

@@ -84,6 +84,8 @@ metrics! {
     PROCESSING_TIME = "ProcessingTime", Milliseconds, Processor, BY_DEPLOYMENT;
     RETRIES = "Retries", Count, Processor, BY_CAUSE;
     DEAD_LETTERS = "DeadLetters", Count, Processor, BY_DEPLOYMENT;
+    // Open circuit breakers of thin-hint lookups (a gauge per batch, by provider).
+    LOOKUP_CIRCUITS_OPEN = "LookupCircuitsOpen", Count, Processor, BY_PROVIDER;
     // business (processor): provider event timestamp → effect committed
     EFFECT_LAG = "EffectLag", Milliseconds, Processor, BY_DEPLOYMENT;
     // 1 when a payment event's effect landed within the SLI threshold, else 0.
