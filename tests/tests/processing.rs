@@ -27,7 +27,6 @@ use einmal::ports::{
     Queue, QueueMessage, Source, StoreError,
 };
 use einmal_tests::moto::{self, CallCounter, MAX_RECEIVE_COUNT};
-use einmal_tests::scenario::AtomicCalls;
 use serde_json::json;
 
 const TENANT: &str = "t1";
@@ -174,15 +173,12 @@ async fn aws() -> Backend {
             .build(),
     );
     let store = Arc::new(store);
-    // moto evaluates conditions and writes without a lock; DynamoDB does not race
-    // there. Serialise each conditional write (not the interleaving between them).
-    let lock = Arc::new(tokio::sync::Mutex::new(()));
     let state: Arc<dyn StateStore> = Arc::new(DynamoStateStore::new(client, state_table));
     Backend {
-        inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
-        processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
+        inbox: store.clone(),
+        processing: store.clone(),
         queue: store,
-        state: Arc::new(AtomicCalls::new(state, lock)),
+        state,
         domain: Arc::default(),
         calls: Some(counter),
         _keep: Box::new(()),

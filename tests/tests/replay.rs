@@ -26,10 +26,9 @@ use einmal::ports::{
 };
 use einmal_tests::moto;
 use einmal_tests::scenario::{
-    self, data_of, orders_create, pi_succeeded, settle_all, AtomicCalls, Event, Kind, TENANT,
+    self, data_of, orders_create, pi_succeeded, settle_all, Event, Kind, TENANT,
 };
 use serde_json::json;
-use tokio::sync::Mutex;
 
 const RED: &str = "SKU-RED-M";
 const NOPE: &str = "SKU-NOPE";
@@ -107,9 +106,7 @@ async fn rig(kind: Kind) -> Rig {
             let store = Arc::new(AwsStore::new(dynamodb.clone(), sqs, names));
             let state = Arc::new(DynamoStateStore::new(dynamodb.clone(), state_table));
             let audit: Arc<dyn AuditLog> = Arc::new(DynamoAuditLog::new(dynamodb, audit_table));
-            // moto's conditional writes are not atomic: one lock per write (see scenario).
-            let lock = Arc::new(Mutex::new(()));
-            let inbox: Arc<dyn Inbox> = Arc::new(AtomicCalls::new(store.clone(), lock.clone()));
+            let inbox: Arc<dyn Inbox> = store.clone();
             let replayer = Replayer::new(
                 inbox.clone(),
                 store.clone(),
@@ -120,10 +117,10 @@ async fn rig(kind: Kind) -> Rig {
             Rig {
                 name: "aws",
                 inbox,
-                processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
+                processing: store.clone(),
                 queue: store.clone(),
                 dead_letters: store,
-                state: Arc::new(AtomicCalls::new(state, lock)),
+                state,
                 audit,
                 replayer,
                 idle_poll: Duration::from_millis(100),
