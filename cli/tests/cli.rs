@@ -354,7 +354,7 @@ fn serve_processes_events_and_orders_show_the_business_state() {
     }
 
     // The processor loop inside `serve` applies them; wait until both are terminal.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let list = einmal(&[
             "events",

