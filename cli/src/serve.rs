@@ -62,6 +62,18 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
             .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
     );
+    // Before any request: what a killed `einmal serve` stored but never enqueued goes
+    // to the queue now, not at the sweeper's threshold.
+    let recovered = store
+        .enqueue_unsent()
+        .await
+        .map_err(|e| format!("cannot re-enqueue unsent events: {e}"))?;
+    if recovered > 0 {
+        tracing::warn!(
+            recovered,
+            "re-enqueued events stored but never enqueued by a previous run"
+        );
+    }
     let state = Arc::new(EmbeddedStateStore::open(&args.data_dir).map_err(|e| {
         format!(
             "cannot open the state store in {}: {e}",

