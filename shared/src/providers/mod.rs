@@ -18,6 +18,7 @@ pub mod generic;
 pub mod github;
 pub mod gitlab;
 pub mod gopay;
+pub mod json;
 pub mod klarna;
 pub mod klarna_push;
 pub mod lemon_squeezy;
@@ -89,6 +90,14 @@ impl VerifiedEvent {
     }
 }
 
+/// The answer to a provider's endpoint-verification handshake: sent with 200 after the
+/// signature held; nothing is stored or enqueued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The value to echo (Slack `url_verification` `challenge`).
+    pub challenge: String,
+}
+
 pub trait Provider: Send + Sync {
     /// The path segment in `/webhooks/{provider}/{tenant}`.
     fn name(&self) -> &'static str;
@@ -117,6 +126,19 @@ pub trait Provider: Send + Sync {
         event_id: &str,
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError>;
+
+    /// An endpoint-verification handshake (Slack `url_verification`): `Some` when the
+    /// request is one and its signature holds, `None` when it is not one (then it goes
+    /// through [`Provider::verify_and_extract`]). Runs before that, on every request of
+    /// the provider, so it must be cheap to say `None`.
+    fn handshake(
+        &self,
+        _request: &WebhookRequest,
+        _tenant: &TenantConfig,
+        _now_secs: i64,
+    ) -> Result<Option<Handshake>, ProviderError> {
+        Ok(None)
+    }
 
     /// A plain-text success body the provider expects instead of our JSON (Adyen).
     fn accepted_body(&self) -> Option<&'static str> {
