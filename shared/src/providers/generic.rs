@@ -522,6 +522,23 @@ impl Provider for GenericHmac {
         "generic"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "header",
+            "algorithm",
+            "encoding",
+            "prefix",
+            "signed_content",
+            "timestamp_header",
+            "event_id_header",
+            "event_id_pointer",
+            "event_type_header",
+            "event_type_pointer",
+            "object_id_pointer",
+            "event",
+        ]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

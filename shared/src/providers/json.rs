@@ -73,7 +73,10 @@ pub fn json_fields<'a, const N: usize>(
     const { assert!(N <= 32, "paths are tracked in a u32 bit set") };
     let text = std::str::from_utf8(body)
         .map_err(|e| payload_error(format!("body is not UTF-8 (byte {})", e.valid_up_to())))?;
-    if !text.trim_start_matches([' ', '\t', '\n', '\r']).starts_with('{') {
+    if !text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('{')
+    {
         return Err(payload_error("body is not a JSON object"));
     }
     let mut ctx = Ctx {
@@ -87,18 +90,15 @@ pub fn json_fields<'a, const N: usize>(
     Ok(ctx.out)
 }
 
-/// Walk one complete JSON text (the body, or a captured container inside it).
+/// Walk one complete JSON text (the body, or a captured container inside it), then map
+/// the error once, by what the walk recorded.
 fn walk_text<'de, const N: usize>(
     text: &'de str,
     ctx: &mut Ctx<'_, 'de, N>,
     depth: usize,
     active: u32,
 ) -> Result<(), ProviderError> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let walked = Walk { ctx, depth, active }
-        .deserialize(&mut de)
-        .and_then(|()| de.end());
-    walked.map_err(|e| match ctx.duplicate.take() {
+    walk_raw(text, ctx, depth, active).map_err(|e| match ctx.duplicate.take() {
         Some(Some(n)) => payload_error(format!("duplicate field `{}`", ctx.paths[n].join("."))),
         Some(None) => payload_error(format!(
             "body repeats an object key (line {}, column {})",
@@ -114,6 +114,18 @@ fn walk_text<'de, const N: usize>(
             e.column()
         )),
     })
+}
+
+fn walk_raw<'de, const N: usize>(
+    text: &'de str,
+    ctx: &mut Ctx<'_, 'de, N>,
+    depth: usize,
+    active: u32,
+) -> Result<(), serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    Walk { ctx, depth, active }
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
 }
 
 struct Ctx<'p, 'de, const N: usize> {
@@ -206,9 +218,12 @@ impl<'de, const N: usize> Visitor<'de> for Walk<'_, '_, 'de, N> {
                         *slot = Some(Raw(text.as_bytes()));
                     }
                 }
-                // A captured container is still checked, and may hold deeper paths.
+                // A captured container is still checked, and may hold deeper paths; a
+                // captured string's escapes must decode (no lone surrogates).
                 if text.starts_with(['{', '[']) {
-                    walk_text(text, ctx, self.depth + 1, deeper).map_err(de::Error::custom)?;
+                    walk_raw(text, ctx, self.depth + 1, deeper).map_err(de::Error::custom)?;
+                } else if text.starts_with('"') && text.contains('\\') {
+                    serde_json::from_str::<String>(text).map_err(de::Error::custom)?;
                 }
             } else {
                 map.next_value_seed(Walk {
@@ -367,7 +382,11 @@ mod tests {
             );
         }
         // The same key in sibling objects is not a repeat.
-        assert!(json_fields(br#"{"a":{"k":1},"b":{"k":2},"c":[{"k":1},{"k":2}]}"#, [&["id"]]).is_ok());
+        assert!(json_fields(
+            br#"{"a":{"k":1},"b":{"k":2},"c":[{"k":1},{"k":2}]}"#,
+            [&["id"]]
+        )
+        .is_ok());
         assert_eq!(check_object(br#"{"a":1,"a":1}"#).is_err(), true);
         assert_eq!(check_object(br#"{"a":1}"#), Ok(()));
     }
@@ -426,7 +445,8 @@ mod tests {
     }
 
     fn assert_reads_like_serde(text: &str, value: &serde_json::Value, what: &str) {
-        let got = json_fields(text.as_bytes(), PATHS).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+        let got =
+            json_fields(text.as_bytes(), PATHS).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
         for (g, w) in got.iter().zip(serde_reads(value)) {
             let g = g.map(|r| serde_json::from_slice::<serde_json::Value>(r.0).unwrap());
             assert_eq!(g.as_ref(), w, "{what}: {text}");
@@ -458,10 +478,22 @@ mod tests {
         let nested_deep = format!("{{\"id\":1,\"x\":{}0{}}}", "[".repeat(300), "]".repeat(300));
         let docs: Vec<(&str, String)> = vec![
             ("duplicate top key", r#"{"id":"a","id":"b"}"#.into()),
-            ("duplicate object on path", r#"{"data":{"id":"pi_1"},"data":{"id":"pi_DECOY"}}"#.into()),
-            ("escaped duplicate", r#"{"data":{"id":"pi_1"},"\u0064ata":{"id":"pi_DECOY"}}"#.into()),
-            ("escaped key only", r#"{"\u0069\u0064":"evt_1","d\u0061ta":{"\u0069d":5}}"#.into()),
-            ("surrogate pair key", r#"{"\ud83d\ude00":1,"id":"x"}"#.into()),
+            (
+                "duplicate object on path",
+                r#"{"data":{"id":"pi_1"},"data":{"id":"pi_DECOY"}}"#.into(),
+            ),
+            (
+                "escaped duplicate",
+                r#"{"data":{"id":"pi_1"},"\u0064ata":{"id":"pi_DECOY"}}"#.into(),
+            ),
+            (
+                "escaped key only",
+                r#"{"\u0069\u0064":"evt_1","d\u0061ta":{"\u0069d":5}}"#.into(),
+            ),
+            (
+                "surrogate pair key",
+                r#"{"\ud83d\ude00":1,"id":"x"}"#.into(),
+            ),
             ("lone surrogate", r#"{"id":"\ud800"}"#.into()),
             ("escaped slash", r#"{"id":"a\/b","type":"t\u0000"}"#.into()),
             ("bom", "\u{feff}{\"id\":\"x\"}".into()),
@@ -471,10 +503,16 @@ mod tests {
             ("leading whitespace", " \r\n{\"id\":\"x\"}".into()),
             ("nested ok", nested_ok),
             ("nested too deep", nested_deep),
-            ("duplicate deep inside array", r#"{"id":1,"x":[[{"a":1,"a":2}]]}"#.into()),
+            (
+                "duplicate deep inside array",
+                r#"{"id":1,"x":[[{"a":1,"a":2}]]}"#.into(),
+            ),
             ("key equal to value", r#"{"a":"id","id":"real"}"#.into()),
             ("quoted key text", r#"{"x":"\"id\":1","id":2}"#.into()),
-            ("big integer", r#"{"id":820982911946154508123456789}"#.into()),
+            (
+                "big integer",
+                r#"{"id":820982911946154508123456789}"#.into(),
+            ),
             ("huge float", r#"{"id":1,"x":1e400}"#.into()),
             ("nul in string", "{\"id\":\"a\u{0}b\"}".into()),
             ("raw tab in string", "{\"id\":\"a\tb\"}".into()),
@@ -508,11 +546,22 @@ mod tests {
             "mismatched brackets",
         ] {
             let (_, text) = docs.iter().find(|(w, _)| *w == what).unwrap();
-            assert!(json_fields(text.as_bytes(), PATHS).is_err(), "{what} accepted");
+            assert!(
+                json_fields(text.as_bytes(), PATHS).is_err(),
+                "{what} accepted"
+            );
         }
-        for what in ["escaped key only", "trailing whitespace", "nested ok", "big integer"] {
+        for what in [
+            "escaped key only",
+            "trailing whitespace",
+            "nested ok",
+            "big integer",
+        ] {
             let (_, text) = docs.iter().find(|(w, _)| *w == what).unwrap();
-            assert!(json_fields(text.as_bytes(), PATHS).is_ok(), "{what} refused");
+            assert!(
+                json_fields(text.as_bytes(), PATHS).is_ok(),
+                "{what} refused"
+            );
         }
     }
 

@@ -102,6 +102,16 @@ pub trait Provider: Send + Sync {
     /// The path segment in `/webhooks/{provider}/{tenant}`.
     fn name(&self) -> &'static str;
 
+    /// Every tenant option this provider reads (webhooks, `einmal send`, API lookups,
+    /// reconciliation). Loading a configuration rejects any other name.
+    fn options(&self) -> &'static [&'static str];
+
+    /// Whether a tenant must configure at least one secret (not for hint-only tenants,
+    /// which the path token guards).
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        true
+    }
+
     /// The HTTP methods this provider delivers with (POST for almost all; GoPay GETs).
     fn accepts_method(&self, method: &http::Method) -> bool {
         method == http::Method::POST

@@ -559,6 +559,10 @@ impl Provider for PayPal {
         "paypal"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["webhook_id", "paypal_ca_pem", "cert_url"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

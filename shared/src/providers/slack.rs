@@ -118,6 +118,10 @@ impl Provider for Slack {
         "slack"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["team_id"]
+    }
+
     fn handshake(
         &self,
         request: &WebhookRequest,
@@ -279,7 +283,10 @@ mod tests {
         // Events are not handshakes, even when they mention the word.
         assert_eq!(Slack.handshake(&signed("s", NOW, BODY), &t, NOW), Ok(None));
         let mention = r#"{"type":"event_callback","event_id":"Ev1","team_id":"T1","event":{"type":"message","text":"url_verification"}}"#;
-        assert_eq!(Slack.handshake(&signed("s", NOW, mention), &t, NOW), Ok(None));
+        assert_eq!(
+            Slack.handshake(&signed("s", NOW, mention), &t, NOW),
+            Ok(None)
+        );
         assert!(verify(&signed("s", NOW, mention), &t).is_ok());
         // A verification without a usable challenge is malformed (400), not echoed.
         for bad in [
@@ -449,7 +456,7 @@ mod tests {
         );
         check(
             r#"{"event_id":"Ev1","type":"#,
-            sig::payload_error("body is not valid JSON (byte 25)"),
+            sig::payload_error("body is not valid JSON (line 1, column 25)"),
         );
     }
 

@@ -105,8 +105,10 @@ fn signing_mode(
             }
         }
     }
-    let algorithm = algorithm
-        .ok_or(ProviderError::MalformedHeader(SETTINGS_NAME, "no algorithm"))?;
+    let algorithm = algorithm.ok_or(ProviderError::MalformedHeader(
+        SETTINGS_NAME,
+        "no algorithm",
+    ))?;
     let key = shared_key(tenant).ok_or(ProviderError::NoSecret)?;
     Ok((algorithm, vec![key]))
 }
@@ -317,6 +319,10 @@ impl Provider for Twilio {
         "twilio"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["url", "account_sid", "shared_key_secret"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
@@ -382,7 +388,10 @@ impl Provider for Twilio {
         let shared = shared_key(tenant);
         let (algorithm, key) = match &shared {
             Some(k) => (Algorithm::Sha256, k.expose().as_bytes()),
-            None => (Algorithm::Sha1, sig::secrets(tenant)?[0].expose().as_bytes()),
+            None => (
+                Algorithm::Sha1,
+                sig::secrets(tenant)?[0].expose().as_bytes(),
+            ),
         };
         let url = tenant.option("url").ok_or(ProviderError::NoSecret)?;
         let mut h = http::HeaderMap::new();

@@ -77,9 +77,7 @@ const FINANCIAL_STATUSES: [&str; 8] = [
 /// Why the signed body contradicts the (unsigned) topic, if it does.
 fn contradiction(topic: &str, body: &Value) -> Option<String> {
     let expected = match topic {
-        "orders/create" | "orders/updated" | "orders/paid" | "orders/cancelled" => {
-            BodyKind::Order
-        }
+        "orders/create" | "orders/updated" | "orders/paid" | "orders/cancelled" => BodyKind::Order,
         "refunds/create" => BodyKind::Refund,
         "fulfillments/create" => BodyKind::Fulfillment,
         _ => return None,
