@@ -563,6 +563,12 @@ impl Provider for PayPal {
         &["webhook_id", "paypal_ca_pem", "cert_url"]
     }
 
+    /// Verified with PayPal's certificate; a secret (a private key PEM) only signs
+    /// test requests (`sign`).
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        false
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
