@@ -387,7 +387,7 @@ mod tests {
             [&["id"]]
         )
         .is_ok());
-        assert_eq!(check_object(br#"{"a":1,"a":1}"#).is_err(), true);
+        assert!(check_object(br#"{"a":1,"a":1}"#).is_err());
         assert_eq!(check_object(br#"{"a":1}"#), Ok(()));
     }
 
