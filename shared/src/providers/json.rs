@@ -205,11 +205,6 @@ impl<'de, const N: usize> Visitor<'de> for Walk<'_, '_, 'de, N> {
                     }
                 }
             }
-            if ctx.keys[start..].contains(&key) {
-                let wanted = (here | deeper != 0).then(|| (here | deeper).trailing_zeros());
-                ctx.duplicate = Some(wanted.map(|n| n as usize));
-                return Err(de::Error::custom("repeated key"));
-            }
             if here != 0 {
                 let raw: &'de RawValue = map.next_value()?;
                 let text = raw.get();
@@ -233,6 +228,18 @@ impl<'de, const N: usize> Visitor<'de> for Walk<'_, '_, 'de, N> {
                 })?;
             }
             ctx.keys.push(key);
+        }
+        // Repeats are found once per object, by sorting its keys (objects of 50+ keys
+        // are common, so comparing each key with all before it would cost more).
+        let own = &mut ctx.keys[start..];
+        own.sort_unstable();
+        if let Some(pair) = own.windows(2).find(|w| w[0] == w[1]) {
+            let key = &*pair[0];
+            let wanted = (0..N).find(|&n| {
+                self.active & (1 << n) != 0 && ctx.paths[n].get(self.depth) == Some(&key)
+            });
+            ctx.duplicate = Some(wanted);
+            return Err(de::Error::custom("repeated key"));
         }
         ctx.keys.truncate(start);
         Ok(())
