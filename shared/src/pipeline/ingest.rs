@@ -19,7 +19,7 @@ use crate::pipeline::hint_limit::HintLimiter;
 use crate::ports::{
     Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
 };
-use crate::providers::{self, thin, Provider, ProviderError, VerifiedEvent};
+use crate::providers::{self, thin, Handshake, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
 use crate::retention;
 use crate::telemetry::emf::{IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
@@ -123,6 +123,13 @@ impl IngestError {
             _ => IntakeResult::Rejected,
         }
     }
+}
+
+/// What an accepted request was: events (stored or duplicates), or a provider's
+/// endpoint-verification handshake, answered without storing anything.
+enum Intake {
+    Events(Vec<EventOutcome>),
+    Handshake(Handshake),
 }
 
 /// What happened to one event of an accepted request.
@@ -286,7 +293,21 @@ impl Ingestor {
             .try_ingest_traced(provider, tenant, request, trace)
             .await
         {
-            Ok(outcomes) => {
+            Ok(Intake::Handshake(answer)) => {
+                tracing::info!(provider, tenant, trace_id, "handshake answered");
+                let response = IngestResponse {
+                    status: 200,
+                    body: json!({ "challenge": answer.challenge }),
+                    plain: None,
+                    retry_after_secs: None,
+                };
+                let result = IntakeResult::Accepted {
+                    new: 0,
+                    duplicates: 0,
+                };
+                (response, result)
+            }
+            Ok(Intake::Events(outcomes)) => {
                 let duplicates = outcomes.iter().filter(|o| o.duplicate).count();
                 let result = IntakeResult::Accepted {
                     new: u32::try_from(outcomes.len() - duplicates).unwrap_or(u32::MAX),
@@ -332,8 +353,14 @@ impl Ingestor {
         tenant_name: &str,
         request: &WebhookRequest,
     ) -> Result<Vec<EventOutcome>, IngestError> {
-        self.try_ingest_traced(provider_name, tenant_name, request, None)
-            .await
+        let intake = self
+            .try_ingest_traced(provider_name, tenant_name, request, None)
+            .await?;
+        Ok(match intake {
+            Intake::Events(outcomes) => outcomes,
+            // Answered, nothing stored.
+            Intake::Handshake(_) => Vec::new(),
+        })
     }
 
     async fn try_ingest_traced(
@@ -342,7 +369,7 @@ impl Ingestor {
         tenant_name: &str,
         request: &WebhookRequest,
         trace: Option<&TraceHeader>,
-    ) -> Result<Vec<EventOutcome>, IngestError> {
+    ) -> Result<Intake, IngestError> {
         let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
         let config = self.config.current().await;
         self.redact_secrets_of(&config);
@@ -357,6 +384,12 @@ impl Ingestor {
             return Err(IngestError::BodyTooLarge { limit });
         }
         let now_ms = (self.now_ms)();
+        let handshake = provider
+            .handshake(request, tenant, now_ms / 1000)
+            .map_err(classify)?;
+        if let Some(answer) = handshake {
+            return Ok(Intake::Handshake(answer));
+        }
         // Network prerequisites of the signature check (PayPal's certificate), bounded.
         if let Some(prepared) = provider.prepare(request, tenant, now_ms / 1000) {
             prepared.await;
@@ -391,7 +424,7 @@ impl Ingestor {
             }
             outcomes.push(outcome?);
         }
-        Ok(outcomes)
+        Ok(Intake::Events(outcomes))
     }
 
     /// Teach the log redaction this configuration's secrets, once per loaded
@@ -505,6 +538,15 @@ impl Ingestor {
     }
 }
 
+/// 401 for what could not be authenticated, 400 for authentic but malformed requests.
+fn classify(err: ProviderError) -> IngestError {
+    if err.is_authentication_failure() {
+        IngestError::Unauthenticated(err)
+    } else {
+        IngestError::Malformed(err)
+    }
+}
+
 fn verify(
     provider: &dyn Provider,
     request: &WebhookRequest,
@@ -513,13 +555,7 @@ fn verify(
 ) -> Result<Vec<VerifiedEvent>, IngestError> {
     let events = provider
         .verify_and_extract(request, tenant, now_secs)
-        .map_err(|err| {
-            if err.is_authentication_failure() {
-                IngestError::Unauthenticated(err)
-            } else {
-                IngestError::Malformed(err)
-            }
-        })?;
+        .map_err(classify)?;
     if events.is_empty() {
         return Err(IngestError::Malformed(ProviderError::MalformedPayload(
             "the request carries no event".to_string(),

@@ -901,6 +901,16 @@ impl Provider for PayPal {
         Some(verifier().prepare(request, tenant, now_secs).boxed())
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["webhook_id", "paypal_ca_pem", "cert_url"]
+    }
+
+    /// Verified with PayPal's certificate; a secret (a private key PEM) only signs
+    /// test requests (`sign`).
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        false
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

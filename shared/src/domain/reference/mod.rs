@@ -169,7 +169,7 @@ pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Mapped>, DomainErr
     let ty = env.event_type.as_str();
     let parsed = match env.provider.as_str() {
         "stripe" => Mapped::Event(stripe::parse(ty, &body, env.occurred_at)?),
-        "shopify" => Mapped::Event(shopify::parse(ty, &body)?),
+        "shopify" => shopify::parse(ty, &body)?,
         "paypal" => paypal::parse(ty, &body, env.occurred_at)?,
         "adyen" => adyen::parse(ty, &body, env.occurred_at)?,
         "paddle" => paddle::parse(ty, &body, env.occurred_at)?,

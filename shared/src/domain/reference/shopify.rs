@@ -1,17 +1,122 @@
 //! Shopify payloads → [`Event`]. Order topics carry the order itself (`id`,
 //! `updated_at`, `total_price`, `line_items`); refunds and fulfillments name it in
 //! `order_id`. Prices are decimal strings (`"49.90"` → 4990 minor units).
+//!
+//! Shopify signs only the body; the topic header is not signed, so it only selects
+//! which mapping to try. The signed body must agree with it (invariant 10): an order
+//! body under `refunds/create` or `fulfillments/create` (or the reverse), an
+//! `orders/paid` whose order is not `paid`, an `orders/cancelled` whose order has no
+//! `cancelled_at` are ignored with the reason, so a genuine body replayed under another
+//! topic changes nothing.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
 use super::model::{check_id, parse_minor, LineItem, StockLine};
-use super::{currency, get, id_text, missing, text, Event, RefundFact, Snapshot};
+use super::{currency, get, id_text, missing, text, Event, Mapped, RefundFact, Snapshot};
 use crate::domain::DomainError;
 use crate::providers::sig::{format_rfc3339, parse_rfc3339};
 
-pub(super) fn parse(topic: &str, body: &Value) -> Result<Event, DomainError> {
+pub(super) fn parse(topic: &str, body: &Value) -> Result<Mapped, DomainError> {
+    if let Some(reason) = contradiction(topic, body) {
+        return Ok(Mapped::Ignore(reason));
+    }
+    parse_event(topic, body).map(Mapped::Event)
+}
+
+/// What a Shopify body is, by the fields each kind always carries: refunds and
+/// fulfillments name their order in `order_id`, refunds list `refund_line_items` /
+/// `transactions`; an order has no `order_id` but its `financial_status` and
+/// `line_items`. `None` when the body shows none of these (the mapping then reports
+/// what is missing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyKind {
+    Order,
+    Refund,
+    Fulfillment,
+}
+
+impl BodyKind {
+    fn of(body: &Value) -> Option<BodyKind> {
+        let has = |field| get(body, &[field]).is_some_and(|v| !v.is_null());
+        if has("order_id") {
+            if has("refund_line_items") || has("transactions") {
+                Some(BodyKind::Refund)
+            } else {
+                Some(BodyKind::Fulfillment)
+            }
+        } else if has("financial_status") || has("line_items") {
+            Some(BodyKind::Order)
+        } else {
+            None
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            BodyKind::Order => "an order",
+            BodyKind::Refund => "a refund",
+            BodyKind::Fulfillment => "a fulfillment",
+        }
+    }
+}
+
+/// Financial statuses Shopify documents; any other value is not echoed into a reason.
+const FINANCIAL_STATUSES: [&str; 8] = [
+    "pending",
+    "authorized",
+    "partially_paid",
+    "paid",
+    "partially_refunded",
+    "refunded",
+    "voided",
+    "expired",
+];
+
+/// Why the signed body contradicts the (unsigned) topic, if it does.
+fn contradiction(topic: &str, body: &Value) -> Option<String> {
+    let expected = match topic {
+        "orders/create" | "orders/updated" | "orders/paid" | "orders/cancelled" => BodyKind::Order,
+        "refunds/create" => BodyKind::Refund,
+        "fulfillments/create" => BodyKind::Fulfillment,
+        _ => return None,
+    };
+    let untrusted = "the topic header is not signed";
+    match BodyKind::of(body) {
+        Some(kind) if kind != expected => {
+            return Some(format!(
+                "{topic}: the signed body is {}, not {} ({untrusted})",
+                kind.name(),
+                expected.name()
+            ))
+        }
+        _ => {}
+    }
+    let cancelled = get(body, &["cancelled_at"]).is_some_and(|v| !v.is_null());
+    match topic {
+        "orders/paid" => {
+            let status = get(body, &["financial_status"]).and_then(Value::as_str);
+            if status == Some("paid") {
+                return None;
+            }
+            let shown = match status {
+                Some(s) if FINANCIAL_STATUSES.contains(&s) => s,
+                Some(_) => "not a known status",
+                None => "missing",
+            };
+            Some(format!(
+                "orders/paid: the signed order's financial_status is {shown}, not paid ({untrusted})"
+            ))
+        }
+        "orders/cancelled" if !cancelled => Some(format!(
+            "orders/cancelled: the signed order has no cancelled_at ({untrusted})"
+        )),
+        _ => None,
+    }
+}
+
+fn parse_event(topic: &str, body: &Value) -> Result<Event, DomainError> {
     match topic {
         "orders/create" => {
             let snapshot = snapshot(topic, body)?;

@@ -1604,3 +1604,50 @@ fn samples_tell_one_consistent_story() {
 }
 
 mod providers;
+
+// ---- Shopify: the unsigned topic only selects; the signed body decides -------------
+
+#[test]
+fn shopify_bodies_under_a_topic_they_contradict_are_ignored() {
+    let w = World::new();
+    let create = order_body(
+        1001,
+        "2025-01-01T00:00:00Z",
+        &[(RED, 1)],
+        "49.90",
+        "pending",
+    );
+    let refund = json!({"id": 9001, "order_id": 1001, "refund_line_items": [],
+                        "transactions": [{"kind": "refund", "status": "success", "amount": "1.00"}]});
+    let ship = json!({"id": 7001, "order_id": 1001, "tracking_number": "1Z"});
+    let cases = [
+        ("orders/paid", create.clone(), "orders/paid: the signed order's financial_status is pending, not paid (the topic header is not signed)"),
+        ("orders/cancelled", create.clone(), "orders/cancelled: the signed order has no cancelled_at (the topic header is not signed)"),
+        ("refunds/create", create.clone(), "refunds/create: the signed body is an order, not a refund (the topic header is not signed)"),
+        ("fulfillments/create", create.clone(), "fulfillments/create: the signed body is an order, not a fulfillment (the topic header is not signed)"),
+        ("orders/create", refund.clone(), "orders/create: the signed body is a refund, not an order (the topic header is not signed)"),
+        ("orders/paid", ship.clone(), "orders/paid: the signed body is a fulfillment, not an order (the topic header is not signed)"),
+        ("fulfillments/create", refund.clone(), "fulfillments/create: the signed body is a refund, not a fulfillment (the topic header is not signed)"),
+        ("refunds/create", ship.clone(), "refunds/create: the signed body is a fulfillment, not a refund (the topic header is not signed)"),
+    ];
+    for (topic, body, reason) in cases {
+        let d = w.decide(&shopify(topic, "replay", body)).unwrap();
+        assert_eq!(ignored(&d), reason, "{topic}");
+    }
+    // Unknown financial statuses are not echoed into the reason.
+    let mut odd = create.clone();
+    odd["financial_status"] = json!("jon@example.com");
+    let d = w.decide(&shopify("orders/paid", "replay", odd)).unwrap();
+    assert!(!ignored(&d).contains("jon"), "{}", ignored(&d));
+    // A refund under its own topic is not refused (it waits for the paid order).
+    assert!(matches!(
+        w.decide(&shopify("refunds/create", "r", refund)),
+        Err(DomainError::Wait(_))
+    ));
+    // The genuine bodies under their own topics map as before.
+    let paid = order_body(1001, "2025-01-01T00:00:00Z", &[(RED, 1)], "49.90", "paid");
+    assert!(matches!(
+        w.decide(&shopify("orders/paid", "p", paid)),
+        Err(DomainError::Wait(_))
+    ));
+}
