@@ -3,7 +3,8 @@
 # and the template tools aws-sam-cli, cfn-lint, cargo-lambda, ziglang into ./.venv; the
 # aarch64 Rust target), then runs every test and the template checks (infra/check.sh:
 # cfn-lint, sam validate --lint, sam build for arm64). The tests start moto themselves
-# on free loopback ports and stop it by PID.
+# (single-threaded, with the venv's Python: tests/moto_single_threaded.py) on free
+# loopback ports and stop it by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +39,16 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# Every test binary runs even when one fails (--no-fail-fast), and the template checks
+# run even when a test failed: one run reports everything that is broken. The script
+# still exits non-zero if either failed.
 echo "== cargo test"
-cargo test --workspace --all-targets "$@"
+tests_status=0
+cargo test --workspace --all-targets --no-fail-fast "$@" || tests_status=$?
 echo "== infra/check.sh (cfn-lint, sam validate --lint, sam build)"
-./infra/check.sh
+check_status=0
+./infra/check.sh || check_status=$?
+if [ "$tests_status" -ne 0 ] || [ "$check_status" -ne 0 ]; then
+  echo "== FAILED: cargo test exit $tests_status, infra/check.sh exit $check_status" >&2
+  exit 1
+fi

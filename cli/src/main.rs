@@ -1,11 +1,13 @@
 //! `einmal`: run einmal locally, send signed sample webhooks, inspect the inbox.
 
 mod business;
+mod config_check;
 mod events;
 mod ops;
 mod reconcile;
 mod send;
 mod serve;
+mod serve_http;
 mod store;
 
 use std::path::PathBuf;
@@ -28,6 +30,11 @@ struct Cli {
 enum Command {
     /// Run the receiver over HTTP on the embedded store.
     Serve(serve::ServeArgs),
+    /// Check the tenant configuration.
+    Config {
+        #[command(subcommand)]
+        command: config_check::ConfigCommand,
+    },
     /// Pull recent provider events since the checkpoint and ingest what is missing.
     Reconcile(reconcile::ReconcileArgs),
     /// Sign a sample event with the tenant's configured secret and post it.
@@ -71,6 +78,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Config { command } => config_check::run(command),
         Command::Reconcile(args) => reconcile::run(args).await,
         Command::Send(args) => send::run(args).await,
         Command::Events { command } => events::run(command).await,

@@ -83,6 +83,16 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
             .await
             .map_err(|e| format!("reconciled, but the audit record failed: {e}"))?;
     }
+    // A failed run always says why on stderr (also with --json, whose reports carry
+    // the same text in `error`).
+    for r in reports.iter().filter(|r| r.error.is_some()) {
+        eprintln!(
+            "einmal reconcile: {} tenant {} failed, checkpoint kept: {}",
+            r.provider,
+            r.tenant,
+            r.error.as_deref().unwrap_or_default()
+        );
+    }
     if args.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
         println!("{text}");

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -30,6 +31,8 @@ use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{Samples, WorkerTally};
 use einmal::telemetry::IngestCounts;
 
+use crate::serve_http::{self, ClientLimits};
+
 /// How often the local sweeper runs.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// How often the figures are logged (when something happened).
@@ -46,6 +49,8 @@ pub struct ServeArgs {
     /// Tenant configuration (TOML).
     #[arg(long, default_value_os_t = crate::default_config_path())]
     pub config: PathBuf,
+    #[command(flatten)]
+    pub limits: ClientLimits,
 }
 
 pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
@@ -57,6 +62,18 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
             .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
     );
+    // Before any request: what a killed `einmal serve` stored but never enqueued goes
+    // to the queue now, not at the sweeper's threshold.
+    let recovered = store
+        .enqueue_unsent()
+        .await
+        .map_err(|e| format!("cannot re-enqueue unsent events: {e}"))?;
+    if recovered > 0 {
+        tracing::warn!(
+            recovered,
+            "re-enqueued events stored but never enqueued by a previous run"
+        );
+    }
     let state = Arc::new(EmbeddedStateStore::open(&args.data_dir).map_err(|e| {
         format!(
             "cannot open the state store in {}: {e}",
@@ -137,19 +154,15 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
             })
             .await;
     });
-    let served = axum::serve(listener, router(ingestor))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .map_err(|e| e.to_string());
+    let app = router(ingestor, args.limits.body_timeout());
+    // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
+    serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
     let _ = stop_tx.send(true);
     let _ = worker.await;
     let _ = sweep.await;
     // The last figures, after the worker finished its batch.
     let _ = figures_stop_tx.send(true);
     let _ = figures.await;
-    served?;
     eprintln!(
         "einmal: stopped; {}",
         serde_json::to_string(&metrics.snapshot()).unwrap_or_default()
@@ -179,6 +192,7 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
         // Not `signature_failures`: field names with `signature` are masked in logs.
         unverified = intake.signature_failures,
         rejected = intake.malformed + intake.not_found + intake.oversize,
+        rate_limited = intake.rate_limited,
         unavailable = intake.unavailable,
         completed = worker.completed,
         ignored = worker.ignored,
@@ -194,42 +208,91 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
     );
 }
 
-pub fn router(ingestor: Arc<Ingestor>) -> Router {
+/// What the handlers share: the ingest pipeline and the body deadline.
+#[derive(Clone)]
+pub struct Serving {
+    ingestor: Arc<Ingestor>,
+    body_timeout: std::time::Duration,
+}
+
+pub fn router(ingestor: Arc<Ingestor>, body_timeout: std::time::Duration) -> Router {
     Router::new()
         .route("/webhooks/{provider}/{tenant}", any(webhook))
         .route(
             "/webhooks/{provider}/{tenant}/{token}",
             any(webhook_with_token),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|| async { "ok" }).fallback(|| async {
+                client_error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                    "method not allowed",
+                )
+            }),
+        )
         .fallback(|| async { respond(&IngestResponse::not_found()) })
-        .with_state(ingestor)
+        .with_state(Serving {
+            ingestor,
+            body_timeout,
+        })
+}
+
+/// A JSON error answered by the transport itself (the ingest path has its own).
+fn client_error(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// A path segment that is not valid UTF-8 once percent-decoded names no provider or
+/// tenant: 400 in JSON, like every other error.
+fn bad_path(rejection: &PathRejection) -> Response {
+    tracing::info!(reason = %rejection.body_text(), "webhook rejected: bad path");
+    client_error(
+        StatusCode::BAD_REQUEST,
+        "malformed_request",
+        "the request path is not valid UTF-8",
+    )
 }
 
 async fn webhook(
-    State(ingestor): State<Arc<Ingestor>>,
-    Path((provider, tenant)): Path<(String, String)>,
+    State(serving): State<Serving>,
+    path: Result<Path<(String, String)>, PathRejection>,
     method: Method,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
+    let Path((provider, tenant)) = match path {
+        Ok(path) => path,
+        Err(rejection) => return bad_path(&rejection),
+    };
     receive(
-        ingestor, provider, tenant, None, method, headers, query, body,
+        serving, provider, tenant, None, method, headers, query, body,
     )
     .await
 }
 
 async fn webhook_with_token(
-    State(ingestor): State<Arc<Ingestor>>,
-    Path((provider, tenant, token)): Path<(String, String, String)>,
+    State(serving): State<Serving>,
+    path: Result<Path<(String, String, String)>, PathRejection>,
     method: Method,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
+    let Path((provider, tenant, token)) = match path {
+        Ok(path) => path,
+        Err(rejection) => return bad_path(&rejection),
+    };
     receive(
-        ingestor,
+        serving,
         provider,
         tenant,
         Some(token),
@@ -243,7 +306,7 @@ async fn webhook_with_token(
 
 #[allow(clippy::too_many_arguments)]
 async fn receive(
-    ingestor: Arc<Ingestor>,
+    serving: Serving,
     provider: String,
     tenant: String,
     path_token: Option<String>,
@@ -252,11 +315,36 @@ async fn receive(
     query: Option<String>,
     body: Body,
 ) -> Response {
+    let ingestor = serving.ingestor;
+    let limit = ingestor.config().ingest.max_body_bytes;
+    // A declared length over the limit is refused before a byte of the body is read.
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return respond(&ingestor.oversize(limit));
+    }
     // Read one byte past the limit so the ingest path itself reports 413 with the
     // same rules as on Lambda; anything larger is refused without buffering it.
-    let limit = ingestor.config().ingest.max_body_bytes;
-    let Ok(body) = axum::body::to_bytes(body, limit.saturating_add(1)).await else {
-        return respond(&ingestor.oversize(limit));
+    let read = axum::body::to_bytes(body, limit.saturating_add(1));
+    let body = match tokio::time::timeout(serving.body_timeout, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) if is_length_limit(&e) => return respond(&ingestor.oversize(limit)),
+        Ok(Err(_)) => {
+            return client_error(
+                StatusCode::BAD_REQUEST,
+                "malformed_request",
+                "the request body is not valid HTTP/1.1 framing",
+            )
+        }
+        Err(_) => {
+            return client_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive in time",
+            )
+        }
     };
     let request = WebhookRequest {
         method,
@@ -268,13 +356,31 @@ async fn receive(
     respond(&ingestor.ingest(&provider, &tenant, &request).await)
 }
 
+/// Whether reading the body stopped at the size limit (not a framing error).
+fn is_length_limit(err: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 fn respond(response: &IngestResponse) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let (content_type, body) = response.render();
-    (
+    let mut response_out = (
         status,
         [(axum::http::header::CONTENT_TYPE, content_type)],
         body,
     )
-        .into_response()
+        .into_response();
+    if let Some(secs) = response.retry_after_secs {
+        response_out
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, secs.into());
+    }
+    response_out
 }

@@ -659,6 +659,52 @@ options = {{ api_base = "{base}", api_key = "{API_KEY}" }}
         stderr(&out)
     );
     assert_eq!(aws.audit.list(10).await.expect("audit list").len(), 2);
+
+    // A refused credential: the run fails (exit 1), says which call failed and which
+    // option to fix, on stderr and in --json; the checkpoint stays where it was.
+    let refused = dir.path().join("refused.toml");
+    std::fs::write(
+        &refused,
+        format!(
+            r#"
+[[tenant]]
+provider = "stripe"
+tenant = "{TENANT}"
+secrets = ["{STRIPE_SECRET}"]
+options = {{ api_base = "{base}", api_key = "sk_test_wrong" }}
+"#
+        ),
+    )
+    .expect("config written");
+    let out = aws
+        .einmal(&[
+            "reconcile",
+            "--config",
+            refused.to_str().expect("utf-8 path"),
+            "--provider",
+            "stripe",
+            "--tenant",
+            TENANT,
+            "--json",
+        ])
+        .await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("GET ") && err.contains("/v1/events (page 1)"),
+        "{err}"
+    );
+    assert!(err.contains("answered 401"), "{err}");
+    assert!(err.contains("tenant option `api_key`"), "{err}");
+    assert!(!err.contains("sk_test_wrong"), "{err}");
+    let reports: Value = serde_json::from_slice(&out.stdout).expect("--json on stdout");
+    let error = reports[0]["error"].as_str().expect("error in --json");
+    assert!(error.contains("tenant option `api_key`"), "{error}");
+    assert_eq!(reports[0]["checkpoint"], Value::Null);
+    let after = aws
+        .record(&StateKey::new(TENANT, "checkpoint", "stripe"))
+        .await;
+    assert_eq!(after.data, checkpoint.data, "checkpoint kept");
 }
 
 /// GoPay has no list API: `einmal reconcile` looks up the payment its (ignored) hint

@@ -361,7 +361,7 @@ fn serve_processes_events_and_orders_show_the_business_state() {
     }
 
     // The processor loop inside `serve` applies them; wait until both are terminal.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let list = einmal(&[
             "events",
@@ -715,4 +715,103 @@ fn serve_killed_with_prerequisites_in_flight_applies_every_effect() {
         serde_json::json!([]),
         "nothing dead-lettered"
     );
+}
+
+/// A `kill -9` of `einmal serve` between a request's inbox write and its queue send
+/// leaves the event stored and never enqueued (the provider got no answer; its retry
+/// inside the in-flight grace would send nothing). The next `einmal serve` enqueues it
+/// as it starts: processed within seconds of the restart, not at the sweeper's
+/// threshold.
+#[test]
+fn serve_enqueues_on_start_what_a_killed_serve_stored_but_never_sent() {
+    use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+    use einmal::config::Config;
+    use einmal::request::WebhookRequest;
+    use std::sync::Arc;
+
+    let data_dir = tempfile::tempdir().unwrap();
+    let d = data_dir.path().to_str().unwrap().to_string();
+    for (sku, qty) in [("SKU-RED-M", "10"), ("SKU-BLUE-L", "5")] {
+        let out = einmal(&[
+            "inventory",
+            "set",
+            "--tenant",
+            "demo",
+            sku,
+            "--on-hand",
+            qty,
+            "--data-dir",
+            &d,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The dead process: the same ingest path on the same store, dying at its send.
+    let config = Arc::new(Config::load(&repo().join("einmal.toml")).expect("einmal.toml"));
+    let body =
+        std::fs::read(repo().join("events/samples/domain/shopify-orders-create.json")).unwrap();
+    let provider = einmal::providers::lookup("shopify").unwrap();
+    let tenant = config.tenant("shopify", "demo").unwrap();
+    let headers = provider
+        .sign(&body, tenant, "ev-killed-1", einmal::time::now_secs())
+        .unwrap();
+    let request = WebhookRequest::post(headers, body);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store =
+            Arc::new(EmbeddedStore::open(data_dir.path(), EmbeddedOptions::default()).unwrap());
+        einmal_tests::fixtures::ingest_then_die(config, store, "shopify", "demo", &request).await;
+    });
+    let received = einmal(&[
+        "events",
+        "list",
+        "--state",
+        "received",
+        "--json",
+        "--data-dir",
+        &d,
+    ]);
+    let received: Vec<serde_json::Value> = serde_json::from_str(&stdout(&received)).unwrap();
+    assert_eq!(received.len(), 1, "stored, never enqueued: {received:?}");
+
+    let restarted = Instant::now();
+    let server = Server::start_in(data_dir);
+    // Well inside the 60 s the sweeper would take: the start itself enqueues it.
+    let deadline = restarted + Duration::from_secs(30);
+    loop {
+        let list = einmal(&[
+            "events",
+            "list",
+            "--state",
+            "completed",
+            "--json",
+            "--data-dir",
+            &d,
+        ]);
+        let done: Vec<serde_json::Value> = serde_json::from_str(&stdout(&list)).unwrap();
+        if done.len() == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not processed within 30 s of the restart: {}",
+            stdout(&einmal(&["events", "list", "--json", "--data-dir", &d]))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let stock = einmal(&[
+        "inventory",
+        "show",
+        "--tenant",
+        "demo",
+        "SKU-BLUE-L",
+        "--json",
+        "--data-dir",
+        &d,
+    ]);
+    let stock: serde_json::Value = serde_json::from_str(&stdout(&stock)).unwrap();
+    assert_eq!(stock["on_hand"], 3, "two units reserved, once");
+    drop(server);
 }

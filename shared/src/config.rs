@@ -12,6 +12,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 use thiserror::Error;
+use toml::Spanned;
+
+use crate::providers;
 
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -27,22 +30,96 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// Only the position and the parser's message: the offending line may hold a secret.
-    #[error("invalid config at byte {offset}: {message}")]
-    Parse { offset: usize, message: String },
-    #[error(
-        "tenant {provider}/{tenant}: secret refers to environment variable {var}, which is not set"
-    )]
-    MissingEnvSecret {
-        provider: String,
-        tenant: String,
-        var: String,
+    #[error("{origin}:{line}: invalid config: {message}")]
+    Parse {
+        origin: String,
+        line: usize,
+        message: String,
     },
-    #[error("tenant {provider}/{tenant}: {reason}")]
+    /// Every problem found in a configuration that parsed (never a secret value).
+    #[error("{}", render_problems(origin, problems))]
     Invalid {
-        provider: String,
-        tenant: String,
-        reason: String,
+        origin: String,
+        problems: Vec<Problem>,
     },
+}
+
+impl ConfigError {
+    /// Each problem as `origin:line: message`, for `einmal config check`.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            ConfigError::Invalid { origin, problems } => problems
+                .iter()
+                .map(|p| format!("{origin}:{}: {}", p.line, p.message))
+                .collect(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+/// One problem of a configuration, at a 1-based line of its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub line: usize,
+    pub message: String,
+}
+
+fn render_problems(origin: &str, problems: &[Problem]) -> String {
+    let mut out = format!("{origin}: {} configuration problem(s)", problems.len());
+    for p in problems {
+        out.push_str(&format!("; line {}: {}", p.line, p.message));
+    }
+    out
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    1 + text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+}
+
+/// Optimal string alignment distance (edits, with adjacent transpositions counting
+/// one), for "did you mean" suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// The valid name nearest to `name`, when it is close enough to be a typo (at most a
+/// third of its length, and at least one edit, away).
+pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (name.chars().count() / 3).max(1);
+    valid
+        .into_iter()
+        .map(|v| (edit_distance(name, v), v))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, v)| v)
+}
+
+fn did_you_mean(suggestion: Option<&str>) -> String {
+    suggestion.map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"))
 }
 
 /// A secret value. `Debug` and `Display` never print it.
@@ -83,13 +160,14 @@ struct RawDefaults {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTenant {
-    provider: String,
+    provider: Spanned<String>,
     tenant: String,
     #[serde(default)]
     secrets: Vec<SecretSpec>,
     tolerance_secs: Option<u64>,
+    /// Keys with their position, so an unknown option is reported at its line.
     #[serde(default)]
-    options: BTreeMap<String, String>,
+    options: BTreeMap<Spanned<String>, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -153,7 +231,9 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml(&text)
+        Self::from_toml_named(&text, &path.display().to_string(), |name| {
+            std::env::var(name).ok()
+        })
     }
 
     /// Parse TOML and resolve `{ env = "VAR" }` secrets from the process environment.
@@ -165,8 +245,23 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
+        Self::from_toml_named(text, "config", env)
+    }
+
+    /// Parse and check a configuration strictly; `origin` (a file name, a parameter)
+    /// names it in errors. A structural TOML error stops at once; otherwise every
+    /// problem is collected: unknown providers, tenants without secrets, options the
+    /// provider does not declare (with the nearest valid name), unset environment
+    /// variables, empty secrets, unsafe names, tenants configured twice, and invalid
+    /// generic-HMAC schemes.
+    pub fn from_toml_named(
+        text: &str,
+        origin: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            offset: e.span().map(|s| s.start).unwrap_or(0),
+            origin: origin.to_string(),
+            line: line_of(text, e.span().map(|s| s.start).unwrap_or(0)),
             message: e.message().to_string(),
         })?;
         let defaults = IngestSettings::default();
@@ -189,48 +284,104 @@ impl Config {
             .tolerance_secs
             .unwrap_or(DEFAULT_TOLERANCE_SECS);
         let mut tenants = BTreeMap::new();
+        let mut problems = Vec::new();
         for t in raw.tenants {
-            let invalid = |reason: &str| ConfigError::Invalid {
-                provider: t.provider.clone(),
-                tenant: t.tenant.clone(),
-                reason: reason.to_string(),
+            let line = line_of(text, t.provider.span().start);
+            let provider_name = t.provider.get_ref().clone();
+            let mut problem = |message: String| {
+                problems.push(Problem {
+                    line,
+                    message: format!("tenant {provider_name}/{}: {message}", t.tenant),
+                })
             };
-            if !is_valid_name(&t.provider) || !is_valid_name(&t.tenant) {
-                return Err(invalid(
-                    "provider and tenant names may only use letters, digits, '-', '_' and '.'",
-                ));
+            if !is_valid_name(&provider_name) || !is_valid_name(&t.tenant) {
+                problem(
+                    "provider and tenant names may only use letters, digits, '-', '_' and '.'"
+                        .into(),
+                );
+                continue;
             }
+            let Some(provider) = providers::lookup(&provider_name) else {
+                let known = providers::all().iter().map(|p| p.name());
+                problem(format!(
+                    "unknown provider `{provider_name}`{}",
+                    did_you_mean(nearest(&provider_name, known))
+                ));
+                continue;
+            };
             let mut secrets = Vec::with_capacity(t.secrets.len());
             for spec in &t.secrets {
                 let value = match spec {
-                    SecretSpec::Inline(v) => v.clone(),
+                    SecretSpec::Inline(v) => Some(v.clone()),
                     SecretSpec::Env { env: var } => {
-                        env(var).ok_or_else(|| ConfigError::MissingEnvSecret {
-                            provider: t.provider.clone(),
-                            tenant: t.tenant.clone(),
-                            var: var.clone(),
-                        })?
+                        let value = env(var);
+                        if value.is_none() {
+                            problem(format!(
+                                "secret refers to environment variable {var}, which is not set"
+                            ));
+                        }
+                        value
                     }
                 };
-                if value.is_empty() {
-                    return Err(invalid("a secret is empty"));
+                match value {
+                    Some(v) if v.is_empty() => problem("a secret is empty".into()),
+                    Some(v) => secrets.push(Secret(v)),
+                    None => {}
                 }
-                secrets.push(Secret(value));
             }
-            let key = (t.provider.clone(), t.tenant.clone());
+            let mut options = BTreeMap::new();
+            for (name, value) in t.options {
+                let (span, name) = (name.span(), name.into_inner());
+                if !provider.options().contains(&name.as_str()) {
+                    problems.push(Problem {
+                        line: line_of(text, span.start),
+                        message: format!(
+                            "tenant {provider_name}/{}: unknown option `{name}` for provider {provider_name}{}",
+                            t.tenant,
+                            did_you_mean(nearest(&name, provider.options().iter().copied()))
+                        ),
+                    });
+                    continue;
+                }
+                options.insert(name, value);
+            }
+            let tenant = TenantConfig {
+                provider: provider_name.clone(),
+                tenant: t.tenant.clone(),
+                secrets,
+                tolerance_secs: t.tolerance_secs.unwrap_or(default_tolerance),
+                options,
+            };
+            let mut problem = |message: String| {
+                problems.push(Problem {
+                    line,
+                    message: format!("tenant {provider_name}/{}: {message}", t.tenant),
+                })
+            };
+            if t.secrets.is_empty() && provider.needs_secret(&tenant) {
+                problem("no secrets: `secrets` must list at least one".into());
+            }
+            if provider_name == "generic" && !t.secrets.is_empty() {
+                if let Err(reason) = providers::generic::validate(&tenant) {
+                    problem(reason.to_string());
+                }
+            }
+            let key = (tenant.provider.clone(), tenant.tenant.clone());
             if tenants.contains_key(&key) {
-                return Err(invalid("configured twice"));
+                problem("configured twice".into());
+                continue;
             }
-            tenants.insert(
-                key,
-                TenantConfig {
-                    provider: t.provider,
-                    tenant: t.tenant,
-                    secrets,
-                    tolerance_secs: t.tolerance_secs.unwrap_or(default_tolerance),
-                    options: t.options,
-                },
-            );
+            // The hint intake limit (thin providers) must be a number, not a typo.
+            if let Err(reason) = crate::pipeline::hint_limit::max_hints_per_minute(&tenant) {
+                problem(reason);
+            }
+            tenants.insert(key, tenant);
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                problems,
+            });
         }
         Ok(Config { ingest, tenants })
     }
@@ -314,6 +465,110 @@ mod tests {
     fn secrets_never_print() {
         let s = Secret::new("whsec_topsecret");
         assert!(!format!("{s:?}").contains("topsecret"));
+    }
+
+    #[test]
+    fn a_misspelt_option_is_rejected_with_its_line_and_the_nearest_name() {
+        let text = "[[tenant]]\nprovider = \"shopify\"\ntenant = \"shop-1\"\nsecrets = [\"hush\"]\noptions = { shop_domian = \"shop-1.myshopify.com\" }\n";
+        let err = Config::from_toml_named(text, "einmal.toml", |_| None).unwrap_err();
+        assert_eq!(
+            err.lines(),
+            ["einmal.toml:5: tenant shopify/shop-1: unknown option `shop_domian` for provider shopify (did you mean `shop_domain`?)"]
+        );
+        // Nothing close: no suggestion.
+        let text = text.replace("shop_domian", "colour");
+        let err = Config::from_toml(&text).unwrap_err();
+        assert!(err.to_string().contains("unknown option `colour`"), "{err}");
+        assert!(!err.to_string().contains("did you mean"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_its_line() {
+        let text = r#"
+[[tenant]]
+provider = "stirpe"
+tenant = "a"
+secrets = ["x"]
+
+[[tenant]]
+provider = "stripe"
+tenant = "b"
+secrets = []
+
+[[tenant]]
+provider = "github"
+tenant = "c"
+
+[[tenant]]
+provider = "twilio"
+tenant = "d"
+secrets = ["token", { env = "UNSET_TWILIO" }]
+options = { url = "https://x.example/t", acount_sid = "AC1", colour = "red" }
+
+[[tenant]]
+provider = "generic"
+tenant = "e"
+secrets = ["k"]
+options = { header = "x sig" }
+"#;
+        let err = Config::from_toml_named(text, "f.toml", |_| None).unwrap_err();
+        assert_eq!(
+            err.lines(),
+            [
+                "f.toml:3: tenant stirpe/a: unknown provider `stirpe` (did you mean `stripe`?)",
+                "f.toml:8: tenant stripe/b: no secrets: `secrets` must list at least one",
+                "f.toml:13: tenant github/c: no secrets: `secrets` must list at least one",
+                "f.toml:17: tenant twilio/d: secret refers to environment variable UNSET_TWILIO, which is not set",
+                "f.toml:20: tenant twilio/d: unknown option `acount_sid` for provider twilio (did you mean `account_sid`?)",
+                "f.toml:20: tenant twilio/d: unknown option `colour` for provider twilio",
+                "f.toml:23: tenant generic/e: option `header` is not a valid header name",
+            ]
+        );
+        // The secret values never appear.
+        assert!(!err.to_string().contains("token"), "{err}");
+    }
+
+    #[test]
+    fn declared_options_and_hint_tenants_without_secrets_load() {
+        let text = r#"
+[[tenant]]
+provider = "gopay"
+tenant = "g"
+options = { path_token = "p", api_base = "https://gw.sandbox.gopay.com", access_token = "env:X", max_hints_per_minute = "600" }
+
+[[tenant]]
+provider = "mollie"
+tenant = "m"
+options = { path_token = "p", api_key = "env:Y" }
+
+[[tenant]]
+provider = "twilio"
+tenant = "t"
+secrets = ["token"]
+options = { url = "https://x.example/t", shared_key_secret = "env:Z" }
+"#;
+        let cfg = Config::from_toml(text).unwrap();
+        assert_eq!(cfg.tenants().count(), 3);
+        // Mollie next-gen (no path token) signs: it needs a secret.
+        let text = "[[tenant]]\nprovider = \"mollie\"\ntenant = \"m\"\n";
+        assert!(Config::from_toml(text).is_err());
+    }
+
+    #[test]
+    fn the_demo_configuration_is_valid() {
+        let text = include_str!("../../einmal.toml");
+        Config::from_toml_with_env(text, |_| Some("from-env".into())).unwrap();
+    }
+
+    #[test]
+    fn nearest_name_is_a_small_edit_away() {
+        let names = ["shop_domain", "topic", "access_token", "api_base"];
+        assert_eq!(nearest("shop_domian", names), Some("shop_domain"));
+        assert_eq!(nearest("shopdomain", names), Some("shop_domain"));
+        assert_eq!(nearest("topc", names), Some("topic"));
+        assert_eq!(nearest("api_key", names), None);
+        assert_eq!(edit_distance("ab", "ba"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]

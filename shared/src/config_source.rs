@@ -153,4 +153,22 @@ mod tests {
         let source = ConfigSource::fixed(Arc::new(initial()));
         assert_eq!(source.current().await.ingest.retention_days, 99);
     }
+
+    struct Misspelt;
+
+    #[async_trait]
+    impl ConfigLoader for Misspelt {
+        async fn load(&self) -> Result<Config, String> {
+            let text = "[[tenant]]\nprovider = \"shopify\"\ntenant = \"s\"\nsecrets = [\"k\"]\noptions = { shop_domian = \"s.myshopify.com\" }\n";
+            Config::from_toml(text).map_err(|e| e.to_string())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reload_with_an_unknown_option_keeps_the_last_good_configuration() {
+        let source = ConfigSource::refreshing(initial(), Arc::new(Misspelt), Duration::ZERO);
+        let current = source.current().await;
+        assert_eq!(current.ingest.retention_days, 99);
+        assert_eq!(current.tenants().count(), 0);
+    }
 }

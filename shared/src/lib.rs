@@ -14,6 +14,7 @@ pub mod config_source;
 pub mod domain;
 pub mod envelope;
 pub mod lookup;
+pub mod lookup_guard;
 pub mod pipeline;
 pub mod ports;
 pub mod providers;

@@ -191,6 +191,10 @@ pub enum StoreError {
     /// A stored item could not be decoded.
     #[error("stored item is corrupt: {0}")]
     Corrupt(String),
+    /// The store refused this write and always will (an item over the size limit,
+    /// a request it validates as invalid): retrying cannot help.
+    #[error("store rejected the write: {0}")]
+    Rejected(String),
 }
 
 /// Error classes stored in [`InboxItem::last_error_class`].
@@ -413,8 +417,8 @@ pub trait Queue: Send + Sync {
 #[async_trait]
 /// The sweeper also leaves dead letters in place ([`DeadLetterQueue::release_dead_letter`]).
 pub trait InboxSweep: DeadLetterQueue + Send + Sync {
-    /// Up to `limit` items, oldest `updated_at_ms` first: `received` or `retryable`
-    /// items last updated before `older_than_ms`, and `processing` items whose lease
+    /// Up to `limit` items, oldest `updated_at_ms` first: `received`, `queued` or
+    /// `retryable` items last updated before `older_than_ms`, and `processing` items whose lease
     /// ran out before `older_than_ms` (a crashed worker).
     async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
 

@@ -29,6 +29,29 @@
 //! ids (no duplicates), and only a newer `updated_at` yields a new event, which the
 //! domain's version check orders against the webhooks.
 //!
+//! The listed order is the full order, so an order the business has not created from
+//! Shopify (no `order` record, or one a payment provider opened, without
+//! `shopify_created`) is also ingested as an `orders/create` with event id
+//! `{shop}:orders/create:reconcile-{order id}` (one per order, whatever its version):
+//! its `orders/create` webhook may never come, and an update alone would wait for it
+//! forever. The domain applies the create once (`#created`, stock `#stock#{sku}`), so
+//! a late real `orders/create`, before or after it, changes nothing; the version is
+//! still the newest snapshot's, because the `orders/updated` of the listed version is
+//! ingested too. Known orders get only the update. The check reads the business
+//! store (the checkpoint's [`StateStore`] when none is given), one batch of at most
+//! 100 keys per 100 listed orders.
+//!
+//! # Every page is read, or the run fails
+//!
+//! A page request that answers 5xx, 429 or 408, times out ([`REQUEST_TIMEOUT`]) or
+//! cannot connect is retried: [`PAGE_ATTEMPTS`] attempts, pausing 250 ms, 500 ms, 1 s
+//! between them. A page that still fails, a 401/403 (the message names the tenant
+//! option holding the credential), another 4xx, or a `next` link (Shopify `Link`,
+//! Mollie `_links.next`) to another host than the API base (not followed, so the token
+//! never leaves it) fails the run with [`ReconcileError::Page`], naming the call
+//! (`GET {url without query} (page n)`) and the reason; the checkpoint is not moved
+//! past pages that were not read.
+//!
 //! # Thin providers: payment status (Mollie classic, GoPay, Klarna push)
 //!
 //! Their webhooks are hints without state, so what can be missed is a *status change*.
@@ -123,6 +146,13 @@ pub const DEFAULT_LOOKBACK_SECS: i64 = 3 * 86_400;
 pub const DEFAULT_OVERLAP_SECS: i64 = 5 * 60;
 /// Timeout of one API page request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts per page: a 5xx, 429, timeout or connection failure is retried up to
+/// `PAGE_ATTEMPTS - 1` times, after [`PAGE_RETRY_BASE`], then twice that, ... (250 ms,
+/// 500 ms, 1 s: at most 1.75 s of waiting plus the attempts' timeouts per page) before
+/// the run fails.
+pub const PAGE_ATTEMPTS: u32 = 4;
+/// First pause before a page is asked for again.
+pub const PAGE_RETRY_BASE: Duration = Duration::from_millis(250);
 /// Largest accepted page.
 pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
 /// A run stops with an error (checkpoint not advanced) after this many pages.
@@ -144,6 +174,10 @@ const SHOPIFY_API_VERSION: &str = "2024-10";
 pub enum ReconcileError {
     #[error("{0}")]
     Api(#[from] LookupError),
+    /// A page of a provider's list was not read (API error after the retries, or a
+    /// `next` link that is not followed): the run fails and keeps its checkpoint.
+    #[error("{call}: {reason}")]
+    Page { call: String, reason: String },
     #[error("provider API answered an unexpected body: {0}")]
     Payload(String),
     #[error("{0}")]
@@ -170,8 +204,9 @@ pub struct TenantReport {
     pub tenant: String,
     /// The start of the window read (RFC 3339).
     pub since: String,
-    /// Events (Stripe), order versions (Shopify) or payments (thin providers) read from
-    /// the API.
+    /// Events (Stripe), order versions (Shopify: plus one `orders/create` per listed
+    /// order the business has not created) or payments (thin providers) read from the
+    /// API.
     pub fetched: usize,
     /// Of those, already in the inbox (a webhook or an earlier run brought them);
     /// thin providers: already in sync with our order (see the module docs).
@@ -238,6 +273,10 @@ pub struct Reconciler {
     /// Where GoPay / Klarna push find the payments they watch: the inbox's hint index
     /// (see the module docs).
     hints: Option<Arc<dyn InboxHints>>,
+    /// Timeout of one page request ([`REQUEST_TIMEOUT`]).
+    request_timeout: Duration,
+    /// First pause before a failed page is asked for again ([`PAGE_RETRY_BASE`]).
+    retry_base: Duration,
 }
 
 /// One fetched event, ready for the ingestor.
@@ -275,7 +314,16 @@ impl Reconciler {
             overlap_secs: DEFAULT_OVERLAP_SECS,
             lookup: Arc::new(HttpLookup::new()),
             hints: None,
+            request_timeout: REQUEST_TIMEOUT,
+            retry_base: PAGE_RETRY_BASE,
         }
+    }
+
+    /// Replace the page timeout and the first retry pause (tests).
+    pub fn with_page_timing(mut self, request_timeout: Duration, retry_base: Duration) -> Self {
+        self.request_timeout = request_timeout;
+        self.retry_base = retry_base;
+        self
     }
 
     /// The inbox's hint index, where the hints of GoPay and Klarna push tenants are
@@ -413,7 +461,10 @@ impl Reconciler {
         }
         let mut fetched = match tenant.provider.as_str() {
             "stripe" => self.fetch_stripe(tenant, start).await?,
-            "shopify" => self.fetch_shopify(tenant, start).await?,
+            "shopify" => {
+                let orders = business.unwrap_or(self.state.as_ref());
+                self.fetch_shopify(tenant, start, orders).await?
+            }
             other => {
                 return Err(ReconcileError::Config(format!(
                     "reconciliation does not support {other}"
@@ -517,15 +568,14 @@ impl Reconciler {
         let auth = format!("Bearer {key}");
         let mut out = Vec::new();
         let mut after: Option<String> = None;
-        for _ in 0..MAX_PAGES {
+        for page_no in 1..=MAX_PAGES {
             let mut url = format!("{base}/v1/events?created%5Bgte%5D={since}&limit=100");
             if let Some(after) = &after {
                 url.push_str("&starting_after=");
                 url.extend(form_urlencoded::byte_serialize(after.as_bytes()));
             }
-            let (body, _) = self
-                .get(&url, http::header::AUTHORIZATION.as_str(), &auth)
-                .await?;
+            let credential = ("authorization", auth.as_str(), "api_key");
+            let (body, _) = self.get(&url, credential, page_no).await?;
             #[derive(Deserialize)]
             struct Page<'a> {
                 #[serde(borrow)]
@@ -560,6 +610,7 @@ impl Reconciler {
         &self,
         tenant: &TenantConfig,
         since: i64,
+        business: &dyn StateStore,
     ) -> Result<Vec<Fetched>, ReconcileError> {
         let shop = tenant
             .option("shop_domain")
@@ -575,11 +626,12 @@ impl Reconciler {
             "{base}/admin/api/{SHOPIFY_API_VERSION}/orders.json?updated_at_min={since_text}&status=any&limit=250"
         ));
         let mut out = Vec::new();
-        for _ in 0..MAX_PAGES {
+        for page_no in 1..=MAX_PAGES {
             let Some(current) = url.take() else {
                 return Ok(out);
             };
-            let (body, link) = self.get(&current, "x-shopify-access-token", &token).await?;
+            let credential = ("x-shopify-access-token", token.as_str(), "access_token");
+            let (body, link) = self.get(&current, credential, page_no).await?;
             #[derive(Deserialize)]
             struct Page<'a> {
                 #[serde(borrow)]
@@ -592,6 +644,7 @@ impl Reconciler {
             }
             let page: Page = serde_json::from_slice(&body)
                 .map_err(|e| ReconcileError::Payload(format!("orders list: {e}")))?;
+            let mut listed = Vec::with_capacity(page.orders.len());
             for raw in page.orders {
                 let order: Order = serde_json::from_str(raw.get())
                     .map_err(|e| ReconcileError::Payload(format!("order: {e}")))?;
@@ -603,25 +656,47 @@ impl Reconciler {
                 let at = parse_rfc3339(&order.updated_at).ok_or_else(|| {
                     ReconcileError::Payload(format!("order {id}: bad updated_at"))
                 })?;
-                let envelope = Envelope {
+                listed.push((id, order.updated_at, at, raw));
+            }
+            let unknown = orders_not_created(business, tenant, &listed).await?;
+            for (id, updated_at, at, raw) in listed {
+                let body = Bytes::copy_from_slice(raw.get().as_bytes());
+                let envelope = |event_type: &str, event_id: String| Envelope {
                     provider: "shopify".into(),
                     tenant: tenant.tenant.clone(),
-                    event_id: shopify_event_id(&shop, &id, &order.updated_at),
-                    event_type: "orders/updated".into(),
-                    object_id: Some(id),
-                    object_version: Some(order.updated_at.clone()),
+                    event_id,
+                    event_type: event_type.into(),
+                    object_id: Some(id.clone()),
+                    object_version: Some(updated_at.clone()),
                     occurred_at: Some(at),
                     delivery_id: None,
                 };
-                let body = Bytes::copy_from_slice(raw.get().as_bytes());
-                out.push(Fetched { envelope, body, at });
+                // The listed order is the full order: for an order the business has
+                // not created (its orders/create never came), it is that create. The
+                // `#created` and stock keys make a late real orders/create a no-op.
+                if unknown.contains(&id) {
+                    out.push(Fetched {
+                        envelope: envelope("orders/create", shopify_create_event_id(&shop, &id)),
+                        body: body.clone(),
+                        at,
+                    });
+                }
+                // And always this version as an update, which the version check orders
+                // against the webhooks (it is newer than a late real create, say).
+                out.push(Fetched {
+                    envelope: envelope("orders/updated", shopify_event_id(&shop, &id, &updated_at)),
+                    body,
+                    at,
+                });
             }
             // Cursor paging: follow `rel="next"`, but only on the same API base, so the
-            // token never goes to another host.
-            url = link
-                .as_deref()
-                .and_then(next_link)
-                .filter(|next| next.starts_with(&format!("{base}/")));
+            // token never goes to another host. A link elsewhere leaves pages unread:
+            // the run fails rather than move the checkpoint past them.
+            url = match link.as_deref().and_then(next_link) {
+                Some(next) if next.starts_with(&format!("{base}/")) => Some(next),
+                Some(next) => return Err(foreign_next(&current, page_no, &next, &base)),
+                None => None,
+            };
         }
         Err(ReconcileError::Payload(format!(
             "more than {MAX_PAGES} pages of orders"
@@ -645,27 +720,76 @@ impl Reconciler {
         Ok(value)
     }
 
-    /// One GET: the body and the `Link` header. Non-2xx → [`classify_status`].
+    /// One page: GET `url` with `credential` = (header, value, the tenant option it
+    /// comes from), retried on 5xx, 429, timeouts and connection failures
+    /// ([`PAGE_ATTEMPTS`], backoff from [`PAGE_RETRY_BASE`]). The body and the `Link`
+    /// header; any failure names the call and, on 401/403, the option to fix.
     async fn get(
+        &self,
+        url: &str,
+        credential: (&str, &str, &str),
+        page_no: usize,
+    ) -> Result<(Vec<u8>, Option<String>), ReconcileError> {
+        let (auth_header, auth_value, option) = credential;
+        let call = page_call(url, page_no);
+        let mut pause = self.retry_base;
+        let mut attempt = 1;
+        loop {
+            let error = match self.get_once(url, auth_header, auth_value).await {
+                Ok(page) => return Ok(page),
+                Err(PageError::Refused(status)) => {
+                    return Err(ReconcileError::Page {
+                        call,
+                        reason: format!(
+                            "provider API answered {status}: the credential was refused; check the tenant option `{option}`"
+                        ),
+                    })
+                }
+                Err(PageError::Permanent(reason)) => {
+                    return Err(ReconcileError::Page { call, reason })
+                }
+                Err(PageError::Transient(reason)) => reason,
+            };
+            if attempt >= PAGE_ATTEMPTS {
+                return Err(ReconcileError::Page {
+                    call,
+                    reason: format!("{error} (after {attempt} attempts)"),
+                });
+            }
+            tracing::info!(call = %call, attempt, error = %error, "provider API page failed; retrying");
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            attempt += 1;
+        }
+    }
+
+    async fn get_once(
         &self,
         url: &str,
         auth_header: &str,
         auth_value: &str,
-    ) -> Result<(Vec<u8>, Option<String>), ReconcileError> {
+    ) -> Result<(Vec<u8>, Option<String>), PageError> {
         let request = http::Request::get(url)
             .header(auth_header, auth_value)
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::USER_AGENT, "einmal-reconcile")
             .body(Empty::<Bytes>::new())
-            .map_err(|_| ReconcileError::Config("cannot build the API request".into()))?;
+            .map_err(|_| PageError::Permanent("cannot build the API request".into()))?;
         let call = async {
-            let response =
-                self.client.request(request).await.map_err(|e| {
-                    LookupError::Transient(format!("provider API unreachable: {e}"))
-                })?;
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| PageError::Transient(format!("provider API unreachable: {e}")))?;
             let status = response.status();
+            if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN {
+                return Err(PageError::Refused(status.as_u16()));
+            }
             if !status.is_success() {
-                return Err(classify_status(status));
+                return Err(match classify_status(status) {
+                    LookupError::Transient(m) => PageError::Transient(m),
+                    LookupError::Permanent(m) => PageError::Permanent(m),
+                });
             }
             let link = response
                 .headers()
@@ -676,15 +800,72 @@ impl Reconciler {
                 .collect()
                 .await
                 .map_err(|e| {
-                    LookupError::Transient(format!("reading the provider API response: {e}"))
+                    PageError::Transient(format!("reading the provider API response: {e}"))
                 })?;
             Ok((body.to_bytes().to_vec(), link))
         };
-        match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(LookupError::Transient("provider API timed out".into()).into()),
+        match tokio::time::timeout(self.request_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(PageError::Transient(format!(
+                "provider API timed out after {} ms",
+                self.request_timeout.as_millis()
+            ))),
         }
     }
+}
+
+/// Why one page request failed.
+enum PageError {
+    /// 5xx, 429, 408, timeout, connection: worth another attempt.
+    Transient(String),
+    /// 401 / 403: the credential.
+    Refused(u16),
+    /// Other 4xx and request errors.
+    Permanent(String),
+}
+
+/// `GET {url without its query} (page n)`: names the call, never a credential.
+fn page_call(url: &str, page_no: usize) -> String {
+    let path = url.split('?').next().unwrap_or(url);
+    format!("GET {path} (page {page_no})")
+}
+
+/// A `next` link to another host than the API base: not followed, so the run fails.
+fn foreign_next(current: &str, page_no: usize, next: &str, base: &str) -> ReconcileError {
+    let next_host = next.split('?').next().unwrap_or(next);
+    ReconcileError::Page {
+        call: page_call(current, page_no),
+        reason: format!(
+            "its next page is on another host ({next_host}), not under the API base {base}; \
+             not followed (the credential stays with the API base), so the pages after \
+             this one are unread and the checkpoint is not moved"
+        ),
+    }
+}
+
+/// Of the listed Shopify orders, those the business has not created from Shopify (no
+/// order record, or one opened by a payment provider only).
+async fn orders_not_created(
+    business: &dyn StateStore,
+    tenant: &TenantConfig,
+    listed: &[(String, String, i64, &RawValue)],
+) -> Result<std::collections::BTreeSet<String>, ReconcileError> {
+    let mut unknown = std::collections::BTreeSet::new();
+    // Bounded batches: a DynamoDB BatchGetItem takes at most 100 keys.
+    for chunk in listed.chunks(100) {
+        let keys: Vec<StateKey> = chunk
+            .iter()
+            .map(|(id, ..)| order_key(&tenant.tenant, id))
+            .collect();
+        for record in business.load(&keys).await? {
+            let created = record.exists()
+                && record.data.get("shopify_created") == Some(&serde_json::Value::Bool(true));
+            if !created {
+                unknown.insert(record.key.id.clone());
+            }
+        }
+    }
+    Ok(unknown)
 }
 
 /// What a thin provider's payment status means, read as the reference domain reads
@@ -918,13 +1099,12 @@ impl Reconciler {
         }
         let mut url = Some(format!("{base}/v2/payments?limit={MOLLIE_PAGE_SIZE}"));
         let mut out = Vec::new();
-        for _ in 0..MAX_PAGES {
+        for page_no in 1..=MAX_PAGES {
             let Some(current) = url.take() else {
                 return Ok(out);
             };
-            let (body, _) = self
-                .get(&current, http::header::AUTHORIZATION.as_str(), &auth)
-                .await?;
+            let credential = ("authorization", auth.as_str(), "api_key");
+            let (body, _) = self.get(&current, credential, page_no).await?;
             let page: Page = serde_json::from_slice(&body)
                 .map_err(|e| ReconcileError::Payload(format!("payments list: {e}")))?;
             let mut reached_older = false;
@@ -946,11 +1126,11 @@ impl Reconciler {
             if reached_older {
                 return Ok(out);
             }
-            url = page
-                .links
-                .and_then(|l| l.next)
-                .map(|n| n.href)
-                .filter(|next| next.starts_with(&format!("{base}/")));
+            url = match page.links.and_then(|l| l.next).map(|n| n.href) {
+                Some(next) if next.starts_with(&format!("{base}/")) => Some(next),
+                Some(next) => return Err(foreign_next(&current, page_no, &next, &base)),
+                None => None,
+            };
         }
         Err(ReconcileError::Payload(format!(
             "more than {MAX_PAGES} pages of payments"
@@ -1193,6 +1373,12 @@ pub fn checkpoint_key(tenant: &TenantConfig) -> StateKey {
         CHECKPOINT_KIND,
         tenant.provider.clone(),
     )
+}
+
+/// The synthetic event id of the `orders/create` for an order the business has not
+/// created (stable per order: one per order however often it is reconciled).
+pub fn shopify_create_event_id(shop: &str, order_id: &str) -> String {
+    format!("{shop}:orders/create:reconcile-{order_id}")
 }
 
 /// The synthetic event id of one Shopify order version (stable across runs).

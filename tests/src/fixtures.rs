@@ -163,3 +163,71 @@ impl Queue for FailingQueue {
         self.inner.receive_dead_letters(max, visibility).await
     }
 }
+
+/// Fault injection: the receiver's process dies at its first queue send. `send` never
+/// returns, so whoever calls it stops there, and nothing else is reachable: the
+/// state it leaves is the inbox write without the pointer.
+pub struct DyingQueue {
+    reached: tokio::sync::Notify,
+}
+
+impl Default for DyingQueue {
+    fn default() -> Self {
+        DyingQueue {
+            reached: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl DyingQueue {
+    fn died() -> QueueError {
+        QueueError::Unavailable("the process died".to_string())
+    }
+}
+
+#[async_trait]
+impl Queue for DyingQueue {
+    async fn send(&self, _message: &QueueMessage) -> Result<(), QueueError> {
+        self.reached.notify_one();
+        std::future::pending().await
+    }
+    async fn receive(&self, _max: u32, _v: Duration) -> Result<Vec<Delivery>, QueueError> {
+        Err(Self::died())
+    }
+    async fn ack(&self, _receipt: &str) -> Result<(), QueueError> {
+        Err(Self::died())
+    }
+    async fn change_visibility(&self, _receipt: &str, _v: Duration) -> Result<(), QueueError> {
+        Err(Self::died())
+    }
+    async fn send_dead_letter(&self, _message: &QueueMessage) -> Result<(), QueueError> {
+        Err(Self::died())
+    }
+    async fn receive_dead_letters(
+        &self,
+        _max: u32,
+        _v: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        Err(Self::died())
+    }
+}
+
+/// Ingest `request` with `inbox` through a receiver that dies between its put and its
+/// send: returns once the put is done and the send was reached (the request gets no
+/// answer, as with a `kill -9` at that instant).
+pub async fn ingest_then_die(
+    config: Arc<Config>,
+    inbox: Arc<dyn Inbox>,
+    provider: &str,
+    tenant: &str,
+    request: &WebhookRequest,
+) {
+    let queue = Arc::new(DyingQueue::default());
+    let ingestor = einmal::pipeline::ingest::Ingestor::new(config, inbox, queue.clone());
+    tokio::select! {
+        response = ingestor.ingest(provider, tenant, request) => {
+            panic!("the receiver answered instead of dying at its send: {response:?}")
+        }
+        _ = queue.reached.notified() => {}
+    }
+}

@@ -1,7 +1,9 @@
 //! A real DynamoDB/SQS-compatible server on loopback (moto), for the AWS adapter tests.
 //!
 //! `Moto::shared()` starts one server per test binary; tests isolate themselves with
-//! [`unique_name`] tables and queues, so they run in parallel. The server is spawned
+//! [`unique_name`] tables and queues, so they run in parallel. The server answers one
+//! request at a time (see [`moto_command`]), so every conditional write is atomic as
+//! on DynamoDB and the tests need no client-side lock to prove atomicity. The server is spawned
 //! through a small `sh` wrapper that kills it when its stdin closes, which happens
 //! when the test process exits however it exits (statics never run `Drop`).
 
@@ -21,7 +23,7 @@ use aws_sdk_dynamodb::config::{
 use einmal::adapters::aws::{create_queues, create_tables, AwsNames, AwsStore};
 use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
 
-/// Overrides the moto executable (a path or a name on PATH).
+/// The `moto_server` whose Python serves the tests (a path, or a name on PATH).
 pub const MOTO_BIN_ENV: &str = "EINMAL_MOTO_BIN";
 /// `aws_store` creates its main queue with this redrive threshold.
 pub const MAX_RECEIVE_COUNT: u32 = 3;
@@ -155,21 +157,71 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// `$EINMAL_MOTO_BIN`, else `moto_server` on PATH, else `python3 -m moto.server`.
+/// The checked-in wrapper that serves moto single-threaded (see the script).
+const SINGLE_THREADED_SCRIPT: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/moto_single_threaded.py");
+
+/// moto's own server is threaded, and moto applies a conditional write as a check and
+/// then a store with no lock between them: two concurrent conditional writes of one
+/// item could both pass, which DynamoDB never allows. So the harness serves moto's app
+/// single-threaded ([`SINGLE_THREADED_SCRIPT`]) with the Python that has moto
+/// installed: the one of `$EINMAL_MOTO_BIN` (a `moto_server` script: its venv's
+/// `python3` beside it, else its `#!` line), else of `moto_server` on PATH, else
+/// `python3`.
 fn moto_command() -> Vec<String> {
-    if let Ok(bin) = std::env::var(MOTO_BIN_ENV) {
-        if !bin.trim().is_empty() {
-            return vec![bin];
+    vec![
+        moto_python().unwrap_or_else(|e| panic!("cannot find moto's Python: {e}")),
+        SINGLE_THREADED_SCRIPT.to_string(),
+    ]
+}
+
+fn moto_python() -> Result<String, String> {
+    let configured = std::env::var(MOTO_BIN_ENV)
+        .ok()
+        .filter(|bin| !bin.trim().is_empty());
+    let bin = match configured {
+        Some(bin) if bin.contains('/') => Some(PathBuf::from(bin)),
+        Some(name) => Some(on_path(&name).ok_or_else(|| format!("{name} is not on PATH"))?),
+        None => on_path("moto_server"),
+    };
+    let Some(bin) = bin else {
+        return Ok("python3".to_string());
+    };
+    python_of(&bin)
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The interpreter that runs the `moto_server` script `bin`.
+fn python_of(bin: &Path) -> Result<String, String> {
+    if let Some(dir) = bin.parent() {
+        for sibling in ["python3", "python"] {
+            let candidate = dir.join(sibling);
+            if candidate.is_file() {
+                return Ok(candidate.display().to_string());
+            }
         }
     }
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join("moto_server").is_file()))
-        .unwrap_or(false);
-    if on_path {
-        vec!["moto_server".to_string()]
-    } else {
-        ["python3", "-m", "moto.server"].map(String::from).to_vec()
-    }
+    let text = std::fs::read(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    let first_line = text.split(|b| *b == b'\n').next().unwrap_or_default();
+    let shebang = String::from_utf8_lossy(first_line);
+    let interpreter = shebang
+        .strip_prefix("#!")
+        .and_then(|rest| rest.split_whitespace().next())
+        .filter(|python| python.contains("python"))
+        .ok_or_else(|| {
+            format!(
+                "{} is not a Python script (no python beside it, no #!...python line); \
+                 point {MOTO_BIN_ENV} at the moto_server of a Python with moto[server]",
+                bin.display()
+            )
+        })?;
+    Ok(interpreter.to_string())
 }
 
 /// One server for the whole test binary (same as [`Moto::shared`]).

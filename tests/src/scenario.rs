@@ -16,21 +16,23 @@ use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
 use einmal::domain::reference::{
     order_key, seed_sku, sku_key, Invoice, LineItem, Notification, NotificationKind, Order,
-    OrderStatus, PaymentStatus, ReferenceDomain, Refund, Shipment, Sku, StockLine, ORDER, SKU,
+    OrderStatus, Payment, PaymentStatus, ReferenceDomain, Refund, Shipment, Sku, StockLine, ORDER,
+    SKU,
 };
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use einmal::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+};
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
 use einmal::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, PutOutcome,
-    Queue, StoreError,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, Queue,
+    StoreError,
 };
 use einmal::providers;
 use einmal::providers::sig::format_rfc3339;
 use einmal::request::WebhookRequest;
 use serde_json::{json, Value};
-use tokio::sync::Mutex;
 
 use crate::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
 use crate::moto::{self, CallCounter, OperationLog};
@@ -344,91 +346,6 @@ pub fn sample(name: &str) -> Event {
 // ---------------------------------------------------------------------------
 // Backends
 
-/// DynamoDB applies every conditional write atomically; moto does not (it evaluates
-/// the condition, then writes, with no lock, on a threaded server: see
-/// `tests/state_store.rs`). This wrapper holds one lock around each *write* of the
-/// DynamoDB-backed ports (conditional put, claim, finish, commit), so each request is
-/// atomic as on DynamoDB, while the interleaving *between* requests (where the
-/// pipeline's races live) is untouched. Reads are not serialized: a torn read can
-/// only make a version-guarded commit conflict, never succeed wrongly.
-pub struct AtomicCalls<T: ?Sized> {
-    inner: Arc<T>,
-    lock: Arc<Mutex<()>>,
-}
-
-impl<T: ?Sized> AtomicCalls<T> {
-    pub fn new(inner: Arc<T>, lock: Arc<Mutex<()>>) -> Self {
-        AtomicCalls { inner, lock }
-    }
-}
-
-#[async_trait]
-impl<T: Inbox + ?Sized> Inbox for AtomicCalls<T> {
-    async fn put_new(&self, item: &InboxItem) -> Result<PutOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.put_new(item).await
-    }
-    async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn list(&self, filter: &InboxFilter) -> Result<Vec<InboxItem>, StoreError> {
-        self.inner.list(filter).await
-    }
-    async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.mark_enqueue_failed(key).await
-    }
-}
-
-#[async_trait]
-impl<T: InboxProcessing + ?Sized> InboxProcessing for AtomicCalls<T> {
-    async fn claim(
-        &self,
-        key: &InboxKey,
-        owner: &str,
-        now_ms: i64,
-        lease_ms: i64,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.claim(key, owner, now_ms, lease_ms).await
-    }
-    async fn finish(&self, key: &InboxKey, owner: &str, f: &Finish) -> Result<bool, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.finish(key, owner, f).await
-    }
-    async fn mark_dead_letter(
-        &self,
-        key: &InboxKey,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.mark_dead_letter(key, reason, now_ms).await
-    }
-    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
-        self.inner.waiters(record_pk, limit).await
-    }
-}
-
-#[async_trait]
-impl<T: StateStore + ?Sized> StateStore for AtomicCalls<T> {
-    async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
-        self.inner.load(keys).await
-    }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        let _g = self.lock.lock().await;
-        self.inner.commit(writes).await
-    }
-    async fn list(
-        &self,
-        tenant: &str,
-        kind: &str,
-        limit: usize,
-    ) -> Result<Vec<StateRecord>, StoreError> {
-        self.inner.list(tenant, kind, limit).await
-    }
-}
-
 /// Which backend a scenario runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -521,15 +438,14 @@ pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>
     let sqs = aws_sdk_sqs::Client::from_conf(sqs.build());
     let store = Arc::new(AwsStore::new(dynamodb.clone(), sqs, names));
     let state = Arc::new(DynamoStateStore::new(dynamodb, state_table));
-    let lock = Arc::new(Mutex::new(()));
     Backend {
         name: "aws",
-        inbox: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
-        processing: Arc::new(AtomicCalls::new(store.clone(), lock.clone())),
+        inbox: store.clone(),
+        processing: store.clone(),
         queue: store.clone(),
         sweep: store.clone(),
         hints: store,
-        state: Arc::new(AtomicCalls::new(state, lock)),
+        state,
         calls: Some(counter),
         max_receive_count,
         idle_poll: Duration::from_millis(100),
@@ -826,7 +742,7 @@ pub async fn drain(b: &Backend, p: &Processor) -> Vec<Handled> {
         Until {
             items,
             gate: &|| true,
-            timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(180),
         },
     )
     .await
@@ -941,6 +857,16 @@ impl StateStore for CommitFails {
         }
         self.inner.commit(writes).await
     }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if self.left.take() {
+            return Err(StoreError::Unavailable("injected: throttled".into()));
+        }
+        self.inner.commit_checked(writes, reads).await
+    }
     async fn list(
         &self,
         tenant: &str,
@@ -979,6 +905,16 @@ impl StateStore for SlowCommits {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.commit(writes).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if self.left.take() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.commit_checked(writes, reads).await
     }
     async fn list(
         &self,
@@ -1046,20 +982,31 @@ pub async fn check_invariants(b: &Backend, seeds: &[(&str, i64)]) -> BTreeMap<St
             "{}: on_hand must be seeded {seed} − reserved + restocked",
             sku
         );
-        let stock_keys: BTreeSet<String> = record
-            .applied
-            .iter()
-            .filter(|k| k.contains("#stock#"))
-            .cloned()
-            .collect();
-        let restock_keys: BTreeSet<String> = record
-            .applied
-            .iter()
-            .filter(|k| k.contains("#restock#"))
-            .cloned()
-            .collect();
-        assert_eq!(stock_keys, takers, "{sku}: one stock movement per order");
-        assert_eq!(restock_keys, restockers, "{sku}: one restock per cancel");
+        // The movements' keys live on the orders; the SKU record carries none of them
+        // (it must not grow with the number of orders).
+        let keys_of = |kind: &str| -> BTreeSet<String> {
+            orders
+                .iter()
+                .flat_map(|(r, _)| r.applied.iter())
+                .filter(|k| k.contains(kind) && k.ends_with(&format!("#{sku}")))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(
+            keys_of("#stock#"),
+            takers,
+            "{sku}: one stock movement per order"
+        );
+        assert_eq!(
+            keys_of("#restock#"),
+            restockers,
+            "{sku}: one restock per cancel"
+        );
+        assert!(
+            record.applied.iter().all(|k| k.ends_with("#seed")),
+            "{sku}: only the seed key on the SKU record: {:?}",
+            record.applied
+        );
     }
 
     // Every inbox item is finished.
@@ -1478,6 +1425,20 @@ pub fn yesterday(seed: u64) -> Stream {
                 kind: NotificationKind::PaymentReceived,
                 dedup_key: keys.paid(),
             });
+            // Each report of the payment is recorded (the paid total stays `total`).
+            let reported = |provider: &str, payment_id: &str| Payment {
+                provider: provider.into(),
+                payment_id: payment_id.into(),
+                amount_minor: total,
+            };
+            if k % 4 != 2 {
+                if k % 4 != 3 {
+                    o.payments.push(reported("stripe", &pi));
+                }
+                if k % 4 != 1 || paid_at_create {
+                    o.payments.push(reported("shopify", "order"));
+                }
+            }
         } else {
             let key = keys.payment_failed(&pi, start + 35);
             o.payment_status = PaymentStatus::Failed;
@@ -1661,6 +1622,11 @@ pub fn yesterday(seed: u64) -> Stream {
             invoice_id: format!("inv-{ids}-1"),
             amount_minor: amount,
             source_effect: keys.paid(),
+        });
+        o.payments.push(Payment {
+            provider: "stripe".into(),
+            payment_id: "pi_web_4001".into(),
+            amount_minor: amount,
         });
         o.refunds.push(Refund {
             refund_id: "re_web_4001".into(),

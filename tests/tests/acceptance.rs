@@ -44,7 +44,7 @@ async fn until_handled(
     p: &einmal::pipeline::process::Processor,
     key: &InboxKey,
 ) -> Vec<Handled> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut all = Vec::new();
     loop {
         let got = step(b, p, "stepper").await;
@@ -150,13 +150,22 @@ async fn same_delivery_twice_and_concurrent_processors_apply_once(kind: Kind) {
         assert_eq!(kinds.len(), 2, "{id}: {kinds:?}");
         assert!(kinds.contains(&NotificationKind::PaymentReceived));
         assert!(kinds.contains(&NotificationKind::Shipped));
-        let red = b.record(&sku_key(scenario::TENANT, RED)).await;
-        let moves = red
+        // The stock move's key is on the order; the SKU record carries none.
+        let order = b.record(&order_key(scenario::TENANT, id)).await;
+        let moves = order
             .applied
             .iter()
-            .filter(|k| k.contains(&format!("order-{id}#stock")))
+            .filter(|k| k.contains(&format!("order-{id}#stock#{RED}")))
             .count();
         assert_eq!(moves, 1, "{id}: one stock movement");
+        let red = b.record(&sku_key(scenario::TENANT, RED)).await;
+        assert!(
+            !red.applied
+                .iter()
+                .any(|k| k.contains(&format!("order-{id}#"))),
+            "{id}: {:?}",
+            red.applied
+        );
     }
     for e in &events {
         assert_eq!(
@@ -191,9 +200,12 @@ async fn two_events_for_one_effect_apply_once(kind: Kind) {
         b.item(&stripe_paid).await.result.unwrap(),
     ];
     results.sort();
-    assert_eq!(
-        results,
-        [ALREADY_APPLIED, "order 1001 paid; invoice inv-1001-1"]
+    // The first issues the invoice; the second is recorded as the same money.
+    assert_eq!(results[0], "order 1001 paid; invoice inv-1001-1");
+    assert!(
+        results[1].starts_with("order 1001 payment ")
+            && results[1].ends_with(" recorded (paid total unchanged)"),
+        "{results:?}"
     );
 
     // charge.refunded and refund.created for the same refund, plus the Stripe payment
@@ -274,7 +286,8 @@ async fn crash_after_effect_before_ack_has_no_second_effect(kind: Kind) {
     let item = b.item(&paid).await;
     assert_eq!(item.state, InboxState::Completed);
     assert_eq!(item.result.as_deref(), Some(ALREADY_APPLIED));
-    assert_eq!(item.attempts, 2);
+    // The crashed attempt counts (a claim slower than the 300 ms lease may add one).
+    assert!(item.attempts >= 2, "{}", item.attempts);
 
     // (b) Finished in the inbox, but the SQS delete never happened.
     let ship = sample("shopify-fulfillments-create");
@@ -746,7 +759,7 @@ async fn replay(kind: Kind, stream: &scenario::Stream, shuffle_seed: u64, copies
                 Until {
                     items: n,
                     gate: &gate,
-                    timeout: Duration::from_secs(45),
+                    timeout: Duration::from_secs(300),
                 },
             )
             .await
@@ -942,6 +955,100 @@ async fn aws_calls_per_event_with_the_reference_domain() {
     check_invariants(&b, &SEEDS).await;
 }
 
+// ---------------------------------------------------------------------------
+// 8. One refund reported by Shopify and Stripe; a deposit and a balance
+
+/// A Shopify order paid through Stripe in two payments (deposit + balance), the
+/// balance refunded, and that refund reported by Stripe (`refund.created`) and by
+/// Shopify (`refunds/create`, whose Stripe transaction carries the refund id). All
+/// sent at once, so refunds may come before the balance (they wait for it).
+async fn one_refund_from_two_providers_and_two_payments_are_counted_once(kind: Kind) {
+    let b = fresh(kind).await;
+    let ingest = b.ingestor();
+    let p = b.processor(LEASE_MS);
+    let at = 1_764_400_000;
+    let create = orders_create(7001, at, &[(RED, 2)], 12_970, "pending");
+    let pi = |id: &str, amount: i64, created: i64| {
+        scenario::stripe_event(
+            "payment_intent.succeeded",
+            &format!("evt_{id}"),
+            created,
+            serde_json::json!({"id": id, "object": "payment_intent", "amount": amount,
+                   "amount_received": amount, "currency": "eur", "status": "succeeded",
+                   "metadata": {"order_id": "7001"}}),
+        )
+    };
+    let deposit = pi("pi_7001_dep", 3_000, at + 10);
+    let balance = pi("pi_7001_bal", 9_970, at + 20);
+    let shop_paid = orders_paid(7001, at + 30, &[(RED, 2)], 12_970);
+    let stripe_refund = scenario::stripe_event(
+        "refund.created",
+        "evt_re_7001",
+        at + 40,
+        serde_json::json!({"id": "re_7001_bal", "object": "refund", "amount": 9_970,
+               "currency": "eur", "status": "succeeded", "payment_intent": "pi_7001_bal",
+               "metadata": {"order_id": "7001"}}),
+    );
+    let shop_refund = scenario::shopify_event(
+        "refunds/create",
+        "refund-7101",
+        serde_json::json!({"id": 7101, "order_id": 7001, "restock": false, "transactions": [
+            {"id": 71010, "order_id": 7001, "kind": "refund", "status": "success",
+             "gateway": "stripe", "amount": "99.70", "currency": "EUR",
+             "authorization": "re_7001_bal",
+             "receipt": {"id": "re_7001_bal", "object": "refund", "charge": "ch_7001"}}
+        ]}),
+    );
+    for e in [
+        &stripe_refund,
+        &shop_refund,
+        &balance,
+        &create,
+        &deposit,
+        &shop_paid,
+    ] {
+        assert!(!b.send(&ingest, e).await);
+    }
+    drain(&b, &p).await;
+    assert!(b.dead_letters().await.is_empty());
+    for e in [
+        &stripe_refund,
+        &shop_refund,
+        &balance,
+        &create,
+        &deposit,
+        &shop_paid,
+    ] {
+        assert_eq!(b.item(e).await.state, InboxState::Completed, "{}", e.kind);
+    }
+
+    let o = b.order("7001").await;
+    assert_eq!(
+        (o.invoices.len(), o.paid_minor(), o.payments.len()),
+        (1, 12_970, 3),
+        "deposit + balance counted once each; Shopify's report is the same money"
+    );
+    assert_eq!(o.refunds.len(), 1, "{:?}", o.refunds);
+    assert_eq!(
+        (o.refunds[0].refund_id.as_str(), o.refunded_minor),
+        ("re_7001_bal", 9_970)
+    );
+    assert_eq!(
+        (o.payment_status, o.loyalty_points),
+        (PaymentStatus::PartiallyRefunded, 30)
+    );
+    let count = |kind| o.notifications.iter().filter(|n| n.kind == kind).count();
+    assert_eq!(
+        (
+            count(NotificationKind::PaymentReceived),
+            count(NotificationKind::Refunded)
+        ),
+        (1, 1)
+    );
+    assert_eq!(b.on_hand(RED).await, 10 - 2);
+    check_invariants(&b, &SEEDS).await;
+}
+
 macro_rules! on_both_backends {
     ($($scenario:ident),* $(,)?) => {
         mod embedded_store {
@@ -971,4 +1078,5 @@ on_both_backends!(
     swapped_order_converges_to_the_in_order_outcome,
     permanent_error_dead_letters_and_transient_error_retries,
     yesterdays_stream_replayed_shuffled_twice_matches_the_clean_pass,
+    one_refund_from_two_providers_and_two_payments_are_counted_once,
 );

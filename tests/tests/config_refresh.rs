@@ -121,3 +121,41 @@ async fn an_unreadable_parameter_keeps_the_last_good_configuration() {
     let req = signed(&initial, "stripe", "t1", "", &stripe_body("evt_k1", 10));
     assert_eq!(ingest.ingest("stripe", "t1", &req).await.status, 200);
 }
+
+/// A tenant whose tenant-check option is misspelt: accepting it would switch the check off.
+const MISSPELT: &str = "[[tenant]]\nprovider = \"stripe\"\ntenant = \"t1\"\nsecrets = [\"whsec_new\"]\noptions = { acount = \"acct_1\" }\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_parameter_is_refused_at_start_and_a_reload_keeps_the_last_good() {
+    let sdk = moto::shared().sdk_config().await;
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    let name = format!("/einmal/{}/tenants", moto::unique_name("cfg"));
+    ssm.put_parameter()
+        .name(&name)
+        .value(MISSPELT)
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .overwrite(true)
+        .send()
+        .await
+        .expect("put parameter");
+    let loader = Arc::new(SsmConfigLoader {
+        client: ssm,
+        name: name.clone(),
+    });
+    // What a function's init does: an invalid configuration is an error, naming the
+    // parameter, the line and the nearest option.
+    let err = loader.load().await.unwrap_err();
+    assert!(err.contains(&name), "{err}");
+    assert!(
+        err.contains("line 5: tenant stripe/t1: unknown option `acount` for provider stripe (did you mean `account`?)"),
+        "{err}"
+    );
+    // A running function reloading it keeps the last good configuration.
+    let initial = Config::from_toml(&toml(&["whsec_kept"])).unwrap();
+    let source = ConfigSource::refreshing(initial.clone(), loader, Duration::ZERO);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(EmbeddedStore::open(dir.path(), Default::default()).unwrap());
+    let ingest = Ingestor::from_source(source, store.clone(), store.clone());
+    let req = signed(&initial, "stripe", "t1", "", &stripe_body("evt_k2", 10));
+    assert_eq!(ingest.ingest("stripe", "t1", &req).await.status, 200);
+}

@@ -32,14 +32,8 @@ async fn aws() -> Backend {
     let moto = einmal_tests::moto::shared();
     let (store, _names) = einmal_tests::moto::aws_store(moto, None).await;
     let store = Arc::new(store);
-    // moto checks a condition and writes without a lock; DynamoDB's conditional put is
-    // atomic. Serialise each put (not the interleaving of requests around it).
-    let lock = Arc::new(tokio::sync::Mutex::new(()));
     Backend {
-        inbox: Arc::new(einmal_tests::scenario::AtomicCalls::new(
-            store.clone(),
-            lock,
-        )),
+        inbox: store.clone(),
         queue: store,
         _keep: Box::new(()),
     }

@@ -1688,7 +1688,9 @@ fn provisioned_mode_scales_every_table_and_index() {
 /// `ReceiverFunctionUrl=true`: a public function URL (AuthType NONE; the receiver
 /// verifies signatures) on the receiver, both grants scoped to it (the direct invoke
 /// only through the URL), its 5xx alarm and its output. Off by default; the HTTP API
-/// stays either way. Reserved concurrency is unset unless given.
+/// stays either way. Reserved concurrency: unset without the URL unless given; with the
+/// URL (no API throttling in front of it) 50 by default, the given value, or none only
+/// when asked for explicitly (`none`).
 #[test]
 fn the_function_url_is_optional_public_and_reaches_only_the_receiver() {
     let t = template();
@@ -1800,6 +1802,32 @@ fn the_function_url_is_optional_public_and_reaches_only_the_receiver() {
         .and_then(|v| resolve(&on, v))
         .as_deref(),
         Some("50")
+    );
+    let reserved = |overrides: &[(&str, &str)]| {
+        let r = render(&t, overrides);
+        get(
+            props(resource(&r, "ReceiverFunction")),
+            "ReservedConcurrentExecutions",
+        )
+        .and_then(|v| resolve(&r, v))
+    };
+    assert_eq!(
+        reserved(&[("ReceiverFunctionUrl", "true")]).as_deref(),
+        Some("50"),
+        "a public function URL gets a reserved concurrency by default"
+    );
+    assert_eq!(
+        reserved(&[
+            ("ReceiverFunctionUrl", "true"),
+            ("ReceiverReservedConcurrency", "none")
+        ]),
+        None,
+        "`none` opts out explicitly"
+    );
+    assert_eq!(
+        reserved(&[("ReceiverReservedConcurrency", "20")]).as_deref(),
+        Some("20"),
+        "without the URL a given value still applies"
     );
     // The function URL is additional: the HTTP API keeps every route.
     assert_eq!(resources_of(&on, "AWS::Serverless::HttpApi").len(), 1);

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
@@ -20,8 +21,8 @@ use einmal::pipeline::ingest::Ingestor;
 use einmal::ports::Source;
 use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{
-    audit_record, shopify_event_id, Difference, ReconcileError, ReconcileOptions, Reconciler,
-    DEFAULT_OVERLAP_SECS, PENDING_PROCESSING,
+    audit_record, shopify_create_event_id, shopify_event_id, Difference, ReconcileError,
+    ReconcileOptions, Reconciler, DEFAULT_OVERLAP_SECS, PAGE_ATTEMPTS, PENDING_PROCESSING,
 };
 use einmal_tests::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
 use einmal_tests::scenario::{
@@ -48,6 +49,14 @@ struct FakeState {
     queries: Vec<String>,
     /// Shopify order snapshots served by `orders.json`.
     orders: Vec<Value>,
+    /// Orders per `orders.json` page (0: all on one page); pages link with
+    /// `Link: <…page_info=N…>; rel="next"`.
+    orders_page_size: usize,
+    /// The `next` link of this page (1-based) points to another host.
+    foreign_next_on_page: Option<usize>,
+    /// `orders.json` page (1-based) → how many of its next requests answer this
+    /// status instead (0: hang for 3 s, past the test's page timeout).
+    page_faults: Vec<(usize, u16, usize)>,
 }
 
 #[derive(Clone)]
@@ -93,6 +102,23 @@ impl FakeStripe {
         self.state.lock().unwrap().fail_next.push_back(status);
     }
 
+    /// Serve `orders.json` in pages of `size`; page `foreign` links to another host.
+    fn page_orders(&self, size: usize, foreign: Option<usize>) {
+        let mut s = self.state.lock().unwrap();
+        s.orders_page_size = size;
+        s.foreign_next_on_page = foreign;
+    }
+
+    /// The next `count` requests of `orders.json` page `page` answer `status`
+    /// (0: hang past the page timeout).
+    fn fault_page(&self, page: usize, status: u16, count: usize) {
+        self.state
+            .lock()
+            .unwrap()
+            .page_faults
+            .push((page, status, count));
+    }
+
     fn queries(&self) -> Vec<String> {
         self.state.lock().unwrap().queries.clone()
     }
@@ -112,7 +138,29 @@ async fn answer(
     uri: Uri,
 ) -> Response {
     if uri.path() == "/admin/api/2024-10/orders.json" {
-        return shopify_orders(&state, &headers, &uri);
+        let fault = {
+            let mut s = state.lock().unwrap();
+            let page = orders_page_no(&s, &uri);
+            let fault = s
+                .page_faults
+                .iter_mut()
+                .find(|(p, _, n)| *p == page && *n > 0);
+            fault.map(|(_, status, n)| {
+                *n -= 1;
+                *status
+            })
+        };
+        match fault {
+            Some(0) => {
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                return StatusCode::GATEWAY_TIMEOUT.into_response();
+            }
+            Some(status) => {
+                let status = StatusCode::from_u16(status).expect("status");
+                return (status, r#"{"errors":"boom"}"#).into_response();
+            }
+            None => return shopify_orders(&state, &headers, &uri),
+        }
     }
     if uri.path() != "/v1/events" {
         return StatusCode::NOT_FOUND.into_response();
@@ -158,7 +206,16 @@ async fn answer(
     ([("content-type", "application/json")], body.to_string()).into_response()
 }
 
-/// The fake Shopify `GET orders.json` (one page; `updated_at_min` honoured).
+/// The 1-based page an `orders.json` request asks for.
+fn orders_page_no(s: &FakeState, uri: &Uri) -> usize {
+    let offset: usize = query_param(uri.query().unwrap_or_default(), "page_info")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    offset / s.orders_page_size.max(1) + 1
+}
+
+/// The fake Shopify `GET orders.json` (`updated_at_min` honoured; paged with
+/// `page_info` = the offset when a page size is set).
 fn shopify_orders(state: &Mutex<FakeState>, headers: &HeaderMap, uri: &Uri) -> Response {
     let token = headers
         .get("x-shopify-access-token")
@@ -184,8 +241,45 @@ fn shopify_orders(state: &Mutex<FakeState>, headers: &HeaderMap, uri: &Uri) -> R
         })
         .cloned()
         .collect();
-    let body = json!({ "orders": orders });
-    ([("content-type", "application/json")], body.to_string()).into_response()
+    if s.orders_page_size == 0 {
+        let body = json!({ "orders": orders });
+        return ([("content-type", "application/json")], body.to_string()).into_response();
+    }
+    let offset: usize = query_param(&query, "page_info")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let page: Vec<Value> = orders
+        .iter()
+        .skip(offset)
+        .take(s.orders_page_size)
+        .cloned()
+        .collect();
+    let page_no = offset / s.orders_page_size + 1;
+    let mut response = (
+        [("content-type", "application/json")],
+        json!({ "orders": page }).to_string(),
+    )
+        .into_response();
+    if offset + s.orders_page_size < orders.len() {
+        let host = match s.foreign_next_on_page {
+            Some(p) if p == page_no => "http://elsewhere.example".to_string(),
+            _ => format!(
+                "http://{}",
+                headers
+                    .get("host")
+                    .and_then(|h| h.to_str().ok())
+                    .unwrap_or("")
+            ),
+        };
+        let next = format!(
+            "<{host}/admin/api/2024-10/orders.json?limit=250&page_info={}>; rel=\"next\"",
+            offset + s.orders_page_size
+        );
+        response
+            .headers_mut()
+            .insert("link", next.parse().expect("link header"));
+    }
+    response
 }
 
 // ---------------------------------------------------------------------------
@@ -231,7 +325,9 @@ async fn setup_on(kind: Kind, page_size: usize) -> Setup {
         b.inbox.clone(),
         b.queue.clone(),
     ));
-    let reconciler = Reconciler::new(ingestor.clone(), b.state.clone());
+    // Short page timing: a hung page times out after 1 s, retries pause 20 ms, 40 ms, ...
+    let reconciler = Reconciler::new(ingestor.clone(), b.state.clone())
+        .with_page_timing(Duration::from_secs(1), Duration::from_millis(20));
     Setup {
         b,
         api,
@@ -403,15 +499,26 @@ async fn api_error_is_clear_and_leaves_the_checkpoint() {
         .unwrap()
         .clone();
 
-    // A first failure before any checkpoint exists: none is written.
-    s.api.fail_next(500);
+    // A first failure before any checkpoint exists: none is written. A 500 is
+    // retried; one on every attempt fails the run and names the call.
+    for _ in 0..PAGE_ATTEMPTS {
+        s.api.fail_next(500);
+    }
     let err = s
         .reconciler
         .reconcile_tenant(&tenant, None)
         .await
-        .expect_err("a 500 fails the run");
-    assert!(matches!(err, ReconcileError::Api(_)), "{err:?}");
-    assert!(err.to_string().contains("500"), "{err}");
+        .expect_err("a 500 on every attempt fails the run");
+    assert!(matches!(err, ReconcileError::Page { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("500"), "{text}");
+    assert!(text.starts_with("GET "), "{text}");
+    assert!(text.contains("/v1/events (page 1)"), "{text}");
+    assert!(
+        text.contains(&format!("after {PAGE_ATTEMPTS} attempts")),
+        "{text}"
+    );
+    assert!(!text.contains(API_KEY), "{text}");
     assert_eq!(stored_checkpoint(&s.b).await, None);
     assert!(s
         .b
@@ -427,7 +534,9 @@ async fn api_error_is_clear_and_leaves_the_checkpoint() {
         .expect("ok");
     let checkpoint = stored_checkpoint(&s.b).await.expect("checkpoint");
     s.api.publish(&[&payments[1], &payments[2]]);
-    s.api.fail_next(503);
+    for _ in 0..PAGE_ATTEMPTS {
+        s.api.fail_next(503);
+    }
     let reports = s.reconciler.run(&stripe_only()).await.expect("run");
     let r = &reports[0];
     assert_eq!(r.checkpoint, None);
@@ -610,5 +719,270 @@ impl Created for Event {
     fn body_created(&self) -> i64 {
         let body: Value = serde_json::from_slice(&self.body).expect("body");
         body["created"].as_i64().expect("created")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Shopify orders never delivered: created from the listed snapshot
+
+#[tokio::test]
+async fn shopify_order_never_created_by_webhook_is_created_once() {
+    never_created_scenario(Kind::Embedded).await;
+}
+
+#[tokio::test]
+async fn shopify_order_never_created_by_webhook_is_created_once_on_moto() {
+    never_created_scenario(Kind::Aws).await;
+}
+
+/// Three orders the shop lists (paid) whose `orders/create` we never processed:
+/// 5001 never comes as a webhook; 5002's real create arrives after the reconciled
+/// one was applied; 5003's real create is applied between the run and the
+/// processing of what it ingested. Each ends as one order, paid once, stock reserved
+/// once, nothing dead-lettered.
+async fn never_created_scenario(kind: Kind) {
+    let s = setup_on(kind, 100).await;
+    let p = s.b.processor(300);
+    let now = einmal::time::now_secs();
+    let created = now - 7_200;
+    let updated = now - 3_600;
+    let ids = [5001u64, 5002, 5003];
+    s.api.publish_orders(
+        ids.iter()
+            .map(|id| order_body(*id, updated, &ITEMS, TOTAL, "paid"))
+            .collect(),
+    );
+
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("run");
+    let r = &reports[0];
+    assert_eq!(r.error, None, "{r:?}");
+    // Per order: a synthesized orders/create (the business does not know the order)
+    // and the version as orders/updated.
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (6, 0, 6),
+        "{r:?}"
+    );
+    for id in ids {
+        let create = InboxKey::new(
+            "shopify",
+            TENANT,
+            &shopify_create_event_id(scenario::SHOP, &id.to_string()),
+        );
+        assert!(
+            r.ingested_events.contains(&create.as_str().to_owned()),
+            "{id}: {:?}",
+            r.ingested_events
+        );
+    }
+    // 5003: the real create is applied before the reconciled events are processed
+    // (they are held back meanwhile).
+    let held = s.b.receive_all(Duration::from_secs(60)).await;
+    assert_eq!(held.len(), 6);
+    let real_5003 = orders_create(5003, created, &ITEMS, TOTAL, "paid");
+    assert!(!s.b.send(&s.ingestor, &real_5003).await);
+    let handled = scenario::step(&s.b, &p, "w").await;
+    assert_eq!(handled.len(), 1, "{handled:?}");
+    assert_eq!(handled[0].key, real_5003.inbox_key());
+    assert_eq!(
+        s.b.order("5003").await.shopify_updated_at,
+        Some(utc(created))
+    );
+    for d in &held {
+        s.b.queue
+            .change_visibility(&d.receipt, Duration::ZERO)
+            .await
+            .expect("visible again");
+    }
+    drain(&s.b, &p).await;
+    // 5002: its real create comes late, after the reconciled one was applied.
+    let real_5002 = orders_create(5002, created, &ITEMS, TOTAL, "paid");
+    assert!(!s.b.send(&s.ingestor, &real_5002).await);
+    drain(&s.b, &p).await;
+
+    assert!(s.b.dead_letters().await.is_empty());
+    for id in ids {
+        let o = s.b.order(&id.to_string()).await;
+        assert!(o.shopify_created, "{id}");
+        assert_eq!(
+            o.shopify_updated_at,
+            Some(utc(updated)),
+            "{id}: newest version"
+        );
+        assert_eq!(o.stock_reserved.len(), 1, "{id}");
+        assert_eq!(o.stock_reserved[0].quantity, 1, "{id}");
+        assert_eq!((o.invoices.len(), o.paid_minor()), (1, TOTAL), "{id}");
+    }
+    assert_eq!(
+        s.b.on_hand("RED-M").await,
+        100 - 3,
+        "stock reserved once per order"
+    );
+    let state_after_first = s.b.business_state().await;
+
+    // Again: the orders are known now; only their versions are listed, all present.
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("second run");
+    let r = &reports[0];
+    assert_eq!(r.error, None);
+    assert_eq!(
+        (r.fetched, r.already_present, r.ingested),
+        (3, 3, 0),
+        "{r:?}"
+    );
+    assert!(drain(&s.b, &p).await.is_empty());
+    assert_eq!(s.b.business_state().await, state_after_first);
+}
+
+// ---------------------------------------------------------------------------
+// Pages not read fail the run
+
+#[tokio::test]
+async fn unread_pages_fail_the_run_and_keep_the_checkpoint() {
+    unread_pages_scenario(Kind::Embedded).await;
+}
+
+#[tokio::test]
+async fn unread_pages_fail_the_run_and_keep_the_checkpoint_on_moto() {
+    unread_pages_scenario(Kind::Aws).await;
+}
+
+async fn shopify_checkpoint(b: &Backend) -> Option<i64> {
+    let record = b
+        .record(&StateKey::new(TENANT, "checkpoint", "shopify"))
+        .await;
+    record.data.get("since").and_then(Value::as_i64)
+}
+
+/// Five listed orders in pages of two. A `next` link to another host after page 1,
+/// a 401, and a 5xx on every attempt each fail the run, name the call, and keep the
+/// checkpoint; a 5xx or a hung page that recovers within the attempts is retried and
+/// the run reads every page.
+async fn unread_pages_scenario(kind: Kind) {
+    let s = setup_on(kind, 100).await;
+    let p = s.b.processor(300);
+    let now = einmal::time::now_secs();
+    let ids = [5101u64, 5102, 5103, 5104, 5105];
+    s.api.publish_orders(
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| order_body(*id, now - 3_600 + i as i64, &ITEMS, TOTAL, "paid"))
+            .collect(),
+    );
+    let tenant = s
+        .ingestor
+        .config()
+        .tenant("shopify", TENANT)
+        .unwrap()
+        .clone();
+
+    // Page 1 links to another host: not followed, and the run fails.
+    s.api.page_orders(2, Some(1));
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("run");
+    let r = &reports[0];
+    let error = r.error.as_deref().expect("the run fails");
+    assert!(error.starts_with("GET "), "{error}");
+    assert!(
+        error.contains("/admin/api/2024-10/orders.json (page 1)"),
+        "{error}"
+    );
+    assert!(
+        error.contains("another host (http://elsewhere.example"),
+        "{error}"
+    );
+    assert_eq!(r.checkpoint, None);
+    assert_eq!(shopify_checkpoint(&s.b).await, None, "no checkpoint stored");
+    let json = serde_json::to_value(r).expect("report serializes");
+    assert_eq!(json["error"], json!(error));
+    let queries = s.api.queries().len();
+    assert_eq!(queries, 1, "the foreign page was not asked for");
+
+    // Bad credentials: the message says which option to fix.
+    s.api.page_orders(2, None);
+    let mut bad = tenant.clone();
+    bad.options
+        .insert("access_token".into(), "shpat_wrong".into());
+    let err = s
+        .reconciler
+        .reconcile_tenant(&bad, None)
+        .await
+        .expect_err("401 fails the run");
+    let text = err.to_string();
+    assert!(text.contains("answered 401"), "{text}");
+    assert!(text.contains("tenant option `access_token`"), "{text}");
+    assert!(!text.contains("shpat_wrong"), "{text}");
+
+    // A complete run stores a checkpoint.
+    s.reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("complete run");
+    let checkpoint = shopify_checkpoint(&s.b).await.expect("checkpoint");
+    drain(&s.b, &p).await;
+    // Newer versions of every order, so the next runs read all pages again.
+    s.api.publish_orders(
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| order_body(*id, now - 60 + i as i64, &ITEMS, TOTAL, "paid"))
+            .collect(),
+    );
+
+    // Page 2 answers 503 on every attempt: the run fails after the retries.
+    s.api.fault_page(2, 503, PAGE_ATTEMPTS as usize);
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("run");
+    let r = &reports[0];
+    let error = r.error.as_deref().expect("the run fails");
+    assert!(error.contains("orders.json (page 2)"), "{error}");
+    assert!(error.contains("503"), "{error}");
+    assert!(
+        error.contains(&format!("after {PAGE_ATTEMPTS} attempts")),
+        "{error}"
+    );
+    assert_eq!(
+        shopify_checkpoint(&s.b).await,
+        Some(checkpoint),
+        "checkpoint kept"
+    );
+
+    // Failures that recover within the attempts: a hung page 1 (timed out), a 500
+    // and a 502 on page 3 are retried, and the run reads every page.
+    s.api.fault_page(1, 0, 1);
+    s.api.fault_page(3, 500, 1);
+    s.api.fault_page(3, 502, 1);
+    let reports = s
+        .reconciler
+        .run_with(&shopify_only(), Some(s.b.state.as_ref()))
+        .await
+        .expect("run");
+    let r = &reports[0];
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.fetched, ids.len(), "{r:?}");
+    let moved = shopify_checkpoint(&s.b).await.expect("checkpoint");
+    assert!(
+        moved > checkpoint,
+        "the checkpoint moves after a complete run"
+    );
+    drain(&s.b, &p).await;
+    for id in ids {
+        let o = s.b.order(&id.to_string()).await;
+        assert_eq!(
+            o.shopify_updated_at,
+            Some(utc(now - 60 + (id - 5101) as i64))
+        );
     }
 }

@@ -3,23 +3,26 @@
 //! round trips the AWS adapter makes and the embedded store's durability across reopen.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::adapters::embedded_state::EmbeddedStateStore;
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use einmal::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_RECORD_BYTES,
+};
+use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
+use einmal::envelope::Envelope;
+use einmal::pipeline::process::{EffectError, EffectOutcome, Processor};
+use einmal::ports::StoreError;
 use einmal_tests::moto::{self, CallCounter, OperationLog};
+use einmal_tests::scenario::Kind;
 use serde_json::{json, Value};
 
 /// One backend under test plus whatever keeps it alive.
 pub struct Backend {
     pub store: Arc<dyn StateStore>,
-    /// Whether the server applies a conditional write atomically even while other
-    /// requests for the same item are in flight. SQLite and real DynamoDB do; moto does
-    /// not: its `put_item` evaluates the condition and then stores the item with no
-    /// lock, on a threaded HTTP server, so two concurrent conditional PutItems can both
-    /// pass (seen as a lost update in about 1 of 6 runs of the 20-worker scenario).
-    pub atomic_conditional_writes: bool,
     _keep: Box<dyn std::any::Any + Send>,
 }
 
@@ -28,7 +31,6 @@ async fn embedded() -> Backend {
     let store = EmbeddedStateStore::open(dir.path()).expect("embedded state store opens");
     Backend {
         store: Arc::new(store),
-        atomic_conditional_writes: true,
         _keep: Box::new(dir),
     }
 }
@@ -37,7 +39,6 @@ async fn aws() -> Backend {
     let store = moto::state_store(moto::shared(), None).await;
     Backend {
         store: Arc::new(store),
-        atomic_conditional_writes: false,
         _keep: Box::new(()),
     }
 }
@@ -223,16 +224,13 @@ async fn concurrent_increments_lose_no_update(b: Backend) {
         commit(&*b.store, &[create(&counter, json!({"n": 0}), &[])]).await,
         CommitOutcome::Committed
     );
-    // On moto, only the conditional writes themselves are serialized (the emulator
-    // cannot make them atomic, see `Backend`); loads, decisions and retries still run
-    // concurrently, so stale versions and conflicts happen just the same.
-    let emulator_gate =
-        (!b.atomic_conditional_writes).then(|| Arc::new(tokio::sync::Mutex::new(())));
+    // 20 workers load, decide and commit concurrently; only the store's conditional
+    // write (SQLite's transaction, moto's single-threaded request) stands between
+    // them and a lost update.
     let mut tasks = Vec::new();
     for worker in 0..WORKERS {
         let store = b.store.clone();
         let counter = counter.clone();
-        let emulator_gate = emulator_gate.clone();
         tasks.push(tokio::spawn(async move {
             let mut conflicts = 0usize;
             for i in 0..INCREMENTS {
@@ -255,12 +253,7 @@ async fn concurrent_increments_lose_no_update(b: Backend) {
                         },
                         expected_version: seen.version,
                     };
-                    let gate = match &emulator_gate {
-                        Some(gate) => Some(gate.lock().await),
-                        None => None,
-                    };
                     let outcome = store.commit(&[write]).await.expect("commit answers");
-                    drop(gate);
                     match outcome {
                         CommitOutcome::Committed => break,
                         CommitOutcome::Conflict => {
@@ -426,6 +419,102 @@ async fn malformed_commits_are_errors_not_writes(b: Backend) {
     assert!(!load_one(&*b.store, &k).await.exists());
 }
 
+async fn read_checks_hold_the_commit_to_the_versions_read(b: Backend) {
+    let (written, read, never) = (
+        key("t1", "plan", "x"),
+        key("t1", "plan", "y"),
+        key("t1", "plan", "z"),
+    );
+    assert_eq!(
+        commit(&*b.store, &[create(&read, json!({"active": false}), &[])]).await,
+        CommitOutcome::Committed
+    );
+    let y1 = load_one(&*b.store, &read).await;
+    let checks = [
+        ReadCheck {
+            key: read.clone(),
+            version: y1.version,
+        },
+        // A record read as missing must still be missing.
+        ReadCheck {
+            key: never.clone(),
+            version: 0,
+        },
+    ];
+    let x = create(&written, json!({"active": true}), &["x#activate"]);
+    let out = b
+        .store
+        .commit_checked(std::slice::from_ref(&x), &checks)
+        .await;
+    assert_eq!(out.unwrap(), CommitOutcome::Committed);
+    assert_eq!(
+        load_one(&*b.store, &read).await,
+        y1,
+        "a check writes nothing"
+    );
+
+    // The read record changed since: the whole commit is refused.
+    let x1 = load_one(&*b.store, &written).await;
+    assert_eq!(
+        commit(&*b.store, &[next(&y1, json!({"active": true}), &[])]).await,
+        CommitOutcome::Committed
+    );
+    let stale = b
+        .store
+        .commit_checked(&[next(&x1, json!({"active": false}), &[])], &checks[..1])
+        .await;
+    assert_eq!(stale.unwrap(), CommitOutcome::Conflict);
+    // The missing record appeared since: refused too.
+    assert_eq!(
+        commit(&*b.store, &[create(&never, json!(1), &[])]).await,
+        CommitOutcome::Committed
+    );
+    let stale = b
+        .store
+        .commit_checked(&[next(&x1, json!({"active": false}), &[])], &checks[1..])
+        .await;
+    assert_eq!(stale.unwrap(), CommitOutcome::Conflict);
+    assert_eq!(load_one(&*b.store, &written).await, x1, "nothing written");
+
+    // A key both written and checked is a caller bug, refused before any write.
+    let err = b
+        .store
+        .commit_checked(
+            &[next(&x1, json!(2), &[])],
+            &[ReadCheck {
+                key: written.clone(),
+                version: x1.version,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Rejected(_)), "{err}");
+}
+
+async fn a_record_over_the_item_limit_is_rejected_for_good(b: Backend) {
+    let (big, small) = (key("t1", "sku", "big"), key("t1", "order", "small"));
+    let too_big = json!("x".repeat(MAX_RECORD_BYTES + 1024));
+    for writes in [
+        vec![create(&big, too_big.clone(), &[])],
+        vec![
+            create(&small, json!(1), &[]),
+            create(&big, too_big.clone(), &[]),
+        ],
+    ] {
+        let err = b.store.commit(&writes).await.unwrap_err();
+        // DynamoDB answers ValidationException; the embedded store refuses the same.
+        assert!(matches!(err, StoreError::Rejected(_)), "{err}");
+        let loaded = b.store.load(&[big.clone(), small.clone()]).await.unwrap();
+        assert!(loaded.iter().all(|r| !r.exists()), "nothing written");
+    }
+    // Under the limit is fine (moto's own limit is ~405,000 bytes, DynamoDB's 400 KB).
+    let fits = json!("x".repeat(MAX_RECORD_BYTES - 8192));
+    assert_eq!(
+        commit(&*b.store, &[create(&big, fits, &[])]).await,
+        CommitOutcome::Committed
+    );
+}
+
 macro_rules! conformance {
     ($($scenario:ident),* $(,)?) => {
         mod embedded_store {
@@ -458,7 +547,240 @@ conformance!(
     applied_set_round_trips_empty_and_not,
     load_keeps_the_order_given_with_missing_and_repeated_keys,
     malformed_commits_are_errors_not_writes,
+    read_checks_hold_the_commit_to_the_versions_read,
+    a_record_over_the_item_limit_is_rejected_for_good,
 );
+
+// ---------------------------------------------------------------------------
+// Both backends, through the processor's commit path: reads are guarded
+
+/// A small custom domain: "activate plan {object_id} if plan {body} is inactive".
+struct Plans {
+    /// `false`: the domain opts its reads out of the guard (the unsafe old behaviour).
+    guard_reads: bool,
+}
+
+impl Domain for Plans {
+    fn targets(&self, event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
+        let plan = event.envelope.object_id.clone().unwrap_or_default();
+        let other = String::from_utf8_lossy(event.body).into_owned();
+        Ok(vec![key("t1", "plan", &plan), key("t1", "plan", &other)])
+    }
+
+    fn decide(
+        &self,
+        event: &DomainEvent<'_>,
+        current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        let [plan, other] = current else {
+            return Err(DomainError::Permanent("two plans expected".into()));
+        };
+        if other.data["active"] == json!(true) {
+            return Ok(Decision::Ignore {
+                reason: format!("plan {} is active", other.key.id),
+            });
+        }
+        Ok(Decision::Apply {
+            changes: vec![Change::new(
+                plan.key.clone(),
+                format!("t1#plan-{}#activated", plan.key.id),
+                json!({"active": true}),
+            )],
+            result: format!(
+                "plan {} activated ({})",
+                plan.key.id, event.envelope.event_id
+            ),
+        })
+    }
+
+    fn guards_read(&self, _event: &DomainEvent<'_>, _record: &StateKey) -> bool {
+        self.guard_reads
+    }
+}
+
+/// Fault injection: the first two loads return only when both have read (two
+/// decisions on the same snapshot, as two concurrent workers make them); commits then
+/// reach the store one after the other, so the test shows the guard and not how the
+/// server orders concurrent requests.
+struct SameSnapshot {
+    inner: Arc<dyn StateStore>,
+    loads: AtomicUsize,
+    both_read: tokio::sync::Barrier,
+    one_commit_at_a_time: tokio::sync::Mutex<()>,
+}
+
+#[async_trait]
+impl StateStore for SameSnapshot {
+    async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
+        let records = self.inner.load(keys).await;
+        if self.loads.fetch_add(1, Ordering::SeqCst) < 2 {
+            self.both_read.wait().await;
+        }
+        records
+    }
+    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+        self.commit_checked(writes, &[]).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        let _one = self.one_commit_at_a_time.lock().await;
+        self.inner.commit_checked(writes, reads).await
+    }
+    async fn list(
+        &self,
+        tenant: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<StateRecord>, StoreError> {
+        self.inner.list(tenant, kind, limit).await
+    }
+}
+
+fn activate(plan: &str, unless_active: &str) -> (Envelope, Vec<u8>) {
+    let envelope = Envelope {
+        provider: "plans".into(),
+        tenant: "t1".into(),
+        event_id: format!("evt-activate-{plan}"),
+        event_type: "plan.activate".into(),
+        object_id: Some(plan.into()),
+        object_version: None,
+        occurred_at: None,
+        delivery_id: None,
+    };
+    (envelope, unless_active.as_bytes().to_vec())
+}
+
+/// Two concurrent events "activate X if Y is inactive" and "activate Y if X is
+/// inactive", decided on the same snapshot. Returns the active plans and outcomes.
+async fn two_plans(kind: Kind, guard_reads: bool) -> (Vec<String>, Vec<String>) {
+    let b = kind.backend(5).await;
+    let state = Arc::new(SameSnapshot {
+        inner: b.state.clone(),
+        loads: AtomicUsize::new(0),
+        both_read: tokio::sync::Barrier::new(2),
+        one_commit_at_a_time: tokio::sync::Mutex::new(()),
+    });
+    let processor = Processor::new(
+        b.inbox.clone(),
+        b.processing.clone(),
+        b.queue.clone(),
+        state,
+        Arc::new(Plans { guard_reads }),
+    );
+    let ((ex, bx), (ey, by)) = (activate("x", "y"), activate("y", "x"));
+    let event_x = DomainEvent {
+        envelope: &ex,
+        body: &bx,
+    };
+    let event_y = DomainEvent {
+        envelope: &ey,
+        body: &by,
+    };
+    let (x, y) = tokio::join!(
+        processor.decide_and_commit(&event_x),
+        processor.decide_and_commit(&event_y),
+    );
+    let outcomes = [x, y]
+        .into_iter()
+        .map(|o| match o {
+            Ok(EffectOutcome::Committed(r)) => format!("committed: {r}"),
+            Ok(EffectOutcome::Ignored(r)) => format!("ignored: {r}"),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let active = b
+        .state
+        .load(&[key("t1", "plan", "x"), key("t1", "plan", "y")])
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.data["active"] == json!(true))
+        .map(|r| r.key.id)
+        .collect();
+    (active, outcomes)
+}
+
+async fn exactly_one_of_two_plans_is_activated(kind: Kind) {
+    let (active, outcomes) = two_plans(kind, true).await;
+    assert_eq!(active.len(), 1, "{active:?} {outcomes:?}");
+    let mut kinds: Vec<&str> = outcomes.iter().map(|o| &o[..7]).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["committ", "ignored"], "{outcomes:?}");
+    // The same race with the reads explicitly unguarded: both commit. This is what
+    // every domain got before reads were guarded.
+    let (active, outcomes) = two_plans(kind, false).await;
+    assert_eq!(active, ["x", "y"], "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_exactly_one_of_two_plans_is_activated() {
+    exactly_one_of_two_plans_is_activated(Kind::Embedded).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aws_moto_exactly_one_of_two_plans_is_activated() {
+    exactly_one_of_two_plans_is_activated(Kind::Aws).await
+}
+
+/// A decision whose record DynamoDB (or the embedded store) refuses as too large is a
+/// permanent failure with the store's reason, not a retry.
+async fn an_oversized_record_fails_the_event_permanently(kind: Kind) {
+    struct Huge;
+    impl Domain for Huge {
+        fn targets(&self, _event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
+            Ok(vec![key("t1", "blob", "b")])
+        }
+        fn decide(
+            &self,
+            _event: &DomainEvent<'_>,
+            current: &[StateRecord],
+        ) -> Result<Decision, DomainError> {
+            Ok(Decision::Apply {
+                changes: vec![Change::new(
+                    current[0].key.clone(),
+                    "t1#blob-b#grow",
+                    json!("x".repeat(MAX_RECORD_BYTES + 1024)),
+                )],
+                result: "grown".into(),
+            })
+        }
+    }
+    let b = kind.backend(5).await;
+    let processor = Processor::new(
+        b.inbox.clone(),
+        b.processing.clone(),
+        b.queue.clone(),
+        b.state.clone(),
+        Arc::new(Huge),
+    );
+    let (envelope, body) = activate("b", "-");
+    let out = processor
+        .decide_and_commit(&DomainEvent {
+            envelope: &envelope,
+            body: &body,
+        })
+        .await;
+    match out {
+        Err(EffectError::Permanent(reason)) => assert!(
+            reason.contains("ValidationException") || reason.contains("exceeds"),
+            "{reason}"
+        ),
+        other => panic!("expected a permanent failure, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_an_oversized_record_fails_the_event_permanently() {
+    an_oversized_record_fails_the_event_permanently(Kind::Embedded).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aws_moto_an_oversized_record_fails_the_event_permanently() {
+    an_oversized_record_fails_the_event_permanently(Kind::Aws).await
+}
 
 // ---------------------------------------------------------------------------
 // AWS only: round trips, counted at the SDK's HTTP layer

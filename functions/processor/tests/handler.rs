@@ -56,6 +56,7 @@ impl Domain for TestDomain {
                     key: record.key.clone(),
                     effect_key: format!("incr#{}", event.envelope.event_id),
                     data: json!({ "count": record.data["count"].as_i64().unwrap_or(0) + 1 }),
+                    keyed_on: None,
                 }],
                 result: "counted".into(),
             }),

@@ -114,10 +114,13 @@ fn route(req: &Request) -> Option<Route> {
 
 fn respond(response: &IngestResponse) -> Result<Response<Body>, Error> {
     let (content_type, body) = response.render();
-    Ok(Response::builder()
+    let mut builder = Response::builder()
         .status(response.status)
-        .header("content-type", content_type)
-        .body(Body::Text(body))?)
+        .header("content-type", content_type);
+    if let Some(secs) = response.retry_after_secs {
+        builder = builder.header("retry-after", secs);
+    }
+    Ok(builder.body(Body::Text(body))?)
 }
 
 #[cfg(test)]

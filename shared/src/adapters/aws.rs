@@ -113,25 +113,48 @@ impl AwsStore {
         AttributeValue::S(key.as_str().to_string())
     }
 
-    /// The existing item of a failed conditional put.
+    /// The existing item of a failed conditional put; our own insert when it carries
+    /// this call's `put_id`.
     async fn duplicate(
         &self,
         old: Option<item::Item>,
         key: &InboxKey,
+        put_id: &str,
     ) -> Result<PutOutcome, StoreError> {
-        match old {
-            Some(old) => item::decode(old)
-                .map(|old| PutOutcome::Duplicate(Box::new(old)))
-                .map_err(StoreError::Corrupt),
+        let old = match old {
+            Some(old) => old,
             // A compatible server that ignores ALL_OLD: one extra read.
-            None => match self.get(key).await? {
-                Some(old) => Ok(PutOutcome::Duplicate(Box::new(old))),
+            None => self.get_raw(key).await?.ok_or_else(|| {
                 // Expired or deleted in between; the provider retries and it inserts.
-                None => Err(StoreError::Unavailable(format!(
+                StoreError::Unavailable(format!(
                     "DynamoDB PutItem: item {key} vanished after a failed condition"
-                ))),
-            },
+                ))
+            })?,
+        };
+        if item::put_id(&old) == Some(put_id) {
+            // The SDK retried our PutItem after a lost response (a 500 "may have
+            // succeeded", a timeout): the first attempt stored the item, so this request
+            // inserted it and must send its pointer, not answer as a duplicate.
+            tracing::info!(pk = %key, "PutItem retried after a lost response: our own insert");
+            return Ok(PutOutcome::Inserted);
         }
+        item::decode(old)
+            .map(|old| PutOutcome::Duplicate(Box::new(old)))
+            .map_err(StoreError::Corrupt)
+    }
+
+    /// The stored attributes of `key` (consistent read).
+    async fn get_raw(&self, key: &InboxKey) -> Result<Option<item::Item>, StoreError> {
+        let out = self
+            .dynamodb
+            .get_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(describe("DynamoDB GetItem", &e)))?;
+        Ok(out.item)
     }
 
     /// Why a claim's condition failed, from the ALL_OLD item.
@@ -236,11 +259,16 @@ fn decode_message(m: aws_sdk_sqs::types::Message) -> Result<Delivery, QueueError
 #[async_trait]
 impl Inbox for AwsStore {
     async fn put_new(&self, item: &InboxItem) -> Result<PutOutcome, StoreError> {
+        // One id per call, the same on every SDK retry of this PutItem: a retry whose
+        // condition fails on an item with this id finds our own first attempt.
+        let put_id = item::new_put_id();
+        let mut attributes = item::encode(item);
+        attributes.insert(item::PUT_ID.into(), AttributeValue::S(put_id.clone()));
         let result = self
             .dynamodb
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(item::encode(item)))
+            .set_item(Some(attributes))
             .condition_expression("attribute_not_exists(#pk)")
             .expression_attribute_names("#pk", item::PK)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
@@ -256,23 +284,15 @@ impl Inbox for AwsStore {
                     PutItemError::ConditionalCheckFailedException(failed) => failed.item,
                     _ => None,
                 };
-                self.duplicate(old, &item.key).await
+                self.duplicate(old, &item.key, &put_id).await
             }
             Err(e) => Err(StoreError::Unavailable(describe("DynamoDB PutItem", &e))),
         }
     }
 
     async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError> {
-        let out = self
-            .dynamodb
-            .get_item()
-            .table_name(&self.table)
-            .key(item::PK, Self::key_attr(key))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| StoreError::Unavailable(describe("DynamoDB GetItem", &e)))?;
-        out.item
+        self.get_raw(key)
+            .await?
             .map(|m| item::decode(m).map_err(StoreError::Corrupt))
             .transpose()
     }
@@ -699,7 +719,7 @@ pub(crate) const BATCH_GET_MAX: usize = 100;
 const BATCH_GET_ATTEMPTS: u32 = 8;
 
 /// Whether `item` is what [`crate::ports::InboxSweep::stuck`] returns for
-/// `older_than_ms`: `received` or `retryable` last updated before it, `processing`
+/// `older_than_ms`: `received`, `queued` or `retryable` last updated before it, `processing`
 /// whose lease ran out before it. The embedded store's SQL says the same.
 /// The key maps of `pks` for a BatchGetItem request.
 pub(crate) fn batch_keys(pks: &[String]) -> Vec<item::Item> {
@@ -710,7 +730,9 @@ pub(crate) fn batch_keys(pks: &[String]) -> Vec<item::Item> {
 
 fn sweepable(item: &InboxItem, older_than_ms: i64) -> bool {
     match item.state {
-        InboxState::Received | InboxState::Retryable => item.updated_at_ms < older_than_ms,
+        InboxState::Received | InboxState::Queued | InboxState::Retryable => {
+            item.updated_at_ms < older_than_ms
+        }
         InboxState::Processing => {
             item.updated_at_ms < older_than_ms
                 && item

@@ -14,6 +14,10 @@
 //!   conditional Puts, all or nothing, with a fresh ClientRequestToken so that an SDK
 //!   retry of a transaction that did commit is answered as committed. Condition:
 //!   `attribute_not_exists(pk)` for expected version 0, else `version = :expected`.
+//!   Records the decision only read ([`ReadCheck`]) join the same transaction as
+//!   `ConditionCheck`s with the same condition (each costs 2 WRU per started KB of the
+//!   checked item, like a transactional write); a single write with read checks is
+//!   therefore a transaction, not a PutItem.
 //! - `list`: a Query on the `by_tenant_kind` GSI, never a Scan. GSIs are eventually
 //!   consistent, which is fine for operator views; decisions always `load`.
 //!
@@ -24,12 +28,16 @@
 //! `ConditionalCheckFailed` and `TransactionConflict`), never on message text. A write
 //! that collided with a concurrent transaction (`TransactionConflictException`,
 //! `ReplicatedWriteConflictException`) is a `Conflict` as well: reload and decide again.
-//! Everything else (throttling, timeouts, missing table, validation) is
-//! `StoreError::Unavailable` with the class from the shared error classifier.
+//! A write DynamoDB validates as impossible (`ValidationException`, e.g. "Item size
+//! has exceeded the maximum allowed size"; in a transaction the cancellation reason
+//! `ValidationError`) can never succeed and is `StoreError::Rejected`: the event is
+//! dead-lettered at once with DynamoDB's reason. Everything else (throttling,
+//! timeouts, missing table, access denied) is `StoreError::Unavailable` with the class
+//! from the shared error classifier: those heal.
 //!
-//! A commit of more than [`MAX_TRANSACTION_ITEMS`] writes cannot be one transaction and
-//! is refused as `StoreError::Unavailable` before any call (the port has no variant for
-//! caller errors; splitting it would break atomicity).
+//! A commit of more than [`MAX_TRANSACTION_ITEMS`] writes and checks cannot be one
+//! transaction and is refused as `StoreError::Rejected` before any call (splitting it
+//! would break atomicity).
 //!
 //! # Item
 //!
@@ -43,12 +51,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, IndexStatus,
-    KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType, Put,
+    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, GlobalSecondaryIndex,
+    IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType, Put,
     ScalarAttributeType, TableStatus, TransactWriteItem,
 };
 use rand::Rng;
@@ -56,7 +65,9 @@ use rand::Rng;
 use super::aws::error::describe;
 use super::aws::AwsSetupError;
 use super::embedded_state::check_writes;
-use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use crate::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+};
 use crate::ports::StoreError;
 use crate::time::now_millis;
 
@@ -64,6 +75,11 @@ use crate::time::now_millis;
 pub const STATE_TABLE_ENV: &str = "EINMAL_STATE_TABLE";
 /// The GSI `list` queries: hash `tenant_kind`, range `pk`, all attributes projected.
 pub const STATE_INDEX: &str = "by_tenant_kind";
+/// The error code of a request DynamoDB validates as impossible (item too large, ...).
+const VALIDATION_EXCEPTION: &str = "ValidationException";
+/// The same inside a transaction: the cancellation reason of the offending item.
+const VALIDATION_ERROR_REASON: &str = "ValidationError";
+
 /// DynamoDB's limit of items in one TransactWriteItems.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// DynamoDB's limit of keys in one BatchGetItem.
@@ -201,12 +217,16 @@ impl DynamoStateStore {
                     | PutItemError::TransactionConflictException(_)
                     | PutItemError::ReplicatedWriteConflictException(_),
                 ) => Ok(CommitOutcome::Conflict),
-                _ => Err(StoreError::Unavailable(describe("DynamoDB PutItem", &e))),
+                _ => Err(write_failure("DynamoDB PutItem", &e)),
             },
         }
     }
 
-    async fn transact(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+    async fn transact(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
         let now = now_millis();
         let mut items = Vec::with_capacity(writes.len());
         for w in writes {
@@ -222,6 +242,20 @@ impl DynamoStateStore {
                     StoreError::Unavailable(format!("DynamoDB TransactWriteItems: {e}"))
                 })?;
             items.push(TransactWriteItem::builder().put(put).build());
+        }
+        for r in reads {
+            let (condition, names, values) = condition(r.version);
+            let check = ConditionCheck::builder()
+                .table_name(&self.table)
+                .key(PK, AttributeValue::S(r.key.pk()))
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(values)
+                .build()
+                .map_err(|e| {
+                    StoreError::Unavailable(format!("DynamoDB TransactWriteItems: {e}"))
+                })?;
+            items.push(TransactWriteItem::builder().condition_check(check).build());
         }
         let result = self
             .client
@@ -249,16 +283,36 @@ impl DynamoStateStore {
             {
                 return Ok(CommitOutcome::Conflict);
             }
-            return Err(StoreError::Unavailable(format!(
+            let message = format!(
                 "{} [reasons: {}]",
                 describe("DynamoDB TransactWriteItems", &e),
                 codes.join(", ")
-            )));
+            );
+            if codes.contains(&VALIDATION_ERROR_REASON) {
+                return Err(StoreError::Rejected(message));
+            }
+            return Err(StoreError::Unavailable(message));
         }
-        Err(StoreError::Unavailable(describe(
-            "DynamoDB TransactWriteItems",
-            &e,
-        )))
+        Err(write_failure("DynamoDB TransactWriteItems", &e))
+    }
+}
+
+/// A failed write: `Rejected` when DynamoDB validated it as impossible (matched on the
+/// service error's code: `ValidationException` is not a modelled variant of the SDK),
+/// else `Unavailable`.
+fn write_failure<E>(
+    call: &str,
+    e: &SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let validation =
+        matches!(e, SdkError::ServiceError(se) if se.err().code() == Some(VALIDATION_EXCEPTION));
+    if validation {
+        StoreError::Rejected(describe(call, e))
+    } else {
+        StoreError::Unavailable(describe(call, e))
     }
 }
 
@@ -411,17 +465,26 @@ impl StateStore for DynamoStateStore {
     }
 
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        if writes.len() > MAX_TRANSACTION_ITEMS {
-            return Err(StoreError::Unavailable(format!(
-                "invalid commit: a transaction of {} items exceeds DynamoDB's {MAX_TRANSACTION_ITEMS}",
-                writes.len()
+        self.commit_checked(writes, &[]).await
+    }
+
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        let items = writes.len() + reads.len();
+        if items > MAX_TRANSACTION_ITEMS {
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: a transaction of {items} items exceeds DynamoDB's {MAX_TRANSACTION_ITEMS}"
             )));
         }
-        check_writes(writes)?;
-        match writes {
-            [] => Ok(CommitOutcome::Committed),
-            [one] => self.put_one(one).await,
-            several => self.transact(several).await,
+        check_writes(writes, reads)?;
+        match (writes, reads) {
+            // Checks without writes change nothing, so there is nothing to make atomic.
+            ([], _) => Ok(CommitOutcome::Committed),
+            ([one], []) => self.put_one(one).await,
+            (several, reads) => self.transact(several, reads).await,
         }
     }
 

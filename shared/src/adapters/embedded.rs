@@ -1188,6 +1188,7 @@ fn stuck_items(
     let mut items = Vec::new();
     for state in [
         InboxState::Received,
+        InboxState::Queued,
         InboxState::Retryable,
         InboxState::Processing,
     ] {
@@ -1213,6 +1214,57 @@ fn stuck_items(
     });
     items.truncate(limit);
     Ok(items)
+}
+
+/// Items [`EmbeddedStore::enqueue_unsent`] sends per write transaction.
+const UNSENT_BATCH: usize = 512;
+/// Transactions [`EmbeddedStore::enqueue_unsent`] runs at most (about 500,000 items);
+/// the sweeper sends whatever is left after that.
+const UNSENT_MAX_ROUNDS: usize = 1_000;
+
+impl EmbeddedStore {
+    /// Send the pointer of every `received` item, oldest first; returns how many.
+    ///
+    /// Here an item is `received` only between its put and its send (the send moves
+    /// it to `queued` in the same transaction), so when `einmal serve` starts, before it
+    /// accepts requests, these are the events a killed process stored but never
+    /// enqueued. Sending them at once beats waiting for the sweeper's threshold; an
+    /// item another process (a CLI) is about to send gets two pointers, and the
+    /// second costs one refused claim, never a second effect.
+    pub async fn enqueue_unsent(&self) -> Result<usize, StoreError> {
+        let mut total = 0;
+        for _ in 0..UNSENT_MAX_ROUNDS {
+            let sent = self
+                .write(|conn| enqueue_unsent_batch(conn, UNSENT_BATCH))
+                .await?;
+            total += sent;
+            if sent < UNSENT_BATCH {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// One transaction of [`EmbeddedStore::enqueue_unsent`]: up to `limit` items.
+fn enqueue_unsent_batch(conn: &Connection, limit: usize) -> Result<usize, DbError> {
+    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let pks: Vec<String> = conn
+        .prepare_cached(
+            "SELECT pk FROM inbox INDEXED BY inbox_by_state_updated \
+             WHERE state = 'received' ORDER BY updated_at_ms LIMIT ?1",
+        )?
+        .query_map([limit_sql], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    for pk in &pks {
+        let message = QueueMessage {
+            pk: InboxKey::from_stored(pk.clone()),
+        };
+        let body =
+            serde_json::to_string(&message).map_err(|e| DbError::Malformed(e.to_string()))?;
+        send_message(conn, &message, &body)?;
+    }
+    Ok(pks.len())
 }
 
 #[async_trait]

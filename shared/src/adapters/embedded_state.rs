@@ -6,7 +6,8 @@
 //! WAL mode with `synchronous=FULL`: a commit is fsynced before [`StateStore::commit`]
 //! returns `Committed`. A commit is one `BEGIN IMMEDIATE … COMMIT` transaction: it
 //! takes the write lock first, then checks every write's expected version (a missing
-//! row is version 0) and only if all of them still hold upserts every record. Any
+//! row is version 0), and the version of every record the decision only read
+//! ([`ReadCheck`]), and only if all of them still hold upserts every record. Any
 //! mismatch rolls the whole transaction back and answers `Conflict`, so a multi-record
 //! commit changes all of its records or none.
 //!
@@ -22,7 +23,11 @@
 //! # Errors
 //!
 //! I/O and lock failures are `StoreError::Unavailable`; a row whose JSON or numbers
-//! cannot be decoded is `StoreError::Corrupt`. Nothing here panics on bad data.
+//! cannot be decoded is `StoreError::Corrupt`. A write that can never succeed is
+//! `StoreError::Rejected`: a malformed commit, a record over [`MAX_RECORD_BYTES`]
+//! (DynamoDB's item limit, refused here too so that local and AWS behave alike), and
+//! SQLite's own "too big", constraint and type-mismatch errors. Nothing here panics
+//! on bad data.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -30,9 +35,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
+use rusqlite::{
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior,
+};
 
-use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use crate::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_RECORD_BYTES,
+};
 use crate::ports::StoreError;
 use crate::time::now_millis;
 
@@ -151,6 +160,14 @@ fn unavailable(e: rusqlite::Error) -> StoreError {
         | E::InvalidColumnType(..)
         | E::IntegralValueOutOfRange(..)
         | E::Utf8Error(..) => StoreError::Corrupt(format!("state row: {e}")),
+        E::SqliteFailure(ref f, _)
+            if matches!(
+                f.code,
+                ErrorCode::TooBig | ErrorCode::ConstraintViolation | ErrorCode::TypeMismatch
+            ) =>
+        {
+            StoreError::Rejected(format!("state store: {e}"))
+        }
         other => StoreError::Unavailable(format!("state store: {other}")),
     }
 }
@@ -240,26 +257,34 @@ impl Readers {
 
 /// Checks every adapter applies before it touches storage, so both answer the same
 /// for a malformed commit. These are caller bugs, not conflicts: they come back as
-/// `StoreError::Unavailable` with a message naming the key (the port has no better
-/// variant), and nothing is written.
+/// `StoreError::Rejected` (retrying cannot help) with a message naming the key, and
+/// nothing is written.
 ///
-/// - a key may appear only once per commit (DynamoDB refuses two operations on one
-///   item in a transaction);
+/// - a key may appear only once per commit, as a write or a read check (DynamoDB
+///   refuses two operations on one item in a transaction);
 /// - the new version must be greater than the expected one, otherwise the version
 ///   guard of the next writer would not see this write.
-pub(crate) fn check_writes(writes: &[StateWrite]) -> Result<(), StoreError> {
-    let mut seen = HashSet::with_capacity(writes.len());
+pub(crate) fn check_writes(writes: &[StateWrite], reads: &[ReadCheck]) -> Result<(), StoreError> {
+    let mut seen = HashSet::with_capacity(writes.len() + reads.len());
+    for r in reads {
+        if !seen.insert(r.key.pk()) {
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: {} is checked twice in one commit",
+                r.key.pk()
+            )));
+        }
+    }
     for w in writes {
         let pk = w.record.key.pk();
         if w.record.version <= w.expected_version {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::Rejected(format!(
                 "invalid commit: {pk} writes version {} over expected version {}",
                 w.record.version, w.expected_version
             )));
         }
         if !seen.insert(pk) {
-            return Err(StoreError::Unavailable(format!(
-                "invalid commit: {} is written twice in one commit",
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: {} is written twice (or written and checked) in one commit",
                 w.record.key.pk()
             )));
         }
@@ -268,8 +293,21 @@ pub(crate) fn check_writes(writes: &[StateWrite]) -> Result<(), StoreError> {
 }
 
 fn to_i64(v: u64, what: &str, pk: &str) -> Result<i64, StoreError> {
-    i64::try_from(v)
-        .map_err(|_| StoreError::Unavailable(format!("{pk}: {what} {v} is out of range")))
+    i64::try_from(v).map_err(|_| StoreError::Rejected(format!("{pk}: {what} {v} is out of range")))
+}
+
+/// The limit DynamoDB applies to an item, applied here to the same measure.
+fn check_sizes(writes: &[StateWrite]) -> Result<(), StoreError> {
+    for w in writes {
+        let size = w.record.stored_size();
+        if size > MAX_RECORD_BYTES {
+            return Err(StoreError::Rejected(format!(
+                "state {}: record of {size} bytes exceeds the {MAX_RECORD_BYTES}-byte limit",
+                w.record.key.pk()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The columns every read selects, in this order.
@@ -326,7 +364,11 @@ fn load_in(conn: &Connection, keys: &[StateKey]) -> Result<Vec<StateRecord>, Sto
         .collect())
 }
 
-fn commit_in(conn: &mut Connection, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+fn commit_in(
+    conn: &mut Connection,
+    writes: &[StateWrite],
+    reads: &[ReadCheck],
+) -> Result<CommitOutcome, StoreError> {
     // IMMEDIATE: take the write lock before reading the versions, so nobody can
     // change them between the check and the upsert.
     let tx = conn
@@ -336,13 +378,17 @@ fn commit_in(conn: &mut Connection, writes: &[StateWrite]) -> Result<CommitOutco
         let mut current = tx
             .prepare_cached("SELECT version FROM state WHERE pk = ?1")
             .map_err(unavailable)?;
-        for w in writes {
+        let expected = writes
+            .iter()
+            .map(|w| (&w.record.key, w.expected_version))
+            .chain(reads.iter().map(|r| (&r.key, r.version)));
+        for (key, version) in expected {
             let stored: Option<i64> = current
-                .query_row(params![w.record.key.pk()], |r| r.get(0))
+                .query_row(params![key.pk()], |r| r.get(0))
                 .optional()
                 .map_err(unavailable)?;
             let stored = stored.unwrap_or(0);
-            if u64::try_from(stored).ok() != Some(w.expected_version) {
+            if u64::try_from(stored).ok() != Some(version) {
                 // Dropping `tx` rolls back; nothing was written yet anyway.
                 return Ok(CommitOutcome::Conflict);
             }
@@ -431,12 +477,23 @@ impl StateStore for EmbeddedStateStore {
     }
 
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+        self.commit_checked(writes, &[]).await
+    }
+
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        // Checks without writes change nothing, so there is nothing to make atomic.
         if writes.is_empty() {
             return Ok(CommitOutcome::Committed);
         }
-        check_writes(writes)?;
-        let writes = writes.to_vec();
-        self.write(move |conn| commit_in(conn, &writes)).await
+        check_writes(writes, reads)?;
+        check_sizes(writes)?;
+        let (writes, reads) = (writes.to_vec(), reads.to_vec());
+        self.write(move |conn| commit_in(conn, &writes, &reads))
+            .await
     }
 
     /// In key (`pk`) order; `limit == 0` means [`DEFAULT_LIST_LIMIT`].
@@ -552,12 +609,12 @@ mod tests {
         ];
         assert!(matches!(
             store.commit(&twice).await,
-            Err(StoreError::Unavailable(_))
+            Err(StoreError::Rejected(_))
         ));
         let same_version = [write(record(&key, 3, json!(1), &[]), 3)];
         assert!(matches!(
             store.commit(&same_version).await,
-            Err(StoreError::Unavailable(_))
+            Err(StoreError::Rejected(_))
         ));
         assert!(!store.load(&[key]).await.unwrap()[0].exists());
         assert_eq!(store.commit(&[]).await.unwrap(), CommitOutcome::Committed);
@@ -577,7 +634,7 @@ mod tests {
             ])
             .await
             .unwrap_err();
-        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(matches!(err, StoreError::Rejected(_)), "{err}");
         let loaded = store.load(&[a, b]).await.unwrap();
         assert!(loaded.iter().all(|r| !r.exists()), "nothing committed");
     }

@@ -6,6 +6,27 @@
 //! never from the delivery. The framework (`pipeline::process`) owns the guards: it
 //! drops changes whose effect key is already applied, commits the rest atomically with
 //! version conditions, and retries on conflicts. Users replace the domain; the guards stay.
+//!
+//! # No record grows with the events that touched it
+//!
+//! An effect key is recorded on the record that owns the effect (the event's subject,
+//! e.g. the order). A change of a record that many events touch (a SKU, a counter, an
+//! account balance) names that owner ([`Change::keyed_on`]): the framework records
+//! the key on the owner, in the same atomic commit, and changes the shared record
+//! under its version condition only. The shared record's size and write cost then stay
+//! constant however many events touched it. A change keyed on its own record adds its
+//! key there; a record whose `applied` set would grow past [`state::MAX_APPLIED_KEYS`]
+//! fails the event permanently (a clear dead letter, not a record silently growing
+//! toward DynamoDB's 400 KB item limit).
+//!
+//! # Reads are guarded too
+//!
+//! Every record a decision loaded and does not change is version-checked in the same
+//! atomic commit, so a decision that depends on a record it only reads ("activate plan
+//! X if plan Y is inactive") cannot commit on a stale read. A domain opts a read out
+//! explicitly with [`Domain::guards_read`] when its decision does not depend on that
+//! record staying unchanged (the reference domain's SKU reads: a SKU is written under
+//! its version whenever the decision uses it).
 
 pub mod reference;
 pub mod state;
@@ -28,6 +49,45 @@ pub struct Change {
     pub key: StateKey,
     pub effect_key: String,
     pub data: serde_json::Value,
+    /// The record whose `applied` set records `effect_key`: `None` = this record
+    /// (`key`). Set for a change of a record that many events touch: the key lives on
+    /// the owner (which must be among the targets and is written in the same commit)
+    /// and this record gets no key. The change is dropped when its key is already on
+    /// either record, so several changes may share the owner's key (e.g. the stock
+    /// moves of an order guarded by the order's creation).
+    pub keyed_on: Option<StateKey>,
+}
+
+impl Change {
+    /// A change whose effect key is recorded on the record it changes.
+    pub fn new(key: StateKey, effect_key: impl Into<String>, data: serde_json::Value) -> Self {
+        Change {
+            key,
+            effect_key: effect_key.into(),
+            data,
+            keyed_on: None,
+        }
+    }
+
+    /// A change of a shared record (`key`) whose effect key is recorded on `owner`.
+    pub fn keyed_on(
+        key: StateKey,
+        owner: StateKey,
+        effect_key: impl Into<String>,
+        data: serde_json::Value,
+    ) -> Self {
+        Change {
+            key,
+            effect_key: effect_key.into(),
+            data,
+            keyed_on: Some(owner),
+        }
+    }
+
+    /// The record whose `applied` set holds this change's effect key.
+    pub fn key_holder(&self) -> &StateKey {
+        self.keyed_on.as_ref().unwrap_or(&self.key)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -65,4 +125,16 @@ pub trait Domain: Send + Sync {
         event: &DomainEvent<'_>,
         current: &[StateRecord],
     ) -> Result<Decision, DomainError>;
+
+    /// Whether a loaded record that the decision leaves unchanged must still be at the
+    /// loaded version when the changes commit (a version check in the same atomic
+    /// commit; on DynamoDB a `ConditionCheck`, which costs write units like a
+    /// transactional write of that item). Default: every read is guarded, so a
+    /// decision never commits on a stale read. Return `false` only for a record whose
+    /// unchanged value the decision does not depend on, typically a hot record that
+    /// the decision writes whenever it uses it (a guard would make every event that
+    /// reads it conflict with every event that writes it).
+    fn guards_read(&self, _event: &DomainEvent<'_>, _record: &StateKey) -> bool {
+        true
+    }
 }

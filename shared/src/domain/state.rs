@@ -5,6 +5,17 @@
 //! commit: a TransactWriteItems on AWS (a single conditional PutItem when one record is
 //! written), one SQLite transaction embedded. A redelivered or replayed event finds its
 //! effect key already applied and changes nothing.
+//!
+//! Records that many events touch (a SKU) carry no per-event keys: the key of such a
+//! change lives on the record that owns the effect (`Change::keyed_on`), committed in
+//! the same atomic commit. A commit can also hold [`ReadCheck`]s: records the decision
+//! read but does not write, which must still be at the version it read.
+//!
+//! Sizes are bounded: an `applied` set may hold at most [`MAX_APPLIED_KEYS`] keys
+//! (enforced by the framework when it adds one), and a stored record at most
+//! [`MAX_RECORD_BYTES`] (DynamoDB's item limit; the embedded store refuses the same,
+//! so a domain that works locally does not fail on AWS). A write over the limit is
+//! `StoreError::Rejected`: permanent.
 
 use std::collections::BTreeSet;
 
@@ -12,6 +23,16 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::ports::StoreError;
+
+/// Most effect keys one record's `applied` set may hold. The framework refuses (as a
+/// permanent failure of the event) a commit that would grow a set past it: a record
+/// that collects a key per event would otherwise grow toward the item size limit and
+/// cost more write units with every event. 1,000 keys of ~50 bytes is ~50 KB.
+pub const MAX_APPLIED_KEYS: usize = 1_000;
+
+/// Largest stored record, in DynamoDB's item-size measure (attribute names + values):
+/// DynamoDB's 400 KB limit, applied by the embedded store as well.
+pub const MAX_RECORD_BYTES: usize = 400 * 1024;
 
 /// Identifies one business record: `tenant#kind#id` (e.g. `shop-1#order#1001`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -70,6 +91,45 @@ pub struct StateWrite {
     pub expected_version: u64,
 }
 
+impl StateRecord {
+    /// The record's size as DynamoDB measures the stored item (attribute names plus
+    /// values: `pk`, `tenant_kind`, `tenant`, `kind`, `id`, `version`, `data` as JSON
+    /// text, `applied` as a string set, `updated_at_ms`). Numbers are counted at their
+    /// decimal length, a slight overestimate.
+    pub fn stored_size(&self) -> usize {
+        let key = &self.key;
+        let pk = key.tenant.len() + key.kind.len() + key.id.len() + 2;
+        let strings = [
+            ("pk", pk),
+            ("tenant_kind", key.tenant.len() + key.kind.len() + 1),
+            ("tenant", key.tenant.len()),
+            ("kind", key.kind.len()),
+            ("id", key.id.len()),
+            ("data", self.data.to_string().len()),
+        ];
+        let numbers = [("version", 20), ("updated_at_ms", 14)];
+        let applied: usize = self.applied.iter().map(String::len).sum();
+        strings
+            .iter()
+            .chain(&numbers)
+            .map(|(name, len)| name.len() + len)
+            .sum::<usize>()
+            + if self.applied.is_empty() {
+                0
+            } else {
+                "applied".len() + applied
+            }
+    }
+}
+
+/// A record the decision read and does not write: the commit holds only if the record
+/// is still at `version` (0 = it still does not exist).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadCheck {
+    pub key: StateKey,
+    pub version: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitOutcome {
     Committed,
@@ -83,6 +143,22 @@ pub trait StateStore: Send + Sync {
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError>;
     /// All writes or none, each conditioned on its expected version.
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError>;
+    /// [`StateStore::commit`] that also holds only if every record of `reads` is still
+    /// at its version (checked in the same atomic commit; a mismatch is `Conflict`).
+    /// Both adapters implement it; the default serves stores (test wrappers) that only
+    /// forward plain commits and refuses read checks rather than dropping them.
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        if reads.is_empty() {
+            return self.commit(writes).await;
+        }
+        Err(StoreError::Rejected(
+            "this state store cannot check the versions of read records".into(),
+        ))
+    }
     /// Records of one kind for a tenant (operator views; small result sets).
     async fn list(
         &self,

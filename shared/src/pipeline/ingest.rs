@@ -15,10 +15,11 @@ use crate::body;
 use crate::config::{Config, IngestSettings, TenantConfig};
 use crate::config_source::ConfigSource;
 use crate::envelope::InboxKey;
+use crate::pipeline::hint_limit::HintLimiter;
 use crate::ports::{
     Inbox, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source, StoreError,
 };
-use crate::providers::{self, Provider, ProviderError, VerifiedEvent};
+use crate::providers::{self, thin, Handshake, Provider, ProviderError, VerifiedEvent};
 use crate::request::WebhookRequest;
 use crate::retention;
 use crate::telemetry::emf::{IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
@@ -38,6 +39,9 @@ pub enum IngestError {
     NotFound,
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// The tenant's hint intake limit (`max_hints_per_minute`) is spent.
+    #[error("too many hints for this tenant; retry after {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u64 },
     #[error("body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("event body does not fit one inbox item even compressed ({stored} of {limit} bytes)")]
@@ -59,6 +63,7 @@ impl IngestError {
         match self {
             IngestError::NotFound => 404,
             IngestError::MethodNotAllowed => 405,
+            IngestError::RateLimited { .. } => 429,
             IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => 413,
             IngestError::Unauthenticated(_) => 401,
             IngestError::Malformed(_) => 400,
@@ -72,6 +77,7 @@ impl IngestError {
         match self {
             IngestError::NotFound => "not_found",
             IngestError::MethodNotAllowed => "method_not_allowed",
+            IngestError::RateLimited { .. } => "rate_limited",
             IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => {
                 "payload_too_large"
             }
@@ -94,6 +100,7 @@ impl IngestError {
     fn count(&self, metrics: &IngestMetrics) {
         let counter = match self {
             IngestError::NotFound | IngestError::MethodNotAllowed => &metrics.not_found,
+            IngestError::RateLimited { .. } => &metrics.rate_limited,
             IngestError::BodyTooLarge { .. } | IngestError::StoredBodyTooLarge { .. } => {
                 &metrics.oversize
             }
@@ -118,6 +125,13 @@ impl IngestError {
     }
 }
 
+/// What an accepted request was: events (stored or duplicates), or a provider's
+/// endpoint-verification handshake, answered without storing anything.
+enum Intake {
+    Events(Vec<EventOutcome>),
+    Handshake(Handshake),
+}
+
 /// What happened to one event of an accepted request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventOutcome {
@@ -136,6 +150,8 @@ pub struct IngestResponse {
     /// A plain-text body some providers expect on success instead of JSON (Adyen's
     /// `[accepted]`); `body` keeps the JSON details for logs and tests.
     pub plain: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429).
+    pub retry_after_secs: Option<u64>,
 }
 
 impl IngestResponse {
@@ -157,6 +173,10 @@ impl IngestResponse {
             plain: None,
             status: err.status(),
             body: json!({ "error": err.code(), "message": err.public_message() }),
+            retry_after_secs: match err {
+                IngestError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
+                _ => None,
+            },
         }
     }
 
@@ -177,6 +197,7 @@ impl IngestResponse {
             status: 200,
             body,
             plain: None,
+            retry_after_secs: None,
         }
     }
 }
@@ -194,6 +215,8 @@ pub struct Ingestor {
     /// configuration itself (held, so the address cannot be reused by a newer one).
     redacting: AtomicUsize,
     redacted: std::sync::Mutex<Option<Arc<Config>>>,
+    /// Per-tenant intake limit of thin hints (per process: see `hint_limit`).
+    hints: HintLimiter,
 }
 
 impl Ingestor {
@@ -212,6 +235,7 @@ impl Ingestor {
             now_ms: Arc::new(time::now_millis),
             redacting: AtomicUsize::new(0),
             redacted: std::sync::Mutex::new(None),
+            hints: HintLimiter::default(),
         }
     }
 
@@ -269,7 +293,21 @@ impl Ingestor {
             .try_ingest_traced(provider, tenant, request, trace)
             .await
         {
-            Ok(outcomes) => {
+            Ok(Intake::Handshake(answer)) => {
+                tracing::info!(provider, tenant, trace_id, "handshake answered");
+                let response = IngestResponse {
+                    status: 200,
+                    body: json!({ "challenge": answer.challenge }),
+                    plain: None,
+                    retry_after_secs: None,
+                };
+                let result = IntakeResult::Accepted {
+                    new: 0,
+                    duplicates: 0,
+                };
+                (response, result)
+            }
+            Ok(Intake::Events(outcomes)) => {
                 let duplicates = outcomes.iter().filter(|o| o.duplicate).count();
                 let result = IntakeResult::Accepted {
                     new: u32::try_from(outcomes.len() - duplicates).unwrap_or(u32::MAX),
@@ -315,8 +353,14 @@ impl Ingestor {
         tenant_name: &str,
         request: &WebhookRequest,
     ) -> Result<Vec<EventOutcome>, IngestError> {
-        self.try_ingest_traced(provider_name, tenant_name, request, None)
-            .await
+        let intake = self
+            .try_ingest_traced(provider_name, tenant_name, request, None)
+            .await?;
+        Ok(match intake {
+            Intake::Events(outcomes) => outcomes,
+            // Answered, nothing stored.
+            Intake::Handshake(_) => Vec::new(),
+        })
     }
 
     async fn try_ingest_traced(
@@ -325,7 +369,7 @@ impl Ingestor {
         tenant_name: &str,
         request: &WebhookRequest,
         trace: Option<&TraceHeader>,
-    ) -> Result<Vec<EventOutcome>, IngestError> {
+    ) -> Result<Intake, IngestError> {
         let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
         let config = self.config.current().await;
         self.redact_secrets_of(&config);
@@ -340,17 +384,47 @@ impl Ingestor {
             return Err(IngestError::BodyTooLarge { limit });
         }
         let now_ms = (self.now_ms)();
+        let handshake = provider
+            .handshake(request, tenant, now_ms / 1000)
+            .map_err(classify)?;
+        if let Some(answer) = handshake {
+            return Ok(Intake::Handshake(answer));
+        }
+        // Network prerequisites of the signature check (PayPal's certificate), bounded.
+        if let Some(prepared) = provider.prepare(request, tenant, now_ms / 1000) {
+            prepared.await;
+        }
         let events = verify(provider, request, tenant, now_ms / 1000)?;
         let items = events
             .into_iter()
             .map(|event| inbox_item(&config.ingest, event, now_ms))
             .collect::<Result<Vec<_>, _>>()?;
 
+        // Hints are limited per tenant before anything is stored (at most one a request).
+        let is_hint = |item: &InboxItem| item.envelope.event_type.starts_with(thin::HINT_PREFIX);
+        if items.iter().any(is_hint) {
+            self.hints
+                .take(tenant, now_ms)
+                .map_err(|retry_after_secs| IngestError::RateLimited { retry_after_secs })?;
+        }
         let mut outcomes = Vec::with_capacity(items.len());
         for item in &items {
-            outcomes.push(self.store_and_enqueue(item, now_ms, trace).await?);
+            let outcome = self.store_and_enqueue(item, now_ms, trace).await;
+            if is_hint(item)
+                && !matches!(
+                    outcome,
+                    Ok(EventOutcome {
+                        duplicate: false,
+                        ..
+                    })
+                )
+            {
+                // Nothing new stored (a retry within the hint's minute, or a failure).
+                self.hints.give_back(tenant);
+            }
+            outcomes.push(outcome?);
         }
-        Ok(outcomes)
+        Ok(Intake::Events(outcomes))
     }
 
     /// Teach the log redaction this configuration's secrets, once per loaded
@@ -464,6 +538,15 @@ impl Ingestor {
     }
 }
 
+/// 401 for what could not be authenticated, 400 for authentic but malformed requests.
+fn classify(err: ProviderError) -> IngestError {
+    if err.is_authentication_failure() {
+        IngestError::Unauthenticated(err)
+    } else {
+        IngestError::Malformed(err)
+    }
+}
+
 fn verify(
     provider: &dyn Provider,
     request: &WebhookRequest,
@@ -472,13 +555,7 @@ fn verify(
 ) -> Result<Vec<VerifiedEvent>, IngestError> {
     let events = provider
         .verify_and_extract(request, tenant, now_secs)
-        .map_err(|err| {
-            if err.is_authentication_failure() {
-                IngestError::Unauthenticated(err)
-            } else {
-                IngestError::Malformed(err)
-            }
-        })?;
+        .map_err(classify)?;
     if events.is_empty() {
         return Err(IngestError::Malformed(ProviderError::MalformedPayload(
             "the request carries no event".to_string(),

@@ -1,3 +1,4 @@
+pub mod hint_limit;
 pub mod ingest;
 pub mod process;
 pub mod replay;

@@ -11,10 +11,14 @@
 //!    worker holds, stops here.
 //! 2. **Decide**: the [`Domain`] names the records it needs ([`Domain::targets`]),
 //!    they are loaded, and it returns the changes ([`Domain::decide`]).
-//! 3. **Guard**: every change whose effect key is already in its record's `applied`
-//!    set is dropped; the rest are committed in one atomic write conditioned on the
-//!    versions that were loaded. A conflict (another event changed a record in
-//!    between) reloads and decides again.
+//! 3. **Guard**: every change whose effect key is already applied (on the record that
+//!    holds it: its own, or the owner named by [`Change::keyed_on`]) is dropped; the
+//!    rest are committed in one atomic write conditioned on the versions that were
+//!    loaded, together with a version check of every loaded record the decision does
+//!    not change (unless the domain opts that read out, [`Domain::guards_read`]). A
+//!    conflict (another event changed a record in between) reloads and decides again.
+//!    A commit that would grow a record's `applied` set past [`MAX_APPLIED_KEYS`] is a
+//!    permanent failure: no record may grow with the number of events that touched it.
 //! 4. **Finish** the inbox item (completed / ignored / retryable / dead_letter) with
 //!    the result, only if the lease is still ours.
 //!
@@ -68,8 +72,9 @@
 //! the item becomes `retryable` and the message comes back after an exponential
 //! backoff with full jitter. On the last receive SQS allows (`max_receive_count`) the
 //! item is dead-lettered instead, so inbox and DLQ agree. Permanent
-//! ([`DomainError::Permanent`], a corrupt body or record): `dead_letter` at once,
-//! the pointer goes to the DLQ at once.
+//! ([`DomainError::Permanent`], a corrupt body or record, a write the store rejects
+//! for good, [`StoreError::Rejected`], such as an item over DynamoDB's size limit):
+//! `dead_letter` at once with the reason, the pointer goes to the DLQ at once.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -83,11 +88,13 @@ use tracing::Level;
 use crate::body;
 use crate::config::Config;
 use crate::config_source::ConfigSource;
-use crate::domain::state::StateKey;
-use crate::domain::state::{CommitOutcome, StateRecord, StateStore, StateWrite};
+use crate::domain::state::{
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_APPLIED_KEYS,
+};
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
 use crate::lookup::{LookupError, ResourceLookup};
+use crate::lookup_guard::{GuardSettings, GuardedLookup};
 use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
     QueueMessage, StoreError, WaitChange, Waiting, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
@@ -322,8 +329,9 @@ impl From<StoreError> for Failure {
                 Failure::Transient(RetryCause::StoreUnavailable, e.to_string())
             }
             // A record that cannot be decoded will not heal by retrying; an operator
-            // repairs it and replays the dead letter.
-            StoreError::Corrupt(_) => Failure::Permanent(e.to_string()),
+            // repairs it and replays the dead letter. Neither will a write the store
+            // refuses for good (an item over the size limit).
+            StoreError::Corrupt(_) | StoreError::Rejected(_) => Failure::Permanent(e.to_string()),
         }
     }
 }
@@ -340,6 +348,31 @@ enum Applied {
 struct Committed {
     at_ms: i64,
     payment: bool,
+}
+
+/// What [`Processor::decide_and_commit`] did with one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectOutcome {
+    /// Changes were committed; the decision's result.
+    Committed(String),
+    /// Nothing new to commit: every change was already applied, or none was decided.
+    Unchanged(String),
+    /// The domain ignored the event, with the reason.
+    Ignored(String),
+}
+
+/// Why [`Processor::decide_and_commit`] did not finish an event.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EffectError {
+    /// Will never succeed as is (the processor dead-letters such an event).
+    #[error("permanent: {0}")]
+    Permanent(String),
+    /// May succeed later (the processor retries such an event).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// A prerequisite is missing (the processor parks such an event until it commits).
+    #[error("waiting: {0}")]
+    Wait(String),
 }
 
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -409,7 +442,10 @@ impl Processor {
         lookup: Arc<dyn ResourceLookup>,
         source: ConfigSource,
     ) -> Self {
-        self.lookup = Some((lookup, Arc::new(source)));
+        // Per-tenant concurrency and a circuit breaker around every provider API.
+        let guarded =
+            GuardedLookup::new(lookup, GuardSettings::default()).with_metrics(self.metrics.clone());
+        self.lookup = Some((Arc::new(guarded), Arc::new(source)));
         self
     }
 
@@ -493,7 +529,7 @@ impl Processor {
                     delay: self.backoff(delivery.receive_count),
                 };
             }
-            Err(e @ StoreError::Corrupt(_)) => {
+            Err(e @ (StoreError::Corrupt(_) | StoreError::Rejected(_))) => {
                 // Nothing can be recorded on an item we cannot read: the DLQ keeps the
                 // pointer for an operator.
                 tracing::error!(pk = %key, error = %e, trace_id, "inbox item unreadable; dead-lettering the message");
@@ -732,7 +768,7 @@ impl Processor {
     /// Re-enqueue the items parked on `records` (bounded by [`WAKE_LIMIT`] each),
     /// except `own` (the event being processed). A failure is logged, not returned:
     /// the sweeper's re-check wakes what was missed.
-    async fn wake_waiters(&self, records: &[String], own: &crate::envelope::InboxKey) {
+    async fn wake_waiters(&self, records: &[String], own: Option<&crate::envelope::InboxKey>) {
         let mut records: Vec<&String> = records.iter().collect();
         records.sort();
         records.dedup();
@@ -744,7 +780,7 @@ impl Processor {
                     continue;
                 }
             };
-            for waiter in waiters.iter().filter(|w| *w != own) {
+            for waiter in waiters.iter().filter(|w| Some(*w) != own) {
                 self.send_wake(waiter).await;
             }
         }
@@ -784,6 +820,32 @@ impl Processor {
             envelope,
             body: &raw,
         };
+        self.commit_event(&event, Some(&item.key)).await
+    }
+
+    /// Steps 2 and 3 for one domain event, without an inbox item: decide and commit its
+    /// effects under the same guards as [`Processor::process_message`]. Tools and load
+    /// tests drive the commit path with it.
+    pub async fn decide_and_commit(
+        &self,
+        event: &DomainEvent<'_>,
+    ) -> Result<EffectOutcome, EffectError> {
+        match self.commit_event(event, None).await {
+            Ok(Applied::Completed(result, Some(_))) => Ok(EffectOutcome::Committed(result)),
+            Ok(Applied::Completed(result, None)) => Ok(EffectOutcome::Unchanged(result)),
+            Ok(Applied::Ignored(reason)) => Ok(EffectOutcome::Ignored(reason)),
+            Err(Failure::Permanent(reason)) => Err(EffectError::Permanent(reason)),
+            Err(Failure::Transient(_, reason)) => Err(EffectError::Transient(reason)),
+            Err(Failure::Wait(wait)) => Err(EffectError::Wait(wait.reason)),
+        }
+    }
+
+    async fn commit_event(
+        &self,
+        event: &DomainEvent<'_>,
+        own: Option<&crate::envelope::InboxKey>,
+    ) -> Result<Applied, Failure> {
+        let event = *event;
         let targets = self.domain.targets(&event)?;
 
         for round in 0..=self.settings.max_conflict_retries {
@@ -825,12 +887,15 @@ impl Processor {
             let changed: Vec<String> = changes.iter().map(|c| c.key.pk()).collect();
             let writes = plan_writes(&current, changes)?;
             if writes.is_empty() {
-                self.wake_waiters(&changed, &item.key).await;
+                self.wake_waiters(&changed, own).await;
                 return Ok(Applied::Completed(ALREADY_APPLIED.to_string(), None));
             }
-            match self.state.commit(&writes).await? {
+            let reads = read_checks(&current, &writes, |key| {
+                self.domain.guards_read(&event, key)
+            });
+            match self.state.commit_checked(&writes, &reads).await? {
                 CommitOutcome::Committed => {
-                    self.wake_waiters(&changed, &item.key).await;
+                    self.wake_waiters(&changed, own).await;
                     let committed = Committed {
                         at_ms: (self.now_ms)(),
                         payment: moves_payment_status(&current, &writes),
@@ -838,7 +903,7 @@ impl Processor {
                     return Ok(Applied::Completed(result, Some(committed)));
                 }
                 CommitOutcome::Conflict => {
-                    tracing::debug!(pk = %item.key, round, "state conflict; deciding again");
+                    tracing::debug!(event_id = %event.envelope.event_id, round, "state conflict; deciding again");
                     if round < self.settings.max_conflict_retries {
                         // Spread competing workers apart a little.
                         let pause = 5.0 * f64::from(round + 1) * (self.jitter)();
@@ -1075,45 +1140,97 @@ fn moves_payment_status(current: &[StateRecord], writes: &[StateWrite]) -> bool 
     })
 }
 
-/// The guarded writes of a decision: changes whose effect key is already applied to
-/// their record are dropped; the others become one write per record (version + 1,
-/// new data, effect key added), expected at the version that was loaded.
+/// The guarded writes of a decision: changes whose effect key is already applied are
+/// dropped; the others become one write per record (version + 1, new data), expected
+/// at the version that was loaded. Each effect key is added to the record that holds
+/// it ([`Change::key_holder`]): a change keyed on an owner also writes the owner (with
+/// its loaded data unless the owner changes too), so key and change commit together.
+/// A write that would grow an `applied` set past [`MAX_APPLIED_KEYS`] is permanent.
 fn plan_writes(current: &[StateRecord], changes: Vec<Change>) -> Result<Vec<StateWrite>, Failure> {
+    let loaded = |key: &StateKey, what: &str| {
+        current.iter().find(|r| r.key == *key).ok_or_else(|| {
+            Failure::Permanent(format!(
+                "domain {what} record {} that it did not list in its targets",
+                key.pk()
+            ))
+        })
+    };
     let mut writes: Vec<StateWrite> = Vec::new();
     for change in changes {
-        let Some(loaded) = current.iter().find(|r| r.key == change.key) else {
-            return Err(Failure::Permanent(format!(
-                "domain changed record {} that it did not list in its targets",
-                change.key.pk()
-            )));
-        };
-        if loaded.applied.contains(&change.effect_key) {
+        let record = loaded(&change.key, "changed")?;
+        let holder = loaded(change.key_holder(), "keyed a change on")?;
+        // The holder has the key once applied; the changed record itself may hold it
+        // too, from before its changes were keyed on an owner.
+        if holder.applied.contains(&change.effect_key)
+            || record.applied.contains(&change.effect_key)
+        {
             continue;
         }
-        match writes.iter_mut().find(|w| w.record.key == change.key) {
-            Some(write) => {
-                write.record.data = change.data;
-                write.record.applied.insert(change.effect_key);
-            }
-            None => {
-                let mut record = loaded.clone();
-                record.version = loaded.version + 1;
-                record.data = change.data;
-                record.applied.insert(change.effect_key);
-                writes.push(StateWrite {
-                    record,
-                    expected_version: loaded.version,
-                });
-            }
+        write_of(&mut writes, record).record.data = change.data;
+        write_of(&mut writes, holder)
+            .record
+            .applied
+            .insert(change.effect_key);
+    }
+    for write in &writes {
+        let keys = write.record.applied.len();
+        let before = current
+            .iter()
+            .find(|r| r.key == write.record.key)
+            .map_or(0, |r| r.applied.len());
+        if keys > MAX_APPLIED_KEYS && keys > before {
+            return Err(Failure::Permanent(format!(
+                "record {} would hold {keys} effect keys, more than {MAX_APPLIED_KEYS}: a \
+                 record that many events change must not collect a key per event; key \
+                 those changes on the record that owns the effect (Change::keyed_on)",
+                write.record.key.pk()
+            )));
         }
     }
     Ok(writes)
 }
 
+/// The pending write of `loaded`'s record, created from the loaded record if needed.
+fn write_of<'w>(writes: &'w mut Vec<StateWrite>, loaded: &StateRecord) -> &'w mut StateWrite {
+    let at = match writes.iter().position(|w| w.record.key == loaded.key) {
+        Some(at) => at,
+        None => {
+            let mut record = loaded.clone();
+            record.version = loaded.version + 1;
+            writes.push(StateWrite {
+                record,
+                expected_version: loaded.version,
+            });
+            writes.len() - 1
+        }
+    };
+    &mut writes[at]
+}
+
+/// A version check for every loaded record the writes leave alone and whose read the
+/// domain guards, so the decision cannot commit on a stale read.
+fn read_checks(
+    current: &[StateRecord],
+    writes: &[StateWrite],
+    guards_read: impl Fn(&StateKey) -> bool,
+) -> Vec<ReadCheck> {
+    let mut checks: Vec<ReadCheck> = Vec::new();
+    for record in current {
+        let written = writes.iter().any(|w| w.record.key == record.key);
+        let checked = checks.iter().any(|c| c.key == record.key);
+        if !written && !checked && guards_read(&record.key) {
+            checks.push(ReadCheck {
+                key: record.key.clone(),
+                version: record.version,
+            });
+        }
+    }
+    checks
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::StateKey;
     use serde_json::json;
 
     #[test]
@@ -1241,11 +1358,11 @@ mod tests {
     }
 
     fn change(id: &str, effect: &str, count: u64) -> Change {
-        Change {
-            key: StateKey::new("t", "counter", id),
-            effect_key: effect.into(),
-            data: json!({ "count": count }),
-        }
+        Change::new(
+            StateKey::new("t", "counter", id),
+            effect,
+            json!({ "count": count }),
+        )
     }
 
     #[test]
@@ -1275,6 +1392,121 @@ mod tests {
             (3, 4)
         );
         assert_eq!(writes[0].record.applied.len(), 2);
+    }
+
+    #[test]
+    fn a_change_keyed_on_its_owner_leaves_the_shared_record_keyless() {
+        let order = StateKey::new("t", "order", "o1");
+        let sku = StateKey::new("t", "sku", "s1");
+        let loaded = |key: &StateKey, version: u64, applied: &[&str]| StateRecord {
+            key: key.clone(),
+            version,
+            data: json!({ "v": version }),
+            applied: applied.iter().map(|s| s.to_string()).collect(),
+        };
+        let current = [loaded(&order, 0, &[]), loaded(&sku, 7, &["seed"])];
+        let stock = |key: &str| Change::keyed_on(sku.clone(), order.clone(), key, json!(6));
+        let writes = plan_writes(
+            &current,
+            vec![
+                Change::new(order.clone(), "o1#created", json!("created")),
+                stock("o1#stock#s1"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(writes.len(), 2);
+        let (o, s) = (&writes[0], &writes[1]);
+        assert_eq!((o.expected_version, o.record.version), (0, 1));
+        assert_eq!(o.record.data, json!("created"));
+        assert_eq!(
+            o.record.applied.iter().collect::<Vec<_>>(),
+            ["o1#created", "o1#stock#s1"]
+        );
+        assert_eq!((s.expected_version, s.record.version), (7, 8));
+        assert_eq!(s.record.data, json!(6));
+        assert_eq!(s.record.applied.iter().collect::<Vec<_>>(), ["seed"]);
+
+        // Alone, the companion still writes its owner (unchanged data) to hold the key.
+        let writes = plan_writes(&current, vec![stock("o1#stock#s1")]).unwrap();
+        assert_eq!(writes[0].record.key, sku);
+        assert_eq!(writes[1].record.key, order);
+        assert_eq!(writes[1].record.data, current[0].data);
+        assert!(writes[1].record.applied.contains("o1#stock#s1"));
+
+        // Applied on the owner, or on the shared record from before: dropped.
+        let done = [loaded(&order, 1, &["o1#stock#s1"]), loaded(&sku, 8, &[])];
+        assert!(plan_writes(&done, vec![stock("o1#stock#s1")])
+            .unwrap()
+            .is_empty());
+        let legacy = [loaded(&order, 1, &[]), loaded(&sku, 8, &["o1#stock#s1"])];
+        assert!(plan_writes(&legacy, vec![stock("o1#stock#s1")])
+            .unwrap()
+            .is_empty());
+
+        // The owner must be one of the targets.
+        let err = plan_writes(&current[1..], vec![stock("k")]).unwrap_err();
+        assert!(
+            matches!(err, Failure::Permanent(ref m) if m.contains("keyed a change on record t#order#o1")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_record_collecting_a_key_per_event_fails_at_the_bound() {
+        let full: Vec<String> = (0..MAX_APPLIED_KEYS).map(|i| format!("e{i}")).collect();
+        let keys: Vec<&str> = full.iter().map(String::as_str).collect();
+        let current = [record("hot", 5, &keys)];
+        let err = plan_writes(&current, vec![change("hot", "one-more", 6)]).unwrap_err();
+        assert!(
+            matches!(err, Failure::Permanent(ref m)
+                if m.contains("t#counter#hot") && m.contains(&MAX_APPLIED_KEYS.to_string())),
+            "{err:?}"
+        );
+        // At the bound but not growing (a companion write, a restated key): allowed.
+        assert!(plan_writes(&current, vec![change("hot", "e1", 6)])
+            .unwrap()
+            .is_empty());
+        let owner = StateKey::new("t", "counter", "owner");
+        let with_owner = [current[0].clone(), record("owner", 1, &[])];
+        let writes = plan_writes(
+            &with_owner,
+            vec![Change::keyed_on(
+                current[0].key.clone(),
+                owner,
+                "new",
+                json!(1),
+            )],
+        )
+        .unwrap();
+        assert_eq!(writes[0].record.applied.len(), MAX_APPLIED_KEYS);
+    }
+
+    #[test]
+    fn every_unchanged_read_is_checked_unless_the_domain_opts_out() {
+        let current = [
+            record("a", 3, &[]),
+            record("b", 0, &[]),
+            record("c", 2, &[]),
+            record("a", 3, &[]),
+        ];
+        let writes = plan_writes(&current, vec![change("a", "e", 4)]).unwrap();
+        let checks = read_checks(&current, &writes, |_| true);
+        assert_eq!(
+            checks,
+            [
+                ReadCheck {
+                    key: StateKey::new("t", "counter", "b"),
+                    version: 0
+                },
+                ReadCheck {
+                    key: StateKey::new("t", "counter", "c"),
+                    version: 2
+                },
+            ]
+        );
+        let checks = read_checks(&current, &writes, |k| k.id != "c");
+        assert_eq!(checks.len(), 1);
+        assert_eq!(checks[0].key.id, "b");
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! write and keeps every inbox item moving (DESIGN invariants 4 and 7).
 //!
 //! One pass:
-//! 1. finds items stuck in `received` / `retryable` and `processing` items whose lease
-//!    ran out, through the store's index ([`InboxSweep::stuck`], never a scan), and
-//!    sends their pointer again: the processor's claim is idempotent, so a duplicate
+//! 1. finds items stuck in `received` / `queued` / `retryable` and `processing` items
+//!    whose lease ran out, through the store's index ([`InboxSweep::stuck`], never a
+//!    scan), and sends their pointer again: the processor's claim is idempotent, so a duplicate
 //!    message costs one refused claim, never a second effect;
 //! 2. marks `dead_letter` the items whose pointers sit in the DLQ (the messages stay
 //!    there for replay and are made visible again at once);
@@ -35,8 +35,12 @@ const DLQ_BATCH: u32 = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SweepSettings {
-    /// An item untouched this long in `received` (or whose lease ran out this long ago)
-    /// is stuck. Default 5 minutes.
+    /// An item untouched this long in `received` or `queued` (or whose lease ran out
+    /// this long ago) is stuck. Default 1 minute: the sweeper runs every minute, so an
+    /// event whose receiver died between put and send (or a replay whose send failed)
+    /// is sent at the latest about two minutes later. Pointers of a queue backlog older
+    /// than this are sent again (at most `batch` per pass): a duplicate costs one
+    /// refused claim, never a second effect.
     pub stuck_after_ms: i64,
     /// A `retryable` item waits out its backoff first (up to `backoff_max_ms`, 15 min
     /// by default), so it counts as stuck only after this long. Default 20 minutes.
@@ -52,7 +56,7 @@ pub struct SweepSettings {
 impl Default for SweepSettings {
     fn default() -> Self {
         SweepSettings {
-            stuck_after_ms: 5 * 60_000,
+            stuck_after_ms: 60_000,
             retryable_after_ms: 20 * 60_000,
             batch: 100,
             waiting_recheck_ms: 10 * 60_000,
@@ -103,14 +107,14 @@ impl SweepSettings {
 /// What one pass did and saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SweepReport {
-    /// Stuck `received` / `retryable` items whose pointer was sent again.
+    /// Stuck `received` / `queued` / `retryable` items whose pointer was sent again.
     pub reenqueued: usize,
     /// `processing` items with an expired lease, sent again for the next claim.
     pub leases_released: usize,
     /// Items marked `dead_letter` because their pointer is in the DLQ.
     pub dead_lettered: usize,
-    /// Pending items seen (capped at `batch`): received/retryable, and processing
-    /// items without a live lease.
+    /// Pending items seen (capped at `batch`): received/queued/retryable, and
+    /// processing items without a live lease.
     pub backlog_count: usize,
     /// Age of the oldest of them (by last update), 0 when there is none.
     pub oldest_pending_age_ms: i64,
@@ -217,7 +221,9 @@ impl Sweeper {
         let retry_cutoff = now_ms.saturating_sub(self.settings.retryable_after_ms);
         for item in pending {
             let lease = match item.state {
-                InboxState::Received => false,
+                // `queued` without a message: a replay whose send failed or whose CLI
+                // died between the requeue and the send.
+                InboxState::Received | InboxState::Queued => false,
                 InboxState::Retryable if item.updated_at_ms < retry_cutoff => false,
                 InboxState::Processing => true,
                 _ => continue,

@@ -223,6 +223,8 @@ fn keys(tenant: &TenantConfig) -> Result<Vec<Vec<u8>>, ProviderError> {
 
 /// Parse the envelope and every item (no verification yet).
 fn parse(body: &[u8]) -> Result<Vec<(&RawValue, Item<'_>)>, ProviderError> {
+    // The items are stored and read by the domain: no repeated keys, valid UTF-8.
+    super::json::check_object(body)?;
     let notification: Notification<'_> =
         serde_json::from_slice(body).map_err(|e| json_error("body", &e))?;
     if notification.items.is_empty() {
@@ -396,6 +398,10 @@ fn verify_platform(
 impl Provider for Adyen {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &["merchant_account"]
     }
 
     /// Adyen's notification contract: answer `[accepted]` once every item is stored.

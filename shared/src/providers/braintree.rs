@@ -222,6 +222,10 @@ impl Provider for Braintree {
         "braintree"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["public_key", "source_merchant_id"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

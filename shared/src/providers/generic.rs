@@ -25,9 +25,10 @@
 //! same header) make the tenant unverifiable: they are reported as
 //! [`ProviderError::NoSecret`] (401, like a tenant without a secret), and the reason
 //! is logged with `tracing::warn!` (option names only, never values of secrets).
-//! [`validate`] returns the reason for config checks and tools. Other option keys are
-//! ignored (e.g. `event`, which `einmal send --topic` sets and [`Provider::sign`] uses
-//! as the `event_type_header` value).
+//! [`validate`] returns the reason; loading a configuration runs it, so such a tenant
+//! is refused at start. Besides the scheme's options only `event` is declared (which
+//! `einmal send --topic` sets and [`Provider::sign`] uses as the `event_type_header`
+//! value); any other option name is refused when the configuration loads.
 //!
 //! The body is parsed only when a pointer is configured, and only after the signature
 //! holds. Pointers are resolved on a `serde_json::Value` (this provider is not on the
@@ -520,6 +521,23 @@ fn parse_strict(body: &[u8]) -> Result<Value, ProviderError> {
 impl Provider for GenericHmac {
     fn name(&self) -> &'static str {
         "generic"
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "header",
+            "algorithm",
+            "encoding",
+            "prefix",
+            "signed_content",
+            "timestamp_header",
+            "event_id_header",
+            "event_id_pointer",
+            "event_type_header",
+            "event_type_pointer",
+            "object_id_pointer",
+            "event",
+        ]
     }
 
     fn verify_and_extract(

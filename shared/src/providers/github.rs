@@ -93,6 +93,10 @@ impl Provider for GitHub {
         "github"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["event"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
@@ -352,7 +356,9 @@ mod tests {
         let broken = r#"{"action":"opened""#;
         assert_eq!(
             verify(headers(&[&sig256("s", broken)]), broken, &t),
-            Err(sig::payload_error("body is not valid JSON (byte 18)"))
+            Err(sig::payload_error(
+                "body is not valid JSON (line 1, column 18)"
+            ))
         );
     }
 

@@ -202,6 +202,16 @@ impl Provider for GitLab {
         "gitlab"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "instance",
+            "project_id",
+            "require_signature",
+            "sign_mode",
+            "event",
+        ]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -29,6 +29,20 @@ impl Provider for GoPay {
         NAME
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "path_token",
+            "access_token",
+            "api_base",
+            "max_hints_per_minute",
+        ]
+    }
+
+    /// A hint is guarded by the path token; nothing is signed.
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        false
+    }
+
     fn accepts_method(&self, method: &http::Method) -> bool {
         method == http::Method::GET
     }

@@ -116,6 +116,10 @@ impl Provider for Klarna {
         "klarna"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["subject_account_id"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

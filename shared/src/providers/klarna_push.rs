@@ -57,6 +57,21 @@ impl Provider for KlarnaPush {
         NAME
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[
+            "path_token",
+            "api_username",
+            "api_password",
+            "api_base",
+            "max_hints_per_minute",
+        ]
+    }
+
+    /// A hint is guarded by the path token; nothing is signed.
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        false
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -81,6 +81,10 @@ impl Provider for LemonSqueezy {
         "lemonsqueezy"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["store_id"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

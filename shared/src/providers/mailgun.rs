@@ -159,6 +159,10 @@ impl Provider for Mailgun {
         "mailgun"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -18,6 +18,7 @@ pub mod generic;
 pub mod github;
 pub mod gitlab;
 pub mod gopay;
+pub mod json;
 pub mod klarna;
 pub mod klarna_push;
 pub mod lemon_squeezy;
@@ -89,13 +90,44 @@ impl VerifiedEvent {
     }
 }
 
+/// The answer to a provider's endpoint-verification handshake: sent with 200 after the
+/// signature held; nothing is stored or enqueued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The value to echo (Slack `url_verification` `challenge`).
+    pub challenge: String,
+}
+
 pub trait Provider: Send + Sync {
     /// The path segment in `/webhooks/{provider}/{tenant}`.
     fn name(&self) -> &'static str;
 
+    /// Every tenant option this provider reads (webhooks, `einmal send`, API lookups,
+    /// reconciliation). Loading a configuration rejects any other name.
+    fn options(&self) -> &'static [&'static str];
+
+    /// Whether a tenant must configure at least one secret (not for hint-only tenants,
+    /// which the path token guards).
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        true
+    }
+
     /// The HTTP methods this provider delivers with (POST for almost all; GoPay GETs).
     fn accepts_method(&self, method: &http::Method) -> bool {
         method == http::Method::POST
+    }
+
+    /// Fetch what verification needs from the network, before the synchronous
+    /// [`Provider::verify_and_extract`] (PayPal's certificate). Bounded, and it never
+    /// fails: verification reports what went wrong. `None` (the default): nothing to
+    /// fetch.
+    fn prepare<'a>(
+        &'a self,
+        _request: &'a WebhookRequest,
+        _tenant: &'a TenantConfig,
+        _now_secs: i64,
+    ) -> Option<futures::future::BoxFuture<'a, ()>> {
+        None
     }
 
     /// Verify the request for `tenant` (its secrets, tolerance, options) at `now_secs`,
@@ -117,6 +149,19 @@ pub trait Provider: Send + Sync {
         event_id: &str,
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError>;
+
+    /// An endpoint-verification handshake (Slack `url_verification`): `Some` when the
+    /// request is one and its signature holds, `None` when it is not one (then it goes
+    /// through [`Provider::verify_and_extract`]). Runs before that, on every request of
+    /// the provider, so it must be cheap to say `None`.
+    fn handshake(
+        &self,
+        _request: &WebhookRequest,
+        _tenant: &TenantConfig,
+        _now_secs: i64,
+    ) -> Result<Option<Handshake>, ProviderError> {
+        Ok(None)
+    }
 
     /// A plain-text success body the provider expects instead of our JSON (Adyen).
     fn accepted_body(&self) -> Option<&'static str> {

@@ -95,6 +95,15 @@ impl Provider for Mollie {
         "mollie"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["path_token", "api_key", "api_base", "max_hints_per_minute"]
+    }
+
+    /// Classic hints need only the path token; next-gen webhooks need a secret.
+    fn needs_secret(&self, tenant: &TenantConfig) -> bool {
+        tenant.option("path_token").is_none()
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -111,6 +111,10 @@ impl Provider for Paddle {
         "paddle"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
@@ -435,7 +439,7 @@ mod tests {
         );
         check(
             r#"{"event_id":"evt_1","event_type":"x""#,
-            sig::payload_error("body is not valid JSON (byte 36)"),
+            sig::payload_error("body is not valid JSON (line 1, column 36)"),
         );
     }
 

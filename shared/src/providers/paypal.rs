@@ -16,10 +16,12 @@
 //!    ±`tolerance_secs` of now: PayPal's own SDKs check no freshness at all.
 //! 4. `PAYPAL-CERT-URL` is exactly `https://{host}/v1/notifications/certs/{name}` with
 //!    `host` one of [`ALLOWED_CERT_HOSTS`] (no port, no userinfo, lower case) and `name`
-//!    one segment of `[A-Za-z0-9._-]` starting with a letter or digit, no query or
-//!    fragment. Anything else is rejected before any fetch (SSRF).
+//!    PayPal's own shape, `CERT-` and three groups of eight hex digits
+//!    (`CERT-360caa42-fca2a594-a5cafa77`), no query or fragment. Anything else is
+//!    rejected before any fetch (SSRF).
 //! 5. The certificate (PEM: leaf first, then any intermediates) comes from the
-//!    [`CertSource`], through a bounded per-URL cache (24 h; failures 5 min).
+//!    [`CertSource`], through a bounded per-URL cache (24 h; failures 5 min). A
+//!    certificate that verified a signature is pinned apart from that cache (see below).
 //! 6. The leaf chains, through the served intermediates, to a trust anchor
 //!    (`rustls-webpki` path building: signatures, validity of every certificate at
 //!    `now`, basic constraints, name constraints, EKU `serverAuth` if an EKU is
@@ -36,18 +38,40 @@
 //! the leaf's subject alternative names, and PayPal's `verify-webhook-signature`
 //! postback API (which needs OAuth and a round trip per event).
 //!
-//! `verify_and_extract` is synchronous, so a certificate that is not cached yet is
-//! fetched in place by [`HttpsCertSource`]: the first request that names a new
-//! certificate URL blocks its thread for one HTTPS round trip (5 s timeout, no
-//! redirects, 64 KiB cap); later ones hit the cache. Fetches are serialized, so
-//! concurrent first requests fetch a URL once. An unauthenticated request can trigger
-//! at most one fetch per distinct allow-listed URL per failure TTL.
+//! # Fetching certificates
+//!
+//! The certificate URL comes from an unauthenticated request, so fetching it must not
+//! let anyone stall the server or make it a request amplifier. `verify_and_extract` is
+//! synchronous and never does I/O: it reads the cache only. The fetch happens before
+//! it, in [`Provider::prepare`] ([`PayPalVerifier::prepare`]), on the async runtime:
+//! - only after the headers passed every check that costs no I/O (step 1–4, the
+//!   transmission time included);
+//! - **single-flight per URL**: concurrent requests naming one URL await one fetch;
+//! - **bounded**: at most [`FetchLimits::max_concurrent`] fetches run at once (4) and
+//!   at most [`FetchLimits::burst`] new fetches start at once, refilled at
+//!   [`FetchLimits::per_minute`] (4, then 10 a minute), process-wide; a request over
+//!   these bounds does not wait, it is refused (401; PayPal retries deliveries for
+//!   3 days);
+//! - **short**: each fetch has [`FETCH_TIMEOUT`] (3 s) in total (DNS, connect, TLS,
+//!   response; no redirects, 64 KiB cap), in a spawned task that no lock is held across;
+//! - **negative caching per host**: a host that could not be reached (timeout,
+//!   connection or DNS failure) gets no new fetch for [`HOST_FAILURE_TTL_SECS`], and a
+//!   URL that failed none for [`CERT_FAILURE_TTL_SECS`];
+//! - **pinning**: a certificate whose key verified a signature is kept apart from the
+//!   cache (up to [`PINNED_CERTS`], replaced only by another one that verified a
+//!   signature, dropped when its chain no longer validates), so no flood of attacker
+//!   URLs can evict it or make it wait for a fetch.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::Semaphore;
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
@@ -87,7 +111,9 @@ pub const ALLOWED_CERT_HOSTS: [&str; 4] = [
     "api-m.sandbox.paypal.com",
 ];
 const CERT_PATH: &str = "/v1/notifications/certs/";
-const MAX_CERT_NAME_LEN: usize = 128;
+/// `CERT-` and three `-`-separated groups of eight hex digits.
+const CERT_NAME_GROUPS: usize = 3;
+const CERT_NAME_GROUP_LEN: usize = 8;
 
 /// Fetched certificates are reused this long.
 pub const CERT_TTL_SECS: i64 = 24 * 3600;
@@ -95,19 +121,90 @@ pub const CERT_TTL_SECS: i64 = 24 * 3600;
 pub const CERT_FAILURE_TTL_SECS: i64 = 300;
 /// Certificate URLs cached at once; the oldest entry makes room.
 pub const CERT_CACHE_ENTRIES: usize = 64;
+/// Certificates that verified a signature, kept apart from the cache; a newly pinned
+/// one replaces the oldest.
+pub const PINNED_CERTS: usize = 8;
+/// A host that could not be reached gets no new fetch for this long.
+pub const HOST_FAILURE_TTL_SECS: i64 = 60;
+/// Total time of one certificate fetch: DNS, connect, TLS, response.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_CERT_BYTES: usize = 64 * 1024;
 const MAX_CHAIN_CERTS: usize = 8;
-const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The DigiCert roots the process-wide verifier trusts unless a tenant configures
 /// `paypal_ca_pem` (DigiCert Global Root CA, Global Root G2, High Assurance EV Root CA).
 pub const DEFAULT_ROOTS_PEM: &str = include_str!("paypal_roots.pem");
 
+/// Why a certificate could not be fetched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FetchError {
+    /// The host did not answer (DNS, connect, TLS, timeout): no new fetch to it for
+    /// [`HOST_FAILURE_TTL_SECS`].
+    Unreachable(String),
+    /// The host answered, but not with a certificate (e.g. HTTP 404).
+    Refused(String),
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FetchError::Unreachable(reason) => write!(f, "unreachable: {reason}"),
+            FetchError::Refused(reason) => write!(f, "refused: {reason}"),
+        }
+    }
+}
+
 /// Where certificates come from: HTTPS in production, a fixture in tests.
 pub trait CertSource: Send + Sync {
     /// The PEM text served at `url` (already allow-listed). Called at most once per URL
-    /// per cache lifetime.
-    fn fetch(&self, url: &str) -> Result<Vec<u8>, String>;
+    /// per cache lifetime, in a task of its own, under [`FETCH_TIMEOUT`].
+    fn fetch(&self, url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>>;
+}
+
+/// Bounds on certificate fetches, process-wide (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchLimits {
+    /// Fetches running at once.
+    pub max_concurrent: usize,
+    /// New fetches that may start at once (the bucket's size).
+    pub burst: u32,
+    /// New fetches a minute once the burst is spent (the bucket's refill).
+    pub per_minute: u32,
+}
+
+impl Default for FetchLimits {
+    fn default() -> Self {
+        FetchLimits {
+            max_concurrent: 4,
+            burst: 4,
+            per_minute: 10,
+        }
+    }
+}
+
+/// A token bucket over the request clock (seconds): `burst` tokens, `per_minute`
+/// refilled a minute.
+#[derive(Debug)]
+struct FetchBudget {
+    /// Tokens, in sixtieths (one token = 60), so a per-second refill stays exact.
+    sixtieths: u64,
+    at: i64,
+}
+
+impl FetchBudget {
+    fn take(&mut self, limits: &FetchLimits, now: i64) -> bool {
+        let cap = u64::from(limits.burst) * 60;
+        let elapsed = u64::try_from(now - self.at).unwrap_or(0);
+        let refill = elapsed.saturating_mul(u64::from(limits.per_minute));
+        self.sixtieths = cap.min(self.sixtieths.saturating_add(refill));
+        self.at = self.at.max(now);
+        if self.sixtieths >= 60 {
+            self.sixtieths -= 60;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// A set of trust anchors for the certificate chain.
@@ -130,8 +227,11 @@ impl Anchors {
     }
 }
 
+/// A parsed certificate chain, leaf first.
+type Chain = Arc<Vec<CertificateDer<'static>>>;
+
 enum Cached {
-    Chain(Arc<Vec<CertificateDer<'static>>>),
+    Chain(Chain),
     Failed,
 }
 
@@ -154,76 +254,137 @@ impl Entry {
 /// The verification machinery behind [`PayPal`]: a certificate source, its cache and
 /// the default anchors. The process-wide one is [`verifier`]; tests build their own.
 pub struct PayPalVerifier {
-    source: Arc<dyn CertSource>,
     default_anchors: Arc<Anchors>,
+    shared: Arc<FetchState>,
+}
+
+/// What the fetch tasks share with the verifier. No lock is held across an await.
+struct FetchState {
+    source: Arc<dyn CertSource>,
+    limits: FetchLimits,
     cache: Mutex<HashMap<String, Entry>>,
-    /// Serializes fetches so a URL is fetched once even under concurrency; cached
-    /// lookups never wait for it.
-    fetching: Mutex<()>,
+    /// URL → chain of the certificates that verified a signature.
+    pinned: Mutex<HashMap<String, (Chain, i64)>>,
+    /// URL → the fetch in flight (single-flight).
+    inflight: Mutex<HashMap<String, Shared<BoxFuture<'static, ()>>>>,
+    running: Arc<Semaphore>,
+    budget: Mutex<FetchBudget>,
+    /// Host → when a fetch to it last failed as unreachable.
+    unreachable: Mutex<HashMap<String, i64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl PayPalVerifier {
     pub fn new(source: Arc<dyn CertSource>, default_anchors: Anchors) -> Self {
+        Self::with_limits(source, default_anchors, FetchLimits::default())
+    }
+
+    /// [`PayPalVerifier::new`] with other fetch bounds.
+    pub fn with_limits(
+        source: Arc<dyn CertSource>,
+        default_anchors: Anchors,
+        limits: FetchLimits,
+    ) -> Self {
         Self {
-            source,
             default_anchors: Arc::new(default_anchors),
-            cache: Mutex::new(HashMap::new()),
-            fetching: Mutex::new(()),
+            shared: Arc::new(FetchState {
+                source,
+                limits,
+                cache: Mutex::new(HashMap::new()),
+                pinned: Mutex::new(HashMap::new()),
+                inflight: Mutex::new(HashMap::new()),
+                running: Arc::new(Semaphore::new(limits.max_concurrent)),
+                budget: Mutex::new(FetchBudget {
+                    sixtieths: u64::from(limits.burst) * 60,
+                    at: i64::MIN / 2,
+                }),
+                unreachable: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
-    /// HTTPS fetching and the embedded DigiCert roots.
+    /// HTTPS fetching and the embedded DigiCert roots. With `EINMAL_PAYPAL_CERT_ADDR`
+    /// set (`ip:port`; benchmarks and tests only), every fetch connects there instead of
+    /// resolving the host; TLS still checks the PayPal host name.
     pub fn production() -> Self {
         let anchors =
             Anchors::from_pem(DEFAULT_ROOTS_PEM.as_bytes()).expect("embedded DigiCert roots parse");
-        Self::new(Arc::new(HttpsCertSource), anchors)
+        let source = match std::env::var(CERT_ADDR_ENV).ok().map(|a| a.parse()) {
+            Some(Ok(addr)) => HttpsCertSource::connecting_to(addr),
+            Some(Err(_)) => {
+                tracing::error!(
+                    variable = CERT_ADDR_ENV,
+                    "not an ip:port; certificates are fetched from PayPal"
+                );
+                HttpsCertSource::new()
+            }
+            None => HttpsCertSource::new(),
+        };
+        Self::new(Arc::new(source), anchors)
     }
 
-    fn cached(&self, url: &str, now: i64) -> Option<Result<Arc<Vec<CertificateDer<'static>>>, ()>> {
-        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = cache.get(url).filter(|e| e.fresh(now))?;
-        Some(match &entry.value {
-            Cached::Chain(chain) => Ok(chain.clone()),
-            Cached::Failed => Err(()),
-        })
+    /// Fetch the certificate `request` names, if it is worth a fetch and the bounds
+    /// allow one (module docs); the synchronous verification then finds it cached.
+    /// Never fails: whatever goes wrong, verification reports it.
+    pub async fn prepare(&self, request: &WebhookRequest, tenant: &TenantConfig, now_secs: i64) {
+        if tenant.option("webhook_id").is_none_or(str::is_empty) {
+            return;
+        }
+        let Ok(h) = Headers::parse(request, tenant, now_secs) else {
+            return;
+        };
+        if sig::decode_base64(SIG, h.sig).is_err() || !is_allowed_cert_url(h.cert_url) {
+            return;
+        }
+        if let Some(flight) = self.shared.start_fetch(h.cert_url, now_secs) {
+            flight.await;
+        }
     }
 
-    /// The certificate chain served at `url` (allow-listed by the caller).
+    /// The certificate chain served at `url`, from the pinned set or the cache. A
+    /// certificate not fetched (yet) is a mismatch: nothing is fetched here.
     fn chain(
         &self,
         url: &str,
         now: i64,
-    ) -> Result<Arc<Vec<CertificateDer<'static>>>, ProviderError> {
-        if let Some(hit) = self.cached(url, now) {
-            return hit.map_err(|()| ProviderError::SignatureMismatch);
+    ) -> Result<(Arc<Vec<CertificateDer<'static>>>, bool), ProviderError> {
+        if let Some((chain, _)) = lock(&self.shared.pinned).get(url) {
+            return Ok((chain.clone(), true));
         }
-        let _fetching = self.fetching.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(hit) = self.cached(url, now) {
-            return hit.map_err(|()| ProviderError::SignatureMismatch);
-        }
-        let fetched = self.source.fetch(url).and_then(|pem| parse_chain(&pem));
-        let value = match &fetched {
-            Ok(chain) => Cached::Chain(chain.clone()),
-            Err(reason) => {
-                tracing::warn!(cert_url = url, reason = %reason, "paypal: certificate fetch failed");
-                Cached::Failed
+        match self.shared.cached(url, now) {
+            Some(Ok(chain)) => Ok((chain, false)),
+            Some(Err(())) => Err(ProviderError::SignatureMismatch),
+            None => {
+                tracing::info!(
+                    cert_url = url,
+                    "paypal: certificate not fetched (fetch bounds, or its host is unreachable)"
+                );
+                Err(ProviderError::SignatureMismatch)
             }
-        };
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= CERT_CACHE_ENTRIES {
-            cache.retain(|_, e| e.fresh(now));
         }
-        if cache.len() >= CERT_CACHE_ENTRIES {
-            let oldest = cache
+    }
+
+    /// Keep the chain of a certificate that verified a signature.
+    fn pin(&self, url: &str, chain: Arc<Vec<CertificateDer<'static>>>, now: i64) {
+        let mut pinned = lock(&self.shared.pinned);
+        if !pinned.contains_key(url) && pinned.len() >= PINNED_CERTS {
+            let oldest = pinned
                 .iter()
-                .min_by_key(|(_, e)| e.at)
+                .min_by_key(|(_, e)| e.1)
                 .map(|(k, _)| k.clone());
             if let Some(k) = oldest {
-                cache.remove(&k);
+                pinned.remove(&k);
             }
         }
-        cache.insert(url.to_owned(), Entry { value, at: now });
-        fetched.map_err(|_| ProviderError::SignatureMismatch)
+        pinned.insert(url.to_owned(), (chain, now));
+    }
+
+    /// Whether `url`'s certificate is pinned (tests).
+    pub fn is_pinned(&self, url: &str) -> bool {
+        lock(&self.shared.pinned).contains_key(url)
     }
 
     fn anchors(&self, tenant: &TenantConfig) -> Result<Arc<Anchors>, ProviderError> {
@@ -254,9 +415,13 @@ impl PayPalVerifier {
             ));
         }
         let anchors = self.anchors(tenant)?;
-        let chain = self.chain(cert_url, now_secs)?;
+        let (chain, pinned) = self.chain(cert_url, now_secs)?;
         let leaf = check_chain(&chain, &anchors.0, now_secs).map_err(|reason| {
             tracing::warn!(cert_url, reason = %reason, "paypal: certificate rejected");
+            if pinned {
+                // Expired (or rotated out): fetch it again next time.
+                lock(&self.shared.pinned).remove(cert_url);
+            }
             ProviderError::SignatureMismatch
         })?;
         let body = &request.body[..];
@@ -267,9 +432,121 @@ impl PayPalVerifier {
             &signature,
         )
         .map_err(|_| ProviderError::SignatureMismatch)?;
+        if !pinned {
+            self.pin(cert_url, chain.clone(), now_secs);
+        }
         let envelope = extract(body, tenant, h.id)?;
         Ok(VerifiedEvent::whole(envelope, request))
     }
+}
+
+impl FetchState {
+    fn cached(&self, url: &str, now: i64) -> Option<Result<Arc<Vec<CertificateDer<'static>>>, ()>> {
+        let cache = lock(&self.cache);
+        let entry = cache.get(url).filter(|e| e.fresh(now))?;
+        Some(match &entry.value {
+            Cached::Chain(chain) => Ok(chain.clone()),
+            Cached::Failed => Err(()),
+        })
+    }
+
+    /// The fetch of `url` to await: the one in flight, or a new one if the URL is not
+    /// known, its host is not marked unreachable and the bounds allow it. `None`: no
+    /// fetch (cached, or refused).
+    fn start_fetch(
+        self: &Arc<Self>,
+        url: &str,
+        now: i64,
+    ) -> Option<Shared<BoxFuture<'static, ()>>> {
+        if lock(&self.pinned).contains_key(url) || self.cached(url, now).is_some() {
+            return None;
+        }
+        let mut inflight = lock(&self.inflight);
+        if let Some(flight) = inflight.get(url) {
+            return Some(flight.clone());
+        }
+        if lock(&self.unreachable)
+            .get(cert_host(url))
+            .is_some_and(|at| (0..HOST_FAILURE_TTL_SECS).contains(&(now - at)))
+        {
+            return None;
+        }
+        let Ok(permit) = self.running.clone().try_acquire_owned() else {
+            tracing::info!(
+                cert_url = url,
+                "paypal: certificate fetch refused (fetches running at the bound)"
+            );
+            return None;
+        };
+        if !lock(&self.budget).take(&self.limits, now) {
+            tracing::info!(
+                cert_url = url,
+                "paypal: certificate fetch refused (rate of new fetches)"
+            );
+            return None;
+        }
+        let fetch = self.source.fetch(url);
+        let shared = self.clone();
+        let owned = url.to_owned();
+        let task = tokio::spawn(async move {
+            let fetched = match tokio::time::timeout(FETCH_TIMEOUT, fetch).await {
+                Ok(fetched) => fetched,
+                Err(_) => Err(FetchError::Unreachable("timed out".into())),
+            };
+            shared.settle(&owned, fetched, now);
+            drop(permit);
+        });
+        let flight = async move {
+            let _ = task.await;
+        }
+        .boxed()
+        .shared();
+        inflight.insert(url.to_owned(), flight.clone());
+        Some(flight)
+    }
+
+    /// Record a finished fetch: cache entry, unreachable host, flight done.
+    fn settle(&self, url: &str, fetched: Result<Vec<u8>, FetchError>, now: i64) {
+        let value = match fetched.map(|pem| parse_chain(&pem)) {
+            Ok(Ok(chain)) => Cached::Chain(chain),
+            Ok(Err(reason)) => {
+                tracing::warn!(cert_url = url, reason = %reason, "paypal: certificate response rejected");
+                Cached::Failed
+            }
+            Err(err) => {
+                tracing::warn!(cert_url = url, reason = %err, "paypal: certificate fetch failed");
+                if let FetchError::Unreachable(_) = err {
+                    lock(&self.unreachable).insert(cert_host(url).to_owned(), now);
+                }
+                Cached::Failed
+            }
+        };
+        {
+            let mut cache = lock(&self.cache);
+            if cache.len() >= CERT_CACHE_ENTRIES {
+                cache.retain(|_, e| e.fresh(now));
+            }
+            if cache.len() >= CERT_CACHE_ENTRIES {
+                let oldest = cache
+                    .iter()
+                    .min_by_key(|(_, e)| e.at)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    cache.remove(&k);
+                }
+            }
+            cache.insert(url.to_owned(), Entry { value, at: now });
+        }
+        lock(&self.inflight).remove(url);
+    }
+}
+
+/// The host of an allow-listed certificate URL.
+fn cert_host(url: &str) -> &str {
+    url.trim_start_matches("https://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
 }
 
 /// The process-wide verifier used by [`PayPal`]: [`install`]ed, or else
@@ -370,12 +647,14 @@ pub fn is_allowed_cert_url(url: &str) -> bool {
     let Some(name) = path.strip_prefix(&CERT_PATH[1..]) else {
         return false;
     };
-    !name.is_empty()
-        && name.len() <= MAX_CERT_NAME_LEN
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    let Some(groups) = name.strip_prefix("CERT-") else {
+        return false;
+    };
+    let groups: Vec<&str> = groups.split('-').collect();
+    groups.len() == CERT_NAME_GROUPS
+        && groups
+            .iter()
+            .all(|g| g.len() == CERT_NAME_GROUP_LEN && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn parse_chain(pem: &[u8]) -> Result<Arc<Vec<CertificateDer<'static>>>, String> {
@@ -502,61 +781,134 @@ fn extract(body: &[u8], tenant: &TenantConfig, delivery: &str) -> Result<Envelop
     })
 }
 
-/// Fetches certificates over HTTPS (system roots, HTTP/1.1, no redirects) on a
-/// short-lived thread with its own runtime, so it works inside or outside Tokio.
-pub struct HttpsCertSource;
+/// Environment variable (benchmarks and tests): connect every certificate fetch to
+/// this `ip:port` instead of the resolved host.
+pub const CERT_ADDR_ENV: &str = "EINMAL_PAYPAL_CERT_ADDR";
 
-impl CertSource for HttpsCertSource {
-    fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
-        let url = url.to_owned();
-        std::thread::spawn(move || fetch_https(&url))
-            .join()
-            .unwrap_or_else(|_| Err("certificate fetch panicked".into()))
+type HttpsClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector<CertResolver>>,
+    http_body_util::Empty<bytes::Bytes>,
+>;
+
+/// Fetches certificates over HTTPS (system roots, HTTP/1.1, no redirects) with one
+/// shared async client. The caller bounds each fetch by [`FETCH_TIMEOUT`].
+pub struct HttpsCertSource {
+    client: Result<HttpsClient, String>,
+}
+
+impl HttpsCertSource {
+    /// Resolve PayPal's hosts by DNS (off the runtime's workers, in the blocking pool).
+    pub fn new() -> Self {
+        Self::build(CertResolver(None))
+    }
+
+    /// Connect every fetch to `addr` (whatever the host), e.g. an address that never
+    /// answers in a benchmark. TLS still checks the certificate host name.
+    pub fn connecting_to(addr: SocketAddr) -> Self {
+        Self::build(CertResolver(Some(addr)))
+    }
+
+    fn build(resolver: CertResolver) -> Self {
+        let client = (|| {
+            let mut http =
+                hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(resolver);
+            http.enforce_http(false);
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
+                .map_err(|e| e.to_string())?
+                .https_only()
+                .enable_http1()
+                .wrap_connector(http);
+            Ok(
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build(https),
+            )
+        })();
+        HttpsCertSource { client }
     }
 }
 
-fn fetch_https(url: &str) -> Result<Vec<u8>, String> {
-    use http_body_util::{BodyExt, Empty, Limited};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
+impl Default for HttpsCertSource {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
-            .map_err(|e| e.to_string())?
-            .https_only()
-            .enable_http1()
-            .build();
-        let client: Client<_, Empty<bytes::Bytes>> =
-            Client::builder(TokioExecutor::new()).build(https);
+impl CertSource for HttpsCertSource {
+    fn fetch(&self, url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>> {
+        use http_body_util::{BodyExt, Empty, Limited};
+        let client = self.client.clone();
         let request = http::Request::get(url)
             .header(http::header::ACCEPT, "*/*")
-            .body(Empty::new())
-            .map_err(|e| e.to_string())?;
-        let fetch = async {
-            let response = client.request(request).await.map_err(|e| e.to_string())?;
+            .body(Empty::new());
+        async move {
+            let client = client.map_err(FetchError::Unreachable)?;
+            let request = request.map_err(|e| FetchError::Refused(e.to_string()))?;
+            let response = client
+                .request(request)
+                .await
+                .map_err(|e| FetchError::Unreachable(e.to_string()))?;
             if response.status() != http::StatusCode::OK {
-                return Err(format!("HTTP {}", response.status()));
+                return Err(FetchError::Refused(format!("HTTP {}", response.status())));
             }
             let body = Limited::new(response.into_body(), MAX_CERT_BYTES)
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| FetchError::Refused(e.to_string()))?;
             Ok(body.to_bytes().to_vec())
-        };
-        tokio::time::timeout(FETCH_TIMEOUT, fetch)
-            .await
-            .map_err(|_| "timed out".to_string())?
-    })
+        }
+        .boxed()
+    }
+}
+
+/// DNS for the certificate client: the system resolver, or one fixed address.
+#[derive(Clone)]
+pub struct CertResolver(Option<SocketAddr>);
+
+impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for CertResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        if let Some(addr) = self.0 {
+            return futures::future::ready(Ok(vec![addr].into_iter())).boxed();
+        }
+        let host = name.as_str().to_owned();
+        async move {
+            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            Ok(addrs.collect::<Vec<_>>().into_iter())
+        }
+        .boxed()
+    }
 }
 
 impl Provider for PayPal {
     fn name(&self) -> &'static str {
         "paypal"
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        request: &'a WebhookRequest,
+        tenant: &'a TenantConfig,
+        now_secs: i64,
+    ) -> Option<BoxFuture<'a, ()>> {
+        Some(verifier().prepare(request, tenant, now_secs).boxed())
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &["webhook_id", "paypal_ca_pem", "cert_url"]
+    }
+
+    /// Verified with PayPal's certificate; a secret (a private key PEM) only signs
+    /// test requests (`sign`).
+    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
+        false
     }
 
     fn verify_and_extract(
@@ -643,14 +995,22 @@ mod tests {
     const NOW: i64 = 1_700_000_000; // 2023-11-14T22:13:20Z
     const WEBHOOK_ID: &str = "4JH86294D6297924G";
     const BODY: &str = r#"{"id":"WH-1","create_time":"2023-11-14T22:13:00Z","resource_type":"capture","event_type":"PAYMENT.CAPTURE.COMPLETED","resource":{"id":"5O190127TN364715T","status":"COMPLETED"}}"#;
-    const GOOD: &str = "https://api.paypal.com/v1/notifications/certs/CERT-good";
-    const SANDBOX: &str = "https://api-m.sandbox.paypal.com/v1/notifications/certs/CERT-good";
-    const EVIL_CN: &str = "https://api.paypal.com/v1/notifications/certs/CERT-evil-cn";
-    const FOREIGN: &str = "https://api.paypal.com/v1/notifications/certs/CERT-foreign";
-    const EXPIRED: &str = "https://api.paypal.com/v1/notifications/certs/CERT-expired";
-    const LEAF_ONLY: &str = "https://api.paypal.com/v1/notifications/certs/CERT-leaf-only";
-    const GARBAGE: &str = "https://api.paypal.com/v1/notifications/certs/CERT-garbage";
-    const MISSING: &str = "https://api.paypal.com/v1/notifications/certs/CERT-404";
+    const GOOD: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-0000600d";
+    const SANDBOX: &str =
+        "https://api-m.sandbox.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-0000600d";
+    const EVIL_CN: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-00000e01";
+    const FOREIGN: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-0000f0e1";
+    const EXPIRED: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-00000e8d";
+    const LEAF_ONLY: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-0000000f";
+    const GARBAGE: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-00000bad";
+    const MISSING: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-00000404";
 
     /// Certificates minted in-process with rcgen (RSA keys from aws-lc-rs):
     /// root → intermediate → leaf, like PayPal's DigiCert chain.
@@ -741,14 +1101,40 @@ mod tests {
     }
 
     impl CertSource for FakeSource {
-        fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
+        fn fetch(&self, url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>> {
             self.calls.lock().unwrap().push(url.to_owned());
-            fixture()
+            let served = fixture()
                 .served
                 .get(url)
                 .map(|pem| pem.clone().into_bytes())
-                .ok_or_else(|| "HTTP 404".into())
+                .ok_or_else(|| FetchError::Refused("HTTP 404".into()));
+            futures::future::ready(served).boxed()
         }
+    }
+
+    /// A host that accepts and never answers: every fetch hangs (until the timeout).
+    struct HangingSource {
+        calls: Mutex<usize>,
+    }
+
+    impl CertSource for HangingSource {
+        fn fetch(&self, _url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>> {
+            *self.calls.lock().unwrap() += 1;
+            futures::future::pending().boxed()
+        }
+    }
+
+    /// A runtime on virtual time: a hanging fetch times out at once once all is idle.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    }
+
+    fn url_numbered(i: usize) -> String {
+        format!("https://api.paypal.com/v1/notifications/certs/CERT-0ddba11a-0000cafe-{i:08x}")
     }
 
     impl FakeSource {
@@ -762,7 +1148,16 @@ mod tests {
             calls: Mutex::new(Vec::new()),
         });
         let anchors = Anchors::from_pem(anchor_pem.as_bytes()).unwrap();
-        (PayPalVerifier::new(source.clone(), anchors), source)
+        // Unit tests of the checks fetch freely; the bounds have their own tests.
+        let limits = FetchLimits {
+            max_concurrent: 1000,
+            burst: 1000,
+            per_minute: 1000,
+        };
+        (
+            PayPalVerifier::with_limits(source.clone(), anchors, limits),
+            source,
+        )
     }
 
     fn verifier_and_source() -> (PayPalVerifier, Arc<FakeSource>) {
@@ -804,6 +1199,7 @@ mod tests {
         now: i64,
     ) -> Result<Envelope, ProviderError> {
         let r = WebhookRequest::post(h, body.to_owned());
+        runtime().block_on(v.prepare(&r, t, now));
         let mut events = v.verify_and_extract(&r, t, now)?;
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].body, r.body);
@@ -993,6 +1389,23 @@ mod tests {
                 format!("https://{host}/v1/notifications/certs/CERT-360caa42-fca2a594-a5cafa77");
             assert!(is_allowed_cert_url(&url), "{url}");
         }
+        // Only PayPal's own name shape: `CERT-` and three groups of eight hex digits.
+        for name in [
+            "CERT-good",
+            "CERT-1",
+            "cert-360caa42-fca2a594-a5cafa77",
+            "CERT-360caa42-fca2a594",
+            "CERT-360caa42-fca2a594-a5cafa77-00000000",
+            "CERT-360caa42-fca2a594-a5cafa7",
+            "CERT-360caa42-fca2a594-a5cafa777",
+            "CERT-360caa42-fca2a594-a5cafa7g",
+            "CERT-360caa42-fca2a594-a5cafa77.pem",
+            "CERT-360caa42--fca2a594-a5cafa7",
+            "CERT--360caa42-fca2a594-a5cafa7",
+        ] {
+            let url = format!("https://api.paypal.com/v1/notifications/certs/{name}");
+            assert!(!is_allowed_cert_url(&url), "{url}");
+        }
     }
 
     #[test]
@@ -1024,7 +1437,8 @@ mod tests {
             Err(ProviderError::SignatureMismatch)
         );
         assert_eq!(source.calls(), 3);
-        // After a day the good certificate is fetched again.
+        // The good certificate verified a signature: it is pinned, so it is not fetched
+        // again after the cache's day.
         let next_day = NOW + CERT_TTL_SECS;
         assert!(verify_at(
             &v,
@@ -1034,7 +1448,7 @@ mod tests {
             next_day
         )
         .is_ok());
-        assert_eq!(source.calls(), 4);
+        assert_eq!(source.calls(), 3);
         // Unparsable responses are rejected (and cached as failures).
         assert_eq!(
             verify(&v, headers(BODY, GARBAGE, NOW), BODY),
@@ -1046,13 +1460,139 @@ mod tests {
     fn cache_is_bounded() {
         let (v, source) = verifier_and_source();
         for i in 0..CERT_CACHE_ENTRIES + 10 {
-            let url = format!("https://api.paypal.com/v1/notifications/certs/CERT-n{i}");
+            let url = url_numbered(i);
             let mut h = headers(BODY, GOOD, NOW);
             h.insert(CERT_URL, HeaderValue::from_str(&url).unwrap());
             assert!(verify(&v, h, BODY).is_err());
         }
         assert_eq!(source.calls(), CERT_CACHE_ENTRIES + 10);
-        assert!(v.cache.lock().unwrap().len() <= CERT_CACHE_ENTRIES);
+        assert!(v.shared.cache.lock().unwrap().len() <= CERT_CACHE_ENTRIES);
+    }
+
+    #[test]
+    fn the_genuine_certificate_stays_pinned_under_a_flood_of_urls() {
+        let (v, source) = verifier_and_source();
+        assert!(verify(&v, headers(BODY, GOOD, NOW), BODY).is_ok());
+        assert!(v.is_pinned(GOOD));
+        // Unverified URLs (served or not) never pin and never evict the pinned one.
+        assert!(verify(&v, headers(BODY, EVIL_CN, NOW), BODY).is_err());
+        assert!(!v.is_pinned(EVIL_CN));
+        for i in 0..CERT_CACHE_ENTRIES * 4 {
+            let mut h = headers(BODY, GOOD, NOW);
+            h.insert(CERT_URL, HeaderValue::from_str(&url_numbered(i)).unwrap());
+            assert!(verify(&v, h, BODY).is_err());
+        }
+        let calls = source.calls();
+        // Two days later, past the cache's day: no fetch, the pinned chain verifies.
+        let later = NOW + 2 * CERT_TTL_SECS;
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        assert!(verify_at(&v, headers(BODY, GOOD, later), BODY, &t, later).is_ok());
+        assert_eq!(source.calls(), calls);
+        // Once its chain no longer validates (expired), the pin goes.
+        let in_2025 = 1_740_000_000;
+        assert!(verify_at(&v, headers(BODY, GOOD, in_2025), BODY, &t, in_2025).is_err());
+        assert!(!v.is_pinned(GOOD));
+    }
+
+    #[test]
+    fn fetches_are_bounded_and_an_unreachable_host_is_not_retried() {
+        let source = Arc::new(HangingSource {
+            calls: Mutex::new(0),
+        });
+        let anchors = Anchors::from_pem(fixture().root_pem.as_bytes()).unwrap();
+        let limits = FetchLimits::default();
+        let v = PayPalVerifier::with_limits(source.clone(), anchors, limits);
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        let request = |url: &str, at: i64| {
+            let mut h = headers(BODY, GOOD, at);
+            h.insert(CERT_URL, HeaderValue::from_str(url).unwrap());
+            WebhookRequest::post(h, BODY)
+        };
+        // 50 requests with fresh certificate URLs at once, against a host that hangs.
+        let requests: Vec<_> = (0..50).map(|i| request(&url_numbered(i), NOW)).collect();
+        runtime().block_on(futures::future::join_all(
+            requests.iter().map(|r| v.prepare(r, &t, NOW)),
+        ));
+        let calls = *source.calls.lock().unwrap();
+        assert!(
+            calls <= limits.max_concurrent.min(limits.burst as usize),
+            "{calls} fetches for 50 requests"
+        );
+        assert!(calls >= 1);
+        for r in &requests {
+            assert_eq!(
+                v.verify_and_extract(r, &t, NOW),
+                Err(ProviderError::SignatureMismatch)
+            );
+        }
+        // The host timed out: no new fetch to it while it is marked unreachable…
+        let r = request(&url_numbered(1000), NOW + 1);
+        runtime().block_on(v.prepare(&r, &t, NOW + 1));
+        assert_eq!(*source.calls.lock().unwrap(), calls);
+        // …but after that, one again (the rate bucket has refilled meanwhile).
+        let later = NOW + HOST_FAILURE_TTL_SECS;
+        let r = request(&url_numbered(1001), later);
+        runtime().block_on(v.prepare(&r, &t, later));
+        assert_eq!(*source.calls.lock().unwrap(), calls + 1);
+    }
+
+    #[test]
+    fn the_rate_of_new_fetches_is_bounded() {
+        let source = Arc::new(FakeSource {
+            calls: Mutex::new(Vec::new()),
+        });
+        let anchors = Anchors::from_pem(fixture().root_pem.as_bytes()).unwrap();
+        let v = PayPalVerifier::new(source.clone(), anchors);
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        let mut at = NOW;
+        let fetch_fresh = |at: i64, i: usize| {
+            let mut h = headers(BODY, GOOD, at);
+            h.insert(CERT_URL, HeaderValue::from_str(&url_numbered(i)).unwrap());
+            let r = WebhookRequest::post(h, BODY);
+            runtime().block_on(v.prepare(&r, &t, at));
+        };
+        // The burst, then nothing more in the same second.
+        for i in 0..20 {
+            fetch_fresh(at, i);
+        }
+        let burst = FetchLimits::default().burst as usize;
+        assert_eq!(source.calls(), burst);
+        // 10 a minute after that: one every 6 s.
+        at += 6;
+        for i in 20..40 {
+            fetch_fresh(at, i);
+        }
+        assert_eq!(source.calls(), burst + 1);
+    }
+
+    #[test]
+    fn concurrent_requests_naming_one_url_fetch_it_once() {
+        struct SlowSource(Mutex<usize>);
+        impl CertSource for SlowSource {
+            fn fetch(&self, url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>> {
+                *self.0.lock().unwrap() += 1;
+                let pem = fixture().served[url].clone().into_bytes();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok(pem)
+                }
+                .boxed()
+            }
+        }
+        let source = Arc::new(SlowSource(Mutex::new(0)));
+        let anchors = Anchors::from_pem(fixture().root_pem.as_bytes()).unwrap();
+        let v = PayPalVerifier::new(source.clone(), anchors);
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        let requests: Vec<_> = (0..20)
+            .map(|_| WebhookRequest::post(headers(BODY, GOOD, NOW), BODY))
+            .collect();
+        runtime().block_on(futures::future::join_all(
+            requests.iter().map(|r| v.prepare(r, &t, NOW)),
+        ));
+        assert_eq!(*source.0.lock().unwrap(), 1);
+        for r in &requests {
+            assert!(v.verify_and_extract(r, &t, NOW).is_ok());
+        }
     }
 
     #[test]
@@ -1342,13 +1882,19 @@ mod tests {
     #[test]
     fn https_source_fails_cleanly_offline() {
         // Exercises runtime, connector and native roots without leaving the machine.
-        let err = HttpsCertSource
-            .fetch("https://127.0.0.1:1/v1/notifications/certs/CERT-x")
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let source = HttpsCertSource::new();
+        let err = rt
+            .block_on(source.fetch("https://127.0.0.1:1/v1/notifications/certs/CERT-x"))
             .unwrap_err();
-        assert!(!err.is_empty());
-        assert!(HttpsCertSource
-            .fetch("http://127.0.0.1:1/v1/notifications/certs/CERT-x")
+        assert!(matches!(err, FetchError::Unreachable(_)), "{err}");
+        assert!(rt
+            .block_on(source.fetch("http://127.0.0.1:1/v1/notifications/certs/CERT-x"))
             .is_err());
+        // A fixed address replaces DNS: a refused connection to it is unreachable too.
+        let fixed = HttpsCertSource::connecting_to("127.0.0.1:1".parse().unwrap());
+        let err = rt.block_on(fixed.fetch(GOOD)).unwrap_err();
+        assert!(matches!(err, FetchError::Unreachable(_)), "{err}");
     }
 
     const V13_SIG: &str = "thy4/U002quzxFavHPwbfJGcc46E8rc5jzgyeafWm5mICTBdY/8rl7WJpn8JA0GKA+oDTPsSruqusw+XXg5RLAP7ip53Euh9Xu3UbUhQFX7UgwzE2FeYoY6lyRMiiiQLzy9BvHfIzNIVhPad4KnC339dr6y2l+mN8ALgI4GCdIh3/SoJO5wE64Bh/ueWtt8EVuvsvXfda2Le5a2TrOI9vLEzsm9GS79hAR/5oLexNz8UiZr045Mr5ObroH4w4oNfmkTaDk9Rj0G19uvISs5QzgmBpauKr7Nw++JI0pr/v5mFctQkoWJSGfBGzPRXawrvIIVHQ9Wer48GR2g9ZiApWg==";

@@ -91,6 +91,10 @@ impl Provider for Shopify {
         "shopify"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["shop_domain", "topic", "access_token", "api_base"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -4,16 +4,17 @@
 //!
 //! Only Events API JSON is turned into events: dedup on the envelope `event_id`
 //! (stable across retries; the `X-Slack-Retry-*` headers are ignored), type is
-//! `event.type`, else the top-level `type`. `url_verification` challenges carry no
-//! event id and are not handled here (authentic → `MalformedPayload`); neither are
-//! form-encoded slash commands or interactivity payloads, although their signatures
-//! verify the same way. If the tenant option `team_id` is set, the body `team_id`
-//! must equal it.
+//! `event.type`, else the top-level `type`. `url_verification` (sent when a Request URL
+//! is saved; signed like every event, no event id or team) is a handshake: after the
+//! signature holds, its `challenge` is echoed as `{"challenge": "…"}` with 200 and
+//! nothing is stored. Form-encoded slash commands and interactivity payloads are not
+//! handled, although their signatures verify the same way. If the tenant option
+//! `team_id` is set, the body `team_id` must equal it.
 
 use http::HeaderName;
 
 use super::sig::{self, Raw};
-use super::{Provider, ProviderError, VerifiedEvent};
+use super::{Handshake, Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
@@ -46,11 +47,6 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
         ],
     )?;
     let top_type = top_type.and_then(Raw::str);
-    if top_type.as_deref() == Some("url_verification") {
-        return Err(sig::payload_error(
-            "url_verification challenges are not handled",
-        ));
-    }
     let id = id.ok_or_else(|| sig::payload_error("missing `event_id`"))?;
     let id = id
         .str()
@@ -78,17 +74,31 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
     })
 }
 
-impl Provider for Slack {
-    fn name(&self) -> &'static str {
-        "slack"
-    }
+/// Longest challenge we echo (Slack's are about 50 characters).
+const MAX_CHALLENGE_LEN: usize = 256;
 
-    fn verify_and_extract(
+/// The challenge of an authentic `url_verification` body, `None` for other bodies.
+fn challenge(body: &[u8]) -> Result<Option<String>, ProviderError> {
+    let [kind, challenge] = sig::json_fields(body, [&["type"], &["challenge"]])?;
+    if kind.and_then(Raw::str).as_deref() != Some("url_verification") {
+        return Ok(None);
+    }
+    let challenge = challenge
+        .and_then(Raw::str)
+        .filter(|c| !c.is_empty() && c.len() <= MAX_CHALLENGE_LEN)
+        .filter(|c| c.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| sig::payload_error("url_verification without a usable `challenge`"))?;
+    Ok(Some(challenge.into_owned()))
+}
+
+impl Slack {
+    /// Check timestamp and signature of `request` for `tenant`.
+    fn verify(
         &self,
         request: &WebhookRequest,
         tenant: &TenantConfig,
         now_secs: i64,
-    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+    ) -> Result<(), ProviderError> {
         let secrets = sig::secrets(tenant)?;
         let candidates = sig::hex_signatures(request, &SIGNATURE, "v0=", true)?;
         let ts_text = sig::single_header(request, &TIMESTAMP)?
@@ -99,8 +109,42 @@ impl Provider for Slack {
         // parse_unix admits digits only: the text is exactly what Slack signed.
         sig::verify_any(secrets, &candidates, |s| {
             Some(mac(s.expose(), ts_text.as_bytes(), body))
-        })?;
-        let envelope = extract(body, tenant)?;
+        })
+    }
+}
+
+impl Provider for Slack {
+    fn name(&self) -> &'static str {
+        "slack"
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        &["team_id"]
+    }
+
+    fn handshake(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Option<Handshake>, ProviderError> {
+        // Cheap pre-filter: events that cannot be a verification skip a second MAC.
+        let marker: &[u8] = b"url_verification";
+        if !request.body.windows(marker.len()).any(|w| w == marker) {
+            return Ok(None);
+        }
+        self.verify(request, tenant, now_secs)?;
+        Ok(challenge(&request.body)?.map(|challenge| Handshake { challenge }))
+    }
+
+    fn verify_and_extract(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        self.verify(request, tenant, now_secs)?;
+        let envelope = extract(&request.body, tenant)?;
         Ok(VerifiedEvent::whole(envelope, request))
     }
 
@@ -218,20 +262,50 @@ mod tests {
     }
 
     #[test]
-    fn url_verification_is_not_handled() {
+    fn url_verification_is_answered_after_verification() {
         let body = r#"{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
-        let got = verify(&signed("s", NOW, body), &tenant(&["s"]));
+        let t = tenant(&["s"]);
         assert_eq!(
-            got,
-            Err(sig::payload_error(
-                "url_verification challenges are not handled"
-            ))
+            Slack.handshake(&signed("s", NOW, body), &t, NOW),
+            Ok(Some(Handshake {
+                challenge: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P".into()
+            }))
         );
-        // ...but it must still be authentic first.
+        // ...but it must be authentic and fresh first.
         assert_eq!(
-            verify(&signed("x", NOW, body), &tenant(&["s"])),
+            Slack.handshake(&signed("x", NOW, body), &t, NOW),
             Err(ProviderError::SignatureMismatch)
         );
+        assert_eq!(
+            Slack.handshake(&signed("s", NOW - 301, body), &t, NOW),
+            Err(ProviderError::TimestampOutOfTolerance)
+        );
+        // Events are not handshakes, even when they mention the word.
+        assert_eq!(Slack.handshake(&signed("s", NOW, BODY), &t, NOW), Ok(None));
+        let mention = r#"{"type":"event_callback","event_id":"Ev1","team_id":"T1","event":{"type":"message","text":"url_verification"}}"#;
+        assert_eq!(
+            Slack.handshake(&signed("s", NOW, mention), &t, NOW),
+            Ok(None)
+        );
+        assert!(verify(&signed("s", NOW, mention), &t).is_ok());
+        // A verification without a usable challenge is malformed (400), not echoed.
+        for bad in [
+            r#"{"type":"url_verification"}"#,
+            r#"{"type":"url_verification","challenge":""}"#,
+            r#"{"type":"url_verification","challenge":"a b"}"#,
+            r#"{"type":"url_verification","challenge":7}"#,
+        ] {
+            let got = Slack.handshake(&signed("s", NOW, bad), &t, NOW);
+            assert!(
+                matches!(got, Err(ProviderError::MalformedPayload(_))),
+                "{bad}: {got:?}"
+            );
+        }
+        // Through the event path it is no event: nothing to store.
+        assert!(matches!(
+            verify(&signed("s", NOW, body), &t),
+            Err(ProviderError::MalformedPayload(_))
+        ));
     }
 
     #[test]
@@ -382,7 +456,7 @@ mod tests {
         );
         check(
             r#"{"event_id":"Ev1","type":"#,
-            sig::payload_error("body is not valid JSON (byte 25)"),
+            sig::payload_error("body is not valid JSON (line 1, column 25)"),
         );
     }
 

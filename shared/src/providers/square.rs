@@ -93,6 +93,10 @@ impl Provider for Square {
         "square"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["notification_url", "merchant_id"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

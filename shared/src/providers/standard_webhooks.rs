@@ -87,6 +87,10 @@ impl Provider for StandardWebhooks {
         "standard-webhooks"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -138,6 +138,10 @@ impl Provider for Stripe {
         "stripe"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["account", "api_key", "api_base"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -16,6 +16,15 @@
 //! Nothing time-related is signed; the auth token is the key (several during rotation).
 //! Missing option `url` is reported as `NoSecret`: the tenant cannot be verified.
 //!
+//! HMAC-SHA256 mode (a Webhooks Rule with a shared key, twilio 9.x): Twilio adds
+//! `X-Twilio-Webhooks-Signature-Settings: key=<…>,algorithm=HMAC_SHA256` and signs the
+//! same string with the rule's shared key (tenant option `shared_key_secret`, inline or
+//! `env:VAR`) and that algorithm; the signature stays in `X-Twilio-Signature`. When the
+//! header is present its algorithm must be `HMAC_SHA256` or `HMAC_SHA1` (anything else
+//! is refused) and only the shared key is tried: never the auth token with SHA-1, so the
+//! header cannot be used to downgrade. Present without a configured shared key: the
+//! tenant cannot verify it (`NoSecret`, 401).
+//!
 //! Dedup id (Twilio has no event id): `{Sid}:{status}[:{SequenceNumber}]` where Sid/status
 //! is the most specific pair present (`RecordingSid`/`RecordingStatus`,
 //! `TranscriptionSid`/`TranscriptionStatus`, `ConferenceSid`/`StatusCallbackEvent`,
@@ -32,7 +41,7 @@ use sha2::{Digest, Sha256};
 
 use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
-use crate::config::TenantConfig;
+use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
 
@@ -41,6 +50,68 @@ pub struct Twilio;
 const SIGNATURE_NAME: &str = "x-twilio-signature";
 static SIGNATURE: HeaderName = HeaderName::from_static(SIGNATURE_NAME);
 static IDEMPOTENCY: HeaderName = HeaderName::from_static("i-twilio-idempotency-token");
+const SETTINGS_NAME: &str = "x-twilio-webhooks-signature-settings";
+static SETTINGS: HeaderName = HeaderName::from_static(SETTINGS_NAME);
+/// The tenant option holding a Webhooks Rule's shared key.
+pub const SHARED_KEY_OPTION: &str = "shared_key_secret";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Algorithm {
+    Sha1,
+    Sha256,
+}
+
+impl Algorithm {
+    fn mac(self, key: &[u8], message: &[u8]) -> Vec<u8> {
+        match self {
+            Algorithm::Sha1 => sig::hmac_sha1(key, &[message]).to_vec(),
+            Algorithm::Sha256 => sig::hmac_sha256(key, &[message]).to_vec(),
+        }
+    }
+}
+
+/// The shared key of a Webhooks Rule, resolving `env:VAR`; `None` when not configured.
+fn shared_key(tenant: &TenantConfig) -> Option<Secret> {
+    let raw = tenant.option(SHARED_KEY_OPTION).filter(|v| !v.is_empty())?;
+    let value = match raw.strip_prefix("env:") {
+        Some(var) => std::env::var(var.trim()).ok()?,
+        None => raw.to_owned(),
+    };
+    (!value.is_empty()).then(|| Secret::new(value))
+}
+
+/// The keys and algorithm this request must be verified with (see the module docs).
+fn signing_mode(
+    request: &WebhookRequest,
+    tenant: &TenantConfig,
+) -> Result<(Algorithm, Vec<Secret>), ProviderError> {
+    let Some(settings) = sig::single_header(request, &SETTINGS)? else {
+        return Ok((Algorithm::Sha1, sig::secrets(tenant)?.to_vec()));
+    };
+    let mut algorithm = None;
+    for part in settings.split(',').map(str::trim) {
+        if let Some((name, value)) = part.split_once('=') {
+            if name.trim().eq_ignore_ascii_case("algorithm") {
+                algorithm = match value.trim() {
+                    "HMAC_SHA256" => Some(Algorithm::Sha256),
+                    "HMAC_SHA1" => Some(Algorithm::Sha1),
+                    _ => {
+                        return Err(ProviderError::MalformedHeader(
+                            SETTINGS_NAME,
+                            "unsupported algorithm",
+                        ))
+                    }
+                };
+            }
+        }
+    }
+    let algorithm = algorithm.ok_or(ProviderError::MalformedHeader(
+        SETTINGS_NAME,
+        "no algorithm",
+    ))?;
+    let key = shared_key(tenant).ok_or(ProviderError::NoSecret)?;
+    Ok((algorithm, vec![key]))
+}
 
 /// The public URL Twilio called, from configuration plus the request's query.
 fn public_url<'a>(
@@ -248,13 +319,17 @@ impl Provider for Twilio {
         "twilio"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["url", "account_sid", "shared_key_secret"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
         tenant: &TenantConfig,
         _now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
-        let secrets = sig::secrets(tenant)?;
+        let (algorithm, secrets) = signing_mode(request, tenant)?;
         let candidates = candidates(request)?;
         let url = public_url(tenant, request.query.as_deref())?;
         let body = &request.body[..];
@@ -268,17 +343,18 @@ impl Provider for Twilio {
             .into_iter()
             .map(|u| signing_string(&u, &params))
             .collect();
-        let mut ok = sig::verify_any(secrets, &candidates, |s| {
+        let mut ok = sig::verify_any(&secrets, &candidates, |s| {
             let key = s.expose().as_bytes();
             // Either URL spelling may match: report the first that does.
-            let macs: Vec<[u8; 20]> = signed
+            let mut macs: Vec<Vec<u8>> = signed
                 .iter()
-                .map(|m| sig::hmac_sha1(key, &[m.as_bytes()]))
+                .map(|m| algorithm.mac(key, m.as_bytes()))
                 .collect();
-            macs.iter()
-                .copied()
-                .find(|m| candidates.iter().any(|c| sig::ct_eq(m, c)))
-                .or(Some(macs[0]))
+            let hit = macs
+                .iter()
+                .position(|m| candidates.iter().any(|c| sig::ct_eq(m, c)))
+                .unwrap_or(0);
+            Some(macs.swap_remove(hit))
         });
         if let (Ok(()), Some(want)) = (&ok, &body_hash) {
             let want = sig::decode_hex("bodySHA256", want)
@@ -299,7 +375,9 @@ impl Provider for Twilio {
 
     /// Form bodies: signs option `url` + the body's parameters. JSON bodies (first
     /// non-space byte `{`): signs option `url` with `bodySHA256=<hex>` appended to its
-    /// query; the sender must call exactly that URL.
+    /// query; the sender must call exactly that URL. With option `shared_key_secret`
+    /// it signs as a Webhooks Rule does: HMAC-SHA256 with that key, plus the settings
+    /// header.
     fn sign(
         &self,
         body: &[u8],
@@ -307,9 +385,19 @@ impl Provider for Twilio {
         _event_id: &str,
         _now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
-        let key = sig::secrets(tenant)?[0].expose().as_bytes();
+        let shared = shared_key(tenant);
+        let (algorithm, key) = match &shared {
+            Some(k) => (Algorithm::Sha256, k.expose().as_bytes()),
+            None => (
+                Algorithm::Sha1,
+                sig::secrets(tenant)?[0].expose().as_bytes(),
+            ),
+        };
         let url = tenant.option("url").ok_or(ProviderError::NoSecret)?;
         let mut h = http::HeaderMap::new();
+        if shared.is_some() {
+            sig::put(&mut h, &SETTINGS, "key=,algorithm=HMAC_SHA256")?;
+        }
         let is_json = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
         let signed = if is_json {
             let sep = if url.contains('?') { '&' } else { '?' };
@@ -323,7 +411,7 @@ impl Provider for Twilio {
             )?;
             signing_string(url, &form_urlencoded::parse(body).collect::<Vec<_>>())
         };
-        let mac = sig::hmac_sha1(key, &[signed.as_bytes()]);
+        let mac = algorithm.mac(key, signed.as_bytes());
         sig::put(&mut h, &SIGNATURE, &sig::B64.encode(mac))?;
         Ok(h)
     }
@@ -436,6 +524,74 @@ mod tests {
             verify(&request(&[V10_SIG], V10_BODY, Some("foo=1&bar=3")), &t),
             Err(ProviderError::SignatureMismatch)
         );
+    }
+
+    /// The V10 request as a Webhooks Rule with shared key `shared-key-1` signs it:
+    /// HMAC-SHA256 over the same string (computed independently with Python's `hmac`).
+    const SHA256_SIG: &str = "kRdFuCME7BzK6NbPCCasSwFZRhhO2ssWqg1omdi/FEM=";
+
+    fn with_settings(mut r: WebhookRequest, settings: &str) -> WebhookRequest {
+        r.headers.insert(
+            "X-Twilio-Webhooks-Signature-Settings",
+            HeaderValue::from_str(settings).unwrap(),
+        );
+        r
+    }
+
+    #[test]
+    fn hmac_sha256_mode_vector_and_no_downgrade() {
+        let mut t = tenant(&["12345"], "https://mycompany.com/myapp.php");
+        t.options
+            .insert(SHARED_KEY_OPTION.into(), "shared-key-1".into());
+        let signed = |sig: &str, settings: &str| {
+            with_settings(request(&[sig], V10_BODY, Some("foo=1&bar=2")), settings)
+        };
+        let env = verify(&signed(SHA256_SIG, "key=,algorithm=HMAC_SHA256"), &t).unwrap();
+        assert_eq!(env.event_id, "CA1234567890ABCDE");
+        // The key part's format is not confirmed; only the algorithm matters.
+        assert!(verify(&signed(SHA256_SIG, "key=KS123, algorithm=HMAC_SHA256"), &t).is_ok());
+        // The header says SHA-256: a SHA-1 signature with the auth token is refused.
+        assert_eq!(
+            verify(&signed(V10_SIG, "key=,algorithm=HMAC_SHA256"), &t),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // HMAC_SHA1 in the header still uses the shared key, not the auth token.
+        assert_eq!(
+            verify(&signed(V10_SIG, "key=,algorithm=HMAC_SHA1"), &t),
+            Err(ProviderError::SignatureMismatch)
+        );
+        let sha1_shared = b64sha1(
+            "shared-key-1",
+            "https://mycompany.com/myapp.php?foo=1&bar=2CallSidCA1234567890ABCDECaller+14158675309Digits1234From+14158675309To+18005551212",
+        );
+        assert!(verify(&signed(&sha1_shared, "algorithm=HMAC_SHA1"), &t).is_ok());
+        // Unknown or missing algorithms are refused (401), never guessed.
+        for bad in ["key=,algorithm=HMAC_MD5", "key=abc", "algorithm="] {
+            let err = verify(&signed(SHA256_SIG, bad), &t).unwrap_err();
+            assert!(err.is_authentication_failure(), "{bad}: {err}");
+        }
+        // Without the settings header the auth token and SHA-1 apply as before.
+        let plain = request(&[V10_SIG], V10_BODY, Some("foo=1&bar=2"));
+        assert!(verify(&plain, &t).is_ok());
+        let sha256_without_header = request(&[SHA256_SIG], V10_BODY, Some("foo=1&bar=2"));
+        assert_eq!(
+            verify(&sha256_without_header, &t),
+            Err(ProviderError::SignatureMismatch)
+        );
+        // A tenant without a shared key cannot verify the SHA-256 mode.
+        let no_key = tenant(&["12345"], "https://mycompany.com/myapp.php");
+        assert_eq!(
+            verify(&signed(SHA256_SIG, "key=,algorithm=HMAC_SHA256"), &no_key),
+            Err(ProviderError::NoSecret)
+        );
+        // `sign` with a shared key produces what `verify` accepts (einmal send).
+        let mut full = tenant(&["12345"], V10_URL);
+        full.options
+            .insert(SHARED_KEY_OPTION.into(), "shared-key-1".into());
+        let h = Twilio.sign(V10_BODY.as_bytes(), &full, "", 0).unwrap();
+        let r = WebhookRequest::post(h, V10_BODY.to_owned());
+        assert_eq!(r.header("x-twilio-signature"), Some(SHA256_SIG));
+        assert!(verify(&r, &full).is_ok());
     }
 
     #[test]

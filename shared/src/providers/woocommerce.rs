@@ -172,6 +172,10 @@ impl Provider for WooCommerce {
         "woocommerce"
     }
 
+    fn options(&self) -> &'static [&'static str] {
+        &["topic", "source", "webhook_id"]
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

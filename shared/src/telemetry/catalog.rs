@@ -87,6 +87,8 @@ metrics! {
     // events parked for a prerequisite, and parked events re-enqueued by a commit
     EVENTS_PARKED = "EventsParked", Count, Processor, BY_DEPLOYMENT;
     WAITERS_WOKEN = "WaitersWoken", Count, Processor, BY_DEPLOYMENT;
+    // Open circuit breakers of thin-hint lookups (a gauge per batch, by provider).
+    LOOKUP_CIRCUITS_OPEN = "LookupCircuitsOpen", Count, Processor, BY_PROVIDER;
     // business (processor): provider event timestamp → effect committed
     EFFECT_LAG = "EffectLag", Milliseconds, Processor, BY_DEPLOYMENT;
     // 1 when a payment event's effect landed within the SLI threshold, else 0.

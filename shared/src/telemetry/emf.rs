@@ -459,6 +459,8 @@ pub struct WorkerTally {
     pub effect_lag_ms: Samples,
     /// 1 or 0 per payment event (effect within the SLI threshold or not).
     pub payment_within_slo: Samples,
+    /// Provider → its tenants' open lookup circuits, as of the batch's last lookup.
+    pub lookup_circuits_open: BTreeMap<String, u64>,
 }
 
 impl WorkerTally {
@@ -485,6 +487,10 @@ impl WorkerTally {
         }
         for v in &self.payment_within_slo.values {
             emf.put(catalog::PAYMENT_WITHIN_SLO, *v);
+        }
+        // A gauge: zero too, so a closed circuit shows as closed.
+        for (provider, open) in &self.lookup_circuits_open {
+            emf.put_by(catalog::LOOKUP_CIRCUITS_OPEN, provider, *open as f64);
         }
         emf
     }

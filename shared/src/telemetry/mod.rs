@@ -25,6 +25,8 @@ pub struct IngestMetrics {
     pub not_found: AtomicU64,
     pub oversize: AtomicU64,
     pub unavailable: AtomicU64,
+    /// Thin hints refused by the tenant's intake limit (429).
+    pub rate_limited: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -37,6 +39,7 @@ pub struct IngestCounts {
     pub not_found: u64,
     pub oversize: u64,
     pub unavailable: u64,
+    pub rate_limited: u64,
 }
 
 impl IngestMetrics {
@@ -55,6 +58,7 @@ impl IngestMetrics {
             not_found: get(&self.not_found),
             oversize: get(&self.oversize),
             unavailable: get(&self.unavailable),
+            rate_limited: get(&self.rate_limited),
         }
     }
 }

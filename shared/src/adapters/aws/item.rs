@@ -37,6 +37,23 @@ pub(crate) const RESULT: &str = "result";
 pub(crate) const BODY_ENCODING: &str = "body_encoding";
 pub(crate) const BODY_LEN: &str = "body_len";
 pub(crate) const BODY: &str = "body";
+/// Set by the conditional put only: a random id of that `put_new` call (64 bits, hex),
+/// so a retried PutItem whose first attempt stored the item (its response was lost)
+/// recognises the item as its own. Not part of [`InboxItem`]; nothing else reads it.
+pub(crate) const PUT_ID: &str = "put_id";
+
+/// A fresh [`PUT_ID`] value.
+pub(crate) fn new_put_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// The [`PUT_ID`] of a stored item, if it has one.
+pub(crate) fn put_id(m: &Item) -> Option<&str> {
+    match m.get(PUT_ID) {
+        Some(AttributeValue::S(id)) => Some(id),
+        _ => None,
+    }
+}
 /// Sparse attribute, the hash key of the [`BY_SWEEP_SHARD`] index: one of
 /// [`SWEEP_SHARDS`] shard names (`p#0` .. `p#15`, from a hash of `pk`) while the item
 /// is pending (not terminal), absent once it is `completed`, `ignored` or

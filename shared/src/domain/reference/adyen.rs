@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::{
     currency, get, minor_int, missing, order_id_of, required_id, text, time_of, Event, Mapped,
-    RefundFact,
+    PaymentRef, RefundFact,
 };
 use crate::domain::DomainError;
 
@@ -66,8 +66,10 @@ pub(super) fn parse(
         )));
     }
     let event = match event_code {
+        // A capture names its authorisation in originalReference: one payment.
         "AUTHORISATION" | "CAPTURE" => Event::PaymentSucceeded {
             order_id,
+            payment: PaymentRef::new("adyen", &payment),
             amount: amount()?,
             currency,
         },
@@ -76,6 +78,8 @@ pub(super) fn parse(
             refunds: vec![RefundFact {
                 id: psp,
                 amount: amount()?,
+                payment_id: Some(payment),
+                from_shopify: false,
             }],
         },
         "CANCELLATION" => Event::PaymentCancelled {

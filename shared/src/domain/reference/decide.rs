@@ -16,10 +16,10 @@
 use serde::Serialize;
 
 use super::model::{
-    parse_data, to_data, EffectKeys, Invoice, NotificationKind, Order, OrderStatus, PaymentStatus,
-    Refund, Shipment, Sku,
+    parse_data, to_data, EffectKeys, Invoice, NotificationKind, Order, OrderStatus, Payment,
+    PaymentStatus, Refund, Shipment, Sku, INVOICE_PAYMENT, SHOPIFY_ORDER_PAYMENT,
 };
-use super::{shopify, Event, RefundFact, Snapshot};
+use super::{shopify, Event, PaymentRef, RefundFact, Snapshot};
 use crate::domain::state::{StateKey, StateRecord};
 use crate::domain::{Change, Decision, DomainError};
 
@@ -46,6 +46,9 @@ struct Notes {
 /// One loaded record being decided on.
 struct Tracked<'r, T> {
     record: &'r StateRecord,
+    /// The record whose `applied` set holds this record's effect keys, when that is
+    /// not the record itself (a SKU's stock moves are keyed on the order).
+    owner: Option<&'r StateRecord>,
     value: T,
     new_keys: Vec<String>,
     done_keys: Vec<String>,
@@ -55,9 +58,19 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
     fn new(record: &'r StateRecord, value: T) -> Self {
         Tracked {
             record,
+            owner: None,
             value,
             new_keys: Vec::new(),
             done_keys: Vec::new(),
+        }
+    }
+
+    /// A record many events change: its effect keys live on `owner`, so it does not
+    /// grow with the number of events that touched it.
+    fn keyed_on(record: &'r StateRecord, value: T, owner: &'r StateRecord) -> Self {
+        Tracked {
+            owner: Some(owner),
+            ..Tracked::new(record, value)
         }
     }
 
@@ -67,14 +80,18 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
         notes: &mut Notes,
         f: impl FnOnce(&mut T) -> Result<Step, DomainError>,
     ) -> Result<Outcome, DomainError> {
-        if self.record.applied.contains(&key) {
+        // The record itself may hold a key from before its keys moved to the owner.
+        let applied = |r: &StateRecord| r.applied.contains(&key);
+        if applied(self.record) || self.owner.is_some_and(applied) {
             self.done_keys.push(key);
             return Ok(Outcome::Done);
         }
         let before = self.value.clone();
         match f(&mut self.value)? {
             Step::Changed(summary) => {
-                notes.summary.push(summary);
+                if !summary.is_empty() {
+                    notes.summary.push(summary);
+                }
                 self.new_keys.push(key);
                 Ok(Outcome::Changed)
             }
@@ -89,6 +106,7 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
     fn finish(self) -> Part {
         Part {
             key: self.record.key.clone(),
+            keyed_on: self.owner.map(|o| o.key.clone()),
             original: self.record.data.clone(),
             data: to_data(&self.value),
             new_keys: self.new_keys,
@@ -99,6 +117,7 @@ impl<'r, T: Clone + Serialize> Tracked<'r, T> {
 
 struct Part {
     key: StateKey,
+    keyed_on: Option<StateKey>,
     original: serde_json::Value,
     data: serde_json::Value,
     new_keys: Vec<String>,
@@ -112,6 +131,7 @@ fn assemble(parts: Vec<Part>, notes: Notes) -> Decision {
                 key: p.key.clone(),
                 effect_key: k.clone(),
                 data: data.clone(),
+                keyed_on: p.keyed_on.clone(),
             })
             .collect()
     };
@@ -185,7 +205,8 @@ pub(super) fn decide(
     let mut order = Tracked::new(&current[0], load_order(&current[0])?);
     let mut skus = Vec::with_capacity(current.len() - 1);
     for record in &current[1..] {
-        skus.push(Tracked::new(record, load_sku(record)?));
+        // SKUs are touched by every order: their stock moves are keyed on the order.
+        skus.push(Tracked::keyed_on(record, load_sku(record)?, &current[0]));
     }
 
     match event {
@@ -194,6 +215,7 @@ pub(super) fn decide(
             amount,
             currency,
             paid,
+            payment_intent,
             ..
         } => {
             order.effect(keys.checkout(session_id), &mut notes, |o| {
@@ -207,23 +229,41 @@ pub(super) fn decide(
             })?;
             if *paid {
                 let amount = amount.unwrap_or(0);
-                order.effect(keys.paid(), &mut notes, |o| {
+                let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                     pay(o, &keys, id, amount, currency.as_deref(), None)
                 })?;
+                // A session without a payment intent names no payment to record: its
+                // amount stays the invoice's.
+                if let Some(intent) = payment_intent {
+                    let payment = PaymentRef::new("stripe", intent);
+                    record_payment(
+                        &mut order, &keys, &mut notes, id, &payment, amount, invoiced,
+                    )?;
+                }
             }
         }
         Event::PaymentSucceeded {
-            amount, currency, ..
+            payment,
+            amount,
+            currency,
+            ..
         } => {
-            order.effect(keys.paid(), &mut notes, |o| {
+            let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                 pay(o, &keys, id, *amount, currency.as_deref(), None)
             })?;
+            record_payment(
+                &mut order, &keys, &mut notes, id, payment, *amount, invoiced,
+            )?;
         }
         Event::ShopifyPaid { amount, .. } => {
             let wait = Some("orders/paid before the order exists");
-            order.effect(keys.paid(), &mut notes, |o| {
+            let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                 pay(o, &keys, id, *amount, None, wait)
             })?;
+            let payment = PaymentRef::new("shopify", SHOPIFY_ORDER_PAYMENT);
+            record_payment(
+                &mut order, &keys, &mut notes, id, &payment, *amount, invoiced,
+            )?;
         }
         Event::PaymentFailed {
             payment_id,
@@ -350,9 +390,13 @@ pub(super) fn decide(
             }
             if *paid {
                 let amount = snapshot.total_minor;
-                order.effect(keys.paid(), &mut notes, |o| {
+                let invoiced = order.effect(keys.paid(), &mut notes, |o| {
                     pay(o, &keys, id, amount, None, None)
                 })?;
+                let payment = PaymentRef::new("shopify", SHOPIFY_ORDER_PAYMENT);
+                record_payment(
+                    &mut order, &keys, &mut notes, id, &payment, amount, invoiced,
+                )?;
             }
         }
         Event::ShopifyUpdated { snapshot } => {
@@ -387,7 +431,7 @@ pub(super) fn decide(
                 Ok(Step::Changed(format!("order {id} cancelled")))
             })?;
             // Put back exactly what orders/create took, once per SKU (guarded by the
-            // `#restock#{sku}` key on the SKU record). Not tied to this event changing
+            // `#restock#{sku}` key, recorded on the order). Not tied to this event changing
             // the order: an Adyen CANCELLATION may have cancelled it already, and it
             // never moves stock.
             let reserved = order
@@ -499,6 +543,74 @@ fn pay(
     )))
 }
 
+/// One reported payment (`#payment#{provider}#{id}`), after the `#paid` effect of
+/// the same event: recorded once, summed per provider into the paid total (see
+/// [`Order::payments_total_minor`]). A second payment of an order (deposit + balance,
+/// a partial capture) is thereby counted, and the same payment reported again is not.
+fn record_payment(
+    order: &mut Tracked<'_, Option<Order>>,
+    keys: &EffectKeys,
+    notes: &mut Notes,
+    id: &str,
+    payment: &PaymentRef,
+    amount: i64,
+    invoiced: Outcome,
+) -> Result<Outcome, DomainError> {
+    let key = keys.payment(&payment.provider, &payment.id);
+    order.effect(key, notes, |o| {
+        let Some(order) = o else {
+            return Err(DomainError::Wait(format!(
+                "payment before order {id} exists"
+            )));
+        };
+        if order
+            .payments
+            .iter()
+            .any(|p| p.provider == payment.provider && p.payment_id == payment.id)
+        {
+            return Ok(Step::Skipped(format!(
+                "payment {} already recorded",
+                payment.id
+            )));
+        }
+        let before = order.paid_minor();
+        // Paid before any payment was recorded (a record written before payments
+        // were, or a checkout without a payment intent): the invoice's amount is kept
+        // as a report of its own, so the paid total never drops below it.
+        if invoiced != Outcome::Changed && order.payments.is_empty() {
+            if let Some(invoice) = order.invoices.first() {
+                order.payments.push(Payment {
+                    provider: INVOICE_PAYMENT.to_owned(),
+                    payment_id: invoice.invoice_id.clone(),
+                    amount_minor: invoice.amount_minor,
+                });
+            }
+        }
+        order.payments.push(Payment {
+            provider: payment.provider.clone(),
+            payment_id: payment.id.clone(),
+            amount_minor: amount,
+        });
+        order.normalize();
+        // The payment that issued the invoice is told by `#paid`'s summary.
+        Ok(Step::Changed(if invoiced == Outcome::Changed {
+            String::new()
+        } else if order.paid_minor() == before {
+            format!(
+                "order {id} payment {} {} recorded (paid total unchanged)",
+                payment.provider, payment.id
+            )
+        } else {
+            format!(
+                "order {id} payment {} {} of {amount}; paid {}",
+                payment.provider,
+                payment.id,
+                order.paid_minor()
+            )
+        }))
+    })
+}
+
 /// One refund (`#refund#{id}`), whichever event reports it.
 fn refund(
     o: &mut Option<Order>,
@@ -522,7 +634,33 @@ fn refund(
             "refund before payment: order {id}"
         )));
     }
-    if order.refunded_minor + r.amount > order.paid_minor() {
+    let after = order.refunded_minor + r.amount;
+    if after > order.paid_minor() {
+        // More than paid so far, but perhaps not more than will be paid (the balance
+        // after a deposit). A Shopify order knows its total: within it, wait for the
+        // rest of the payment. An order known only from a payment provider has no
+        // total beyond its payments: wait when the refund names a payment not
+        // recorded yet, or comes from Shopify (whose orders/create brings the total).
+        if order.shopify_created && after <= order.total_minor {
+            return Err(DomainError::Wait(format!(
+                "refund before payment: refund {} of order {id} exceeds the amount paid so far",
+                r.id
+            )));
+        }
+        if !order.shopify_created && r.from_shopify {
+            return Err(DomainError::Wait(format!(
+                "refund before orders/create: refund {} of order {id} exceeds the amount paid so far",
+                r.id
+            )));
+        }
+        if let Some(payment) = r.payment_id.as_deref().filter(|p| {
+            !order.shopify_created && !order.payments.iter().any(|x| x.payment_id == *p)
+        }) {
+            return Err(DomainError::Wait(format!(
+                "refund before payment: refund {} of order {id} exceeds the amount paid until payment {payment} is recorded",
+                r.id
+            )));
+        }
         return Err(DomainError::Permanent(format!(
             "refund {} exceeds the amount paid for order {id}",
             r.id

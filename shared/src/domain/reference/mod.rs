@@ -34,8 +34,8 @@ use super::state::{StateKey, StateRecord};
 use super::{Decision, Domain, DomainError, DomainEvent};
 pub use model::{
     order_key, seed_sku, sku_key, EffectKeys, Invoice, LineItem, Notification, NotificationKind,
-    Order, OrderStatus, PaymentStatus, Refund, Shipment, Sku, StockLine, MINOR_PER_POINT, ORDER,
-    SKU,
+    Order, OrderStatus, Payment, PaymentStatus, Refund, Shipment, Sku, StockLine, MINOR_PER_POINT,
+    ORDER, SHOPIFY_ORDER_PAYMENT, SKU,
 };
 
 /// The reference domain. Stateless; construct with `ReferenceDomain` or `::default()`.
@@ -123,6 +123,15 @@ impl Domain for ReferenceDomain {
         }
         decide::decide(&parsed, tenant, current)
     }
+
+    /// SKU reads are not guarded: a decision uses a SKU only to move its stock, and
+    /// then writes it under its version. A guard would make every order event that
+    /// loads a SKU without moving it (a paid `orders/create` redelivered, a cancel
+    /// already restocked) conflict with every order of that SKU. The order is always
+    /// guarded: it is written whenever anything commits (it holds the effect keys).
+    fn guards_read(&self, _event: &DomainEvent<'_>, record: &StateKey) -> bool {
+        record.kind != SKU
+    }
 }
 
 fn unsupported(event: &DomainEvent<'_>) -> String {
@@ -160,7 +169,7 @@ pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Mapped>, DomainErr
     let ty = env.event_type.as_str();
     let parsed = match env.provider.as_str() {
         "stripe" => Mapped::Event(stripe::parse(ty, &body, env.occurred_at)?),
-        "shopify" => Mapped::Event(shopify::parse(ty, &body)?),
+        "shopify" => shopify::parse(ty, &body)?,
         "paypal" => paypal::parse(ty, &body, env.occurred_at)?,
         "adyen" => adyen::parse(ty, &body, env.occurred_at)?,
         "paddle" => paddle::parse(ty, &body, env.occurred_at)?,
@@ -173,8 +182,31 @@ pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Mapped>, DomainErr
 /// A refund as reported: id and positive amount in minor units.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RefundFact {
+    /// The gateway's refund id where the event carries it (Stripe `re_…`, also inside
+    /// a Shopify refund's transaction), so every feed of one refund names it alike.
     pub id: String,
     pub amount: i64,
+    /// The payment it returns money from, where the event names it (Stripe
+    /// `payment_intent`, Adyen `originalReference`, Square `payment_id`).
+    pub payment_id: Option<String>,
+    /// Reported by Shopify: the order's total comes with its `orders/create`.
+    pub from_shopify: bool,
+}
+
+/// Which payment a payment report is about: `(provider, payment id)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PaymentRef {
+    pub provider: String,
+    pub id: String,
+}
+
+impl PaymentRef {
+    pub fn new(provider: &str, id: &str) -> Self {
+        PaymentRef {
+            provider: provider.to_owned(),
+            id: id.to_owned(),
+        }
+    }
 }
 
 /// A full Shopify order snapshot (create, updated, cancelled bodies).
@@ -201,10 +233,13 @@ pub(crate) enum Event {
         amount: Option<i64>,
         currency: Option<String>,
         paid: bool,
+        /// The session's `payment_intent`: the payment a paid session reports.
+        payment_intent: Option<String>,
     },
-    /// Stripe `payment_intent.succeeded`.
+    /// Stripe `payment_intent.succeeded` and the other providers' payments.
     PaymentSucceeded {
         order_id: String,
+        payment: PaymentRef,
         amount: i64,
         currency: Option<String>,
     },

@@ -66,6 +66,24 @@ pub struct Invoice {
     pub source_effect: String,
 }
 
+/// One payment as a provider reported it (`…#payment#{provider}#{payment_id}`).
+/// Shopify reports the order paid as a whole: its payment id is [`SHOPIFY_ORDER_PAYMENT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Payment {
+    pub provider: String,
+    pub payment_id: String,
+    pub amount_minor: i64,
+}
+
+/// The provider of the report that stands for an invoice issued before any payment
+/// was recorded (its payment id is the invoice id).
+pub const INVOICE_PAYMENT: &str = "invoice";
+
+/// The payment id of Shopify's order-level payment report (`orders/paid`, a paid
+/// `orders/create`), which names no gateway payment.
+pub const SHOPIFY_ORDER_PAYMENT: &str = "order";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Refund {
@@ -112,8 +130,13 @@ pub struct Order {
     pub line_items: Vec<LineItem>,
     /// Stock taken by `orders/create`, sorted by SKU.
     pub stock_reserved: Vec<StockLine>,
-    /// At most one (the payment), sorted by id.
+    /// At most one (issued by the first payment), sorted by id. Its amount is the
+    /// paid total ([`Order::paid_minor`]) once payments are recorded.
     pub invoices: Vec<Invoice>,
+    /// Every payment reported, sorted by (provider, payment id). Absent in records
+    /// written before payments were recorded (then the invoice holds the amount).
+    #[serde(default)]
+    pub payments: Vec<Payment>,
     /// Sorted by refund id.
     pub refunds: Vec<Refund>,
     /// Sum of `refunds` (derived).
@@ -145,6 +168,7 @@ impl Order {
             line_items: Vec::new(),
             stock_reserved: Vec::new(),
             invoices: Vec::new(),
+            payments: Vec::new(),
             refunds: Vec::new(),
             refunded_minor: 0,
             shipments: Vec::new(),
@@ -159,6 +183,24 @@ impl Order {
     /// The invoiced (paid) amount; 0 while unpaid.
     pub fn paid_minor(&self) -> i64 {
         self.invoices.iter().map(|i| i.amount_minor).sum()
+    }
+
+    /// The paid total from the recorded payments: each provider's payments are summed
+    /// (deposit + balance, partial captures), and the largest provider total counts,
+    /// because two providers reporting an order paid (Shopify's order-level report and
+    /// the gateway's payment) report the same money. `None` without recorded payments.
+    pub fn payments_total_minor(&self) -> Option<i64> {
+        let mut totals: Vec<(&str, i64)> = Vec::new();
+        for p in &self.payments {
+            match totals
+                .iter_mut()
+                .find(|(provider, _)| *provider == p.provider)
+            {
+                Some((_, sum)) => *sum += p.amount_minor,
+                None => totals.push((&p.provider, p.amount_minor)),
+            }
+        }
+        totals.into_iter().map(|(_, sum)| sum).max()
     }
 
     /// Paid, partially refunded or refunded: past the payment.
@@ -180,6 +222,18 @@ impl Order {
         self.stock_reserved.sort_by(|a, b| a.sku.cmp(&b.sku));
         self.invoices
             .sort_by(|a, b| a.invoice_id.cmp(&b.invoice_id));
+        self.payments
+            .sort_by(|a, b| (&a.provider, &a.payment_id).cmp(&(&b.provider, &b.payment_id)));
+        if let (Some(total), Some(invoice)) =
+            (self.payments_total_minor(), self.invoices.first_mut())
+        {
+            invoice.amount_minor = total;
+            // An order only a payment provider knows is worth what was paid for it
+            // (deposit + balance); a Shopify order keeps its own total.
+            if !self.shopify_created {
+                self.total_minor = self.total_minor.max(total);
+            }
+        }
         self.refunds.sort_by(|a, b| a.refund_id.cmp(&b.refund_id));
         self.shipments
             .sort_by(|a, b| a.fulfillment_id.cmp(&b.fulfillment_id));
@@ -250,6 +304,10 @@ impl EffectKeys {
     }
     pub fn payment_failed(&self, payment_id: &str, at: i64) -> String {
         format!("{}#payment_failed#{payment_id}#{at}", self.prefix)
+    }
+    /// One payment of `provider` (`payment_id`: intent, capture, transaction, ...).
+    pub fn payment(&self, provider: &str, payment_id: &str) -> String {
+        format!("{}#payment#{provider}#{payment_id}", self.prefix)
     }
     pub fn refund(&self, refund_id: &str) -> String {
         format!("{}#refund#{refund_id}", self.prefix)

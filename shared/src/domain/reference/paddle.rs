@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     currency, get, minor_int, missing, order_id_of, required_id, text, time_of, Event, Mapped,
-    RefundFact,
+    PaymentRef, RefundFact,
 };
 use crate::domain::DomainError;
 
@@ -47,6 +47,7 @@ pub(super) fn parse(
             }
             Ok(Mapped::Event(Event::PaymentSucceeded {
                 order_id,
+                payment: PaymentRef::new("paddle", &id),
                 amount: total
                     .ok_or_else(|| missing(event_type, "data.details.totals.grand_total"))?,
                 currency,
@@ -75,7 +76,12 @@ pub(super) fn parse(
                 .ok_or_else(|| missing(event_type, "data.totals.total"))?;
             Ok(Mapped::Event(Event::Refunds {
                 order_id,
-                refunds: vec![RefundFact { id, amount }],
+                refunds: vec![RefundFact {
+                    id,
+                    amount,
+                    payment_id: text(get(data, &["transaction_id"])),
+                    from_shopify: false,
+                }],
             }))
         }
         other => Err(DomainError::Permanent(format!(

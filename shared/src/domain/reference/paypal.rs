@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{
     currency, get, minor_decimal, missing, order_id_of, required_id, text, time_of, Event, Mapped,
-    RefundFact,
+    PaymentRef, RefundFact,
 };
 use crate::domain::DomainError;
 
@@ -42,6 +42,7 @@ pub(super) fn parse(
     match event_type {
         "PAYMENT.CAPTURE.COMPLETED" => Ok(Mapped::Event(Event::PaymentSucceeded {
             order_id,
+            payment: PaymentRef::new("paypal", &id),
             amount: amount()?,
             currency,
         })),
@@ -68,6 +69,8 @@ pub(super) fn parse(
                 refunds: vec![RefundFact {
                     id,
                     amount: amount()?,
+                    payment_id: None,
+                    from_shopify: false,
                 }],
             }))
         }

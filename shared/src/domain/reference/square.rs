@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     currency, get, minor_int, missing, order_id_of, required_id, text, time_of, Event, Mapped,
-    RefundFact,
+    PaymentRef, RefundFact,
 };
 use crate::domain::DomainError;
 
@@ -43,6 +43,7 @@ pub(super) fn parse(
     match (field, status.as_str()) {
         ("payment", "COMPLETED") => Ok(Mapped::Event(Event::PaymentSucceeded {
             order_id,
+            payment: PaymentRef::new("square", &id),
             amount: amount.ok_or_else(|| missing(event_type, "amount_money.amount"))?,
             currency,
         })),
@@ -64,6 +65,8 @@ pub(super) fn parse(
             refunds: vec![RefundFact {
                 id,
                 amount: amount.ok_or_else(|| missing(event_type, "amount_money.amount"))?,
+                payment_id: text(get(object, &["payment_id"])),
+                from_shopify: false,
             }],
         })),
         ("refund", s @ ("FAILED" | "REJECTED")) => Ok(Mapped::Ignore(format!(

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::model::check_id;
-use super::{currency, get, id_text, missing, text, Event, RefundFact};
+use super::{currency, get, id_text, missing, text, Event, PaymentRef, RefundFact};
 use crate::domain::DomainError;
 
 pub(super) fn parse(
@@ -44,6 +44,7 @@ pub(super) fn parse(
                 amount,
                 currency: currency(get(object, &["currency"])),
                 paid,
+                payment_intent: payment_intent_of(object)?,
             })
         }
         "payment_intent.succeeded" | "payment_intent.payment_failed" => {
@@ -61,6 +62,7 @@ pub(super) fn parse(
                     .ok_or_else(|| missing(event_type, "data.object.amount_received"))?;
                 Ok(Event::PaymentSucceeded {
                     order_id,
+                    payment: PaymentRef::new("stripe", &payment_id),
                     amount,
                     currency,
                 })
@@ -133,5 +135,20 @@ fn refund_fact(event_type: &str, r: &Value) -> Result<Option<RefundFact>, Domain
     if matches!(status, Some("failed" | "canceled")) {
         return Ok(None);
     }
-    Ok(Some(RefundFact { id, amount }))
+    Ok(Some(RefundFact {
+        id,
+        amount,
+        payment_id: payment_intent_of(r)?,
+        from_shopify: false,
+    }))
+}
+
+/// The object's `payment_intent`: an id, or (expanded) an object with an id.
+fn payment_intent_of(object: &Value) -> Result<Option<String>, DomainError> {
+    let id = id_text(get(object, &["payment_intent"]))
+        .or_else(|| id_text(get(object, &["payment_intent", "id"])));
+    if let Some(id) = &id {
+        check_id("payment intent id", id)?;
+    }
+    Ok(id)
 }

@@ -101,7 +101,8 @@ fn checkout(order: &str, cs: &str, amount: i64, paid: bool, created: i64) -> Ev 
         &format!("evt_cs_{cs}"),
         created,
         json!({"id": cs, "object": "checkout.session", "amount_total": amount, "currency": "eur",
-               "payment_status": if paid { "paid" } else { "unpaid" }, "metadata": {"order_id": order}}),
+               "payment_status": if paid { "paid" } else { "unpaid" }, "metadata": {"order_id": order},
+               "payment_intent": format!("pi_{}", cs.trim_start_matches("cs_"))}),
     )
 }
 
@@ -126,6 +127,47 @@ fn refund_created(order: &str, re: &str, amount: i64, created: i64) -> Ev {
         created,
         json!({"id": re, "object": "refund", "amount": amount, "status": "succeeded",
                "metadata": {"order_id": order}}),
+    )
+}
+
+/// A Stripe refund that names its payment intent (Stripe always sends it).
+fn refund_of(order: &str, re: &str, pi: &str, amount: i64, created: i64) -> Ev {
+    stripe(
+        "refund.created",
+        &format!("evt_rc_{re}"),
+        created,
+        json!({"id": re, "object": "refund", "amount": amount, "status": "succeeded",
+               "payment_intent": pi, "metadata": {"order_id": order}}),
+    )
+}
+
+/// A Shopify refund processed by the Stripe gateway: its refund transaction carries
+/// the Stripe refund id (`authorization`, `receipt.id`); `manual`: a further manual
+/// refund transaction of that amount in the same refund.
+fn shopify_refund_via_stripe(
+    order: u64,
+    id: u64,
+    re: &str,
+    amount: &str,
+    manual: Option<&str>,
+) -> Ev {
+    let mut transactions = vec![
+        json!({"id": id * 10, "order_id": order, "kind": "refund", "status": "success",
+               "gateway": "stripe", "amount": amount, "authorization": re,
+               "receipt": {"id": re, "object": "refund", "charge": "ch_x"}}),
+        json!({"id": id * 10 + 1, "order_id": order, "kind": "refund", "status": "failure",
+               "gateway": "stripe", "amount": "999.00", "authorization": "re_failed"}),
+    ];
+    if let Some(m) = manual {
+        transactions.push(
+            json!({"id": id * 10 + 2, "kind": "refund", "status": "success",
+                                 "gateway": "manual", "amount": m}),
+        );
+    }
+    shopify(
+        "refunds/create",
+        &format!("r{id}"),
+        json!({"id": id, "order_id": order, "transactions": transactions}),
     )
 }
 
@@ -241,28 +283,44 @@ impl World {
     }
 
     /// What the framework does: drop changes whose effect key is already applied on
-    /// their record (as loaded); the rest become one write per record (new data,
-    /// version + 1, every effect key added). Returns the number of records written.
+    /// the record that holds it or on their own record (as loaded); the rest become one
+    /// write per record (new data, version + 1), each effect key added to its holder
+    /// (`Change::keyed_on`, else the record itself). Returns the number of records
+    /// written.
     fn apply(&mut self, decision: &Decision) -> usize {
         let Decision::Apply { changes, .. } = decision else {
             return 0;
         };
         let loaded = self.records.clone();
-        let mut written: BTreeMap<StateKey, StateRecord> = BTreeMap::new();
-        for c in changes {
-            let before = loaded
-                .get(&c.key)
+        let before = |k: &StateKey| {
+            loaded
+                .get(k)
                 .cloned()
-                .unwrap_or_else(|| StateRecord::missing(c.key.clone()));
-            if before.applied.contains(&c.effect_key) {
+                .unwrap_or_else(|| StateRecord::missing(k.clone()))
+        };
+        let mut written: BTreeMap<StateKey, StateRecord> = BTreeMap::new();
+        let write = |k: &StateKey| -> StateRecord {
+            let b = before(k);
+            StateRecord {
+                version: b.version + 1,
+                ..b
+            }
+        };
+        for c in changes {
+            if before(c.key_holder()).applied.contains(&c.effect_key)
+                || before(&c.key).applied.contains(&c.effect_key)
+            {
                 continue;
             }
-            let r = written.entry(c.key.clone()).or_insert_with(|| StateRecord {
-                version: before.version + 1,
-                ..before
-            });
-            r.data = c.data.clone();
-            r.applied.insert(c.effect_key.clone());
+            written
+                .entry(c.key.clone())
+                .or_insert_with(|| write(&c.key))
+                .data = c.data.clone();
+            written
+                .entry(c.key_holder().clone())
+                .or_insert_with(|| write(c.key_holder()))
+                .applied
+                .insert(c.effect_key.clone());
         }
         let n = written.len();
         self.records.extend(written);
@@ -359,7 +417,7 @@ fn assert_idempotent(w: &mut World, ev: &Ev) {
     if let Decision::Apply { changes, .. } = &again {
         for c in changes {
             assert!(
-                w.records[&c.key].applied.contains(&c.effect_key),
+                w.records[c.key_holder()].applied.contains(&c.effect_key),
                 "{}: re-decide produced a new effect {}",
                 ev.env.event_type,
                 c.effect_key
@@ -508,7 +566,10 @@ fn payment_succeeded_creates_a_minimal_order_paid_once() {
     let mut w = World::new();
     let ev = pi_succeeded("1001", "pi_1", 12_970, 100);
     let d = w.ok(&ev);
-    assert_eq!(effect_keys(&d), ["t1#order-1001#paid"]);
+    assert_eq!(
+        effect_keys(&d),
+        ["t1#order-1001#paid", "t1#order-1001#payment#stripe#pi_1"]
+    );
     assert_eq!(result(&d), "order 1001 paid; invoice inv-1001-1");
     let o = w.order("1001");
     assert_eq!(o.payment_status, PaymentStatus::Paid);
@@ -534,13 +595,17 @@ fn payment_succeeded_creates_a_minimal_order_paid_once() {
     assert_eq!(o.loyalty_points, 129);
     assert!(!o.shopify_created);
     assert_idempotent(&mut w, &ev);
-    // A second payment intent for the same order: same `#paid` key, no second invoice.
-    let d = w
-        .decide(&pi_succeeded("1001", "pi_2", 12_970, 200))
-        .unwrap();
-    assert_eq!(effect_keys(&d), ["t1#order-1001#paid"]);
-    assert_eq!(w.apply(&d), 0);
-    assert_eq!(w.order("1001").invoices.len(), 1);
+    // A second payment intent for the same order is a second payment: counted, and
+    // still one invoice (its amount is the paid total) and one notification.
+    let d = w.ok(&pi_succeeded("1001", "pi_2", 12_970, 200));
+    assert_eq!(effect_keys(&d), ["t1#order-1001#payment#stripe#pi_2"]);
+    assert_eq!(
+        result(&d),
+        "order 1001 payment stripe pi_2 of 12970; paid 25940"
+    );
+    let o = w.order("1001");
+    assert_eq!((o.invoices.len(), o.paid_minor()), (1, 25_940));
+    assert_eq!((o.total_minor, o.notifications.len()), (25_940, 1));
 }
 
 #[test]
@@ -564,7 +629,11 @@ fn checkout_session_opens_the_order_and_may_pay_it() {
     let d = w.ok(&ev);
     assert_eq!(
         effect_keys(&d),
-        ["t1#order-1003#checkout#cs_3", "t1#order-1003#paid"]
+        [
+            "t1#order-1003#checkout#cs_3",
+            "t1#order-1003#paid",
+            "t1#order-1003#payment#stripe#pi_3"
+        ]
     );
     assert_eq!(
         result(&d),
@@ -572,10 +641,13 @@ fn checkout_session_opens_the_order_and_may_pay_it() {
     );
     assert_eq!(w.order("1003").payment_status, PaymentStatus::Paid);
     assert_idempotent(&mut w, &ev);
-    // The payment intent of that session: `#paid` applied (by the checkout) → skipped.
+    // The payment intent of that session: both its keys applied (by the checkout,
+    // which names the intent) → skipped.
     let d = w.decide(&pi_succeeded("1003", "pi_3", 4990, 11)).unwrap();
-    assert_eq!(effect_keys(&d), ["t1#order-1003#paid"]);
-    assert_eq!(result(&d), "already applied: t1#order-1003#paid");
+    assert_eq!(
+        result(&d),
+        "already applied: t1#order-1003#paid, t1#order-1003#payment#stripe#pi_3"
+    );
     assert_eq!(w.apply(&d), 0);
 
     // client_reference_id works when metadata is absent.
@@ -770,6 +842,17 @@ fn orders_create_reserves_stock_per_sku() {
         "order 1001 created; SKU-BLUE-L -2; SKU-RED-M -2"
     );
     assert_eq!((w.on_hand(RED), w.on_hand(BLUE)), (8, 3));
+    // The stock moves' keys live on the order: a SKU record keeps only its seed key,
+    // however many orders took from it.
+    assert_eq!(
+        w.applied(&order_key(T, "1001")),
+        [
+            "t1#order-1001#created",
+            "t1#order-1001#stock#SKU-BLUE-L",
+            "t1#order-1001#stock#SKU-RED-M"
+        ]
+    );
+    assert_eq!(w.applied(&sku_key(T, RED)), ["t1#sku-SKU-RED-M#seed"]);
     let o = w.order("1001");
     assert_eq!(
         (o.total_minor, o.payment_status, o.line_items.len()),
@@ -794,6 +877,7 @@ fn orders_create_paid_issues_the_invoice_and_later_payments_are_skipped() {
         [
             "t1#order-1001#created",
             "t1#order-1001#paid",
+            "t1#order-1001#payment#shopify#order",
             "t1#order-1001#stock#SKU-RED-M"
         ]
     );
@@ -811,15 +895,23 @@ fn orders_create_paid_issues_the_invoice_and_later_payments_are_skipped() {
         (PaymentStatus::Paid, 49, 4990)
     );
     assert_idempotent(&mut w, &ev);
-    for ev in [
-        orders_paid(1001, "2025-01-01T00:01:00Z", &[(RED, 1)], "49.90"),
-        pi_succeeded("1001", "pi_1", 4990, 5),
-    ] {
-        let d = w.decide(&ev).unwrap();
-        assert_eq!(effect_keys(&d), ["t1#order-1001#paid"]);
-        assert_eq!(w.apply(&d), 0);
-    }
-    assert_eq!(w.order("1001").invoices.len(), 1);
+    let d = w
+        .decide(&orders_paid(
+            1001,
+            "2025-01-01T00:01:00Z",
+            &[(RED, 1)],
+            "49.90",
+        ))
+        .unwrap();
+    assert_eq!(w.apply(&d), 0);
+    // Stripe's report of the same payment is recorded, and the paid total stays.
+    let d = w.ok(&pi_succeeded("1001", "pi_1", 4990, 5));
+    assert_eq!(
+        result(&d),
+        "order 1001 payment stripe pi_1 recorded (paid total unchanged)"
+    );
+    let o = w.order("1001");
+    assert_eq!((o.invoices.len(), o.paid_minor()), (1, 4990));
 }
 
 #[test]
@@ -856,26 +948,34 @@ fn stripe_payment_before_shopify_create_merges() {
     assert!(waits(a.deliver(&paid)).starts_with("orders/paid before the order exists"));
     a.ok(&pay);
     let d = a.ok(&create);
-    // The order exists (minimal, paid): created + stock, but no second payment.
+    // The order exists (minimal, paid): created + stock, no second invoice; Shopify's
+    // report of the payment is recorded and does not raise the paid total.
     assert_eq!(
         effect_keys(&d),
         [
             "t1#order-1001#created",
+            "t1#order-1001#payment#shopify#order",
             "t1#order-1001#stock#SKU-BLUE-L",
             "t1#order-1001#stock#SKU-RED-M"
         ]
     );
     assert_eq!(
         result(&d),
-        "order 1001 created; SKU-BLUE-L -2; SKU-RED-M -1"
+        "order 1001 created; SKU-BLUE-L -2; SKU-RED-M -1; order 1001 payment shopify order recorded (paid total unchanged)"
     );
-    // orders/paid: the `#paid` key is applied already (by Stripe) → framework skips it.
+    // orders/paid: its keys are applied already → the framework skips them.
     let d = a.ok(&paid);
-    assert_eq!(effect_keys(&d), ["t1#order-1001#paid"]);
     assert!(result(&d).starts_with("already applied"));
     assert_eq!(
         a.applied(&order_key(T, "1001")),
-        ["t1#order-1001#created", "t1#order-1001#paid"]
+        [
+            "t1#order-1001#created",
+            "t1#order-1001#paid",
+            "t1#order-1001#payment#shopify#order",
+            "t1#order-1001#payment#stripe#pi_1",
+            "t1#order-1001#stock#SKU-BLUE-L",
+            "t1#order-1001#stock#SKU-RED-M"
+        ]
     );
 
     let mut b = World::new();
@@ -903,13 +1003,18 @@ fn orders_paid_applies_the_payment() {
     ));
     let ev = orders_paid(1001, "2025-01-01T00:01:00Z", &[(RED, 1)], "49.90");
     let d = w.ok(&ev);
-    assert_eq!(effect_keys(&d), ["t1#order-1001#paid"]);
+    assert_eq!(
+        effect_keys(&d),
+        ["t1#order-1001#paid", "t1#order-1001#payment#shopify#order"]
+    );
     assert_eq!(w.order("1001").payment_status, PaymentStatus::Paid);
     assert_idempotent(&mut w, &ev);
-    // The Stripe report of the same payment: same key, skipped by the framework.
-    let d = w.decide(&pi_succeeded("1001", "pi_1", 4990, 5)).unwrap();
-    assert_eq!(effect_keys(&d), ["t1#order-1001#paid"]);
-    assert_eq!(w.apply(&d), 0);
+    // The Stripe report of the same payment: `#paid` skipped by the framework; the
+    // payment is recorded and the paid total stays (one payment, one invoice).
+    let d = w.ok(&pi_succeeded("1001", "pi_1", 4990, 5));
+    assert_eq!(effect_keys(&d), ["t1#order-1001#payment#stripe#pi_1"]);
+    let o = w.order("1001");
+    assert_eq!((o.invoices.len(), o.paid_minor()), (1, 4990));
 }
 
 #[test]
@@ -1057,6 +1162,166 @@ fn shopify_refunds_sum_successful_refund_transactions() {
 }
 
 #[test]
+fn one_refund_reported_by_shopify_and_stripe_is_one_refund() {
+    let create = orders_create(1001, "2025-01-01T00:00:00Z", &[(RED, 1)], "129.70", "paid");
+    let shop = shopify_refund_via_stripe(1001, 9001, "re_1", "49.90", None);
+    let stripe = refund_of("1001", "re_1", "pi_1", 4990, 20);
+    let charge = charge_refunded("1001", "ch_1", &[("re_1", 4990)], 21);
+    let (mut a, mut b) = (World::new(), World::new());
+    for w in [&mut a, &mut b] {
+        w.ok(&create);
+    }
+    let d = a.ok(&shop);
+    assert_eq!(effect_keys(&d), ["t1#order-1001#refund#re_1"]);
+    assert_eq!(result(&d), "order 1001 refund re_1 of 4990");
+    for ev in [&stripe, &charge] {
+        assert!(result(&a.ok(ev)).starts_with("already applied"));
+    }
+    b.ok(&stripe);
+    assert!(result(&b.ok(&shop)).starts_with("already applied"));
+    assert_eq!(a.data(), b.data());
+    let o = a.order("1001");
+    assert_eq!(
+        (o.refunds.len(), o.refunded_minor, o.loyalty_points),
+        (1, 4990, 79)
+    );
+    assert_eq!(o.refunds[0].refund_id, "re_1");
+    let refunded = |o: &Order| {
+        o.notifications
+            .iter()
+            .filter(|n| n.kind == NotificationKind::Refunded)
+            .count()
+    };
+    assert_eq!(refunded(&o), 1);
+
+    // A Shopify refund that moved money through Stripe and by hand: the Stripe part
+    // is Stripe's refund, the manual part is Shopify's refund id.
+    let mixed = shopify_refund_via_stripe(1001, 9002, "re_2", "10.00", Some("5.00"));
+    let d = a.ok(&mixed);
+    assert_eq!(
+        effect_keys(&d),
+        ["t1#order-1001#refund#re_2", "t1#order-1001#refund#9002"]
+    );
+    assert!(
+        result(&a.ok(&refund_of("1001", "re_2", "pi_1", 1000, 30))).starts_with("already applied")
+    );
+    let o = a.order("1001");
+    assert_eq!((o.refunds.len(), o.refunded_minor), (3, 4990 + 1000 + 500));
+
+    // Without a common reference (a manual Shopify refund and a Stripe refund) they
+    // are two refunds, and the amount paid still bounds them.
+    let mut c = World::new();
+    c.ok(&orders_create(
+        1002,
+        "2025-01-01T00:00:00Z",
+        &[(RED, 1)],
+        "49.90",
+        "paid",
+    ));
+    c.ok(&shopify_refund(1002, 9003, "49.90"));
+    assert!(
+        permanent(c.deliver(&refund_of("1002", "re_3", "pi_2", 4990, 40)))
+            .contains("exceeds the amount paid")
+    );
+    assert_eq!(c.order("1002").refunded_minor, 4990);
+}
+
+#[test]
+fn deposit_and_balance_are_both_counted_and_the_balance_can_be_refunded() {
+    let create = orders_create(
+        1001,
+        "2025-01-01T00:00:00Z",
+        &[(RED, 1)],
+        "129.70",
+        "pending",
+    );
+    let deposit = pi_succeeded("1001", "pi_dep", 3000, 10);
+    let balance = pi_succeeded("1001", "pi_bal", 9970, 20);
+    let shop_paid = orders_paid(1001, "2025-01-01T00:05:00Z", &[(RED, 1)], "129.70");
+    let refund = refund_of("1001", "re_bal", "pi_bal", 9970, 30);
+
+    let mut w = World::new();
+    w.ok(&create);
+    let d = w.ok(&deposit);
+    assert_eq!(result(&d), "order 1001 paid; invoice inv-1001-1");
+    // The balance's refund before the balance: within the order's total, it waits
+    // for the rest of the payment.
+    assert!(waits(w.deliver(&refund)).contains("exceeds the amount paid so far"));
+    let d = w.ok(&balance);
+    assert_eq!(effect_keys(&d), ["t1#order-1001#payment#stripe#pi_bal"]);
+    assert_eq!(
+        result(&d),
+        "order 1001 payment stripe pi_bal of 9970; paid 12970"
+    );
+    // Shopify's report of the order paid in full is the same money.
+    w.ok(&shop_paid);
+    let o = w.order("1001");
+    assert_eq!(
+        (o.invoices.len(), o.paid_minor(), o.invoices[0].amount_minor),
+        (1, 12_970, 12_970)
+    );
+    assert_eq!((o.total_minor, o.loyalty_points), (12_970, 129));
+    assert_eq!(o.payments.len(), 3);
+    let d = w.ok(&refund);
+    assert_eq!(result(&d), "order 1001 refund re_bal of 9970");
+    let o = w.order("1001");
+    assert_eq!(
+        (o.payment_status, o.refunded_minor, o.loyalty_points),
+        (PaymentStatus::PartiallyRefunded, 9970, 30)
+    );
+    // One payment_received notification, one refunded.
+    assert_eq!(o.notifications.len(), 2);
+    // Redelivering any of them changes nothing.
+    for ev in [&create, &deposit, &balance, &shop_paid, &refund] {
+        assert_idempotent(&mut w, ev);
+    }
+
+    // Every arrival order ends in the same data.
+    let events = [create, deposit, balance, shop_paid, refund];
+    let in_order: Vec<usize> = (0..events.len()).collect();
+    let clean = run(&events, &in_order, 1);
+    for seed in 0..60 {
+        let got = run(
+            &events,
+            &permutation(events.len(), seed),
+            1 + (seed as usize % 2),
+        );
+        assert_eq!(got.data(), clean.data(), "seed {seed}");
+    }
+
+    // A record written before payments were recorded: its invoice's amount counts.
+    let mut legacy = World::new();
+    legacy.ok(&pi_succeeded("1004", "pi_old", 5000, 10));
+    let key = order_key(T, "1004");
+    let mut record = legacy.records[&key].clone();
+    record.data.as_object_mut().unwrap().remove("payments");
+    record.applied.retain(|k| !k.contains("#payment#"));
+    legacy.records.insert(key, record);
+    let o = legacy.order("1004");
+    assert_eq!((o.payments.len(), o.paid_minor()), (0, 5000));
+    // The same payment redelivered: the total stays; a second payment adds to it.
+    legacy.ok(&pi_succeeded("1004", "pi_old", 5000, 10));
+    assert_eq!(legacy.order("1004").paid_minor(), 5000);
+    legacy.ok(&pi_succeeded("1004", "pi_new", 2000, 20));
+    assert_eq!(legacy.order("1004").paid_minor(), 7000);
+
+    // A Stripe-only order: the deposit and the balance make its total.
+    let mut s = World::new();
+    s.ok(&pi_succeeded("1002", "pi_b", 7000, 20));
+    s.ok(&pi_succeeded("1002", "pi_a", 3000, 10));
+    let o = s.order("1002");
+    assert_eq!((o.total_minor, o.paid_minor()), (10_000, 10_000));
+    // There a refund of a payment not recorded yet waits for it.
+    let mut s = World::new();
+    s.ok(&pi_succeeded("1003", "pi_a", 3000, 10));
+    let refund = refund_of("1003", "re_b", "pi_b", 7000, 30);
+    assert!(waits(s.deliver(&refund)).contains("until payment pi_b is recorded"));
+    s.ok(&pi_succeeded("1003", "pi_b", 7000, 20));
+    s.ok(&refund);
+    assert_eq!(s.order("1003").refunded_minor, 7000);
+}
+
+#[test]
 fn fulfillment_records_a_shipment_and_notifies() {
     let mut w = World::new();
     let ev = fulfillment(1001, 7001, "1Z999");
@@ -1140,6 +1405,14 @@ fn story() -> Vec<Ev> {
         // 1005: checkout paid, then the intent's own success report.
         checkout("1005", "cs_1005", 1999, true, 1_200),
         pi_succeeded("1005", "pi_1005", 1999, 1_201),
+        // 1006: Shopify order paid through Stripe in two parts (deposit + balance),
+        // the balance refunded, reported by Shopify and by Stripe.
+        orders_create(1006, "2025-12-06T10:00:00Z", &o3, "99.80", "pending"),
+        pi_succeeded("1006", "pi_1006_dep", 2000, 1_300),
+        pi_succeeded("1006", "pi_1006_bal", 7980, 1_310),
+        orders_paid(1006, "2025-12-06T10:10:00Z", &o3, "99.80"),
+        shopify_refund_via_stripe(1006, 9601, "re_1006_bal", "79.80", None),
+        refund_of("1006", "re_1006_bal", "pi_1006_bal", 7980, 2_300),
     ]
 }
 
@@ -1219,7 +1492,12 @@ fn every_arrival_order_converges_to_the_same_data() {
         (PaymentStatus::Refunded, 0)
     );
     assert_eq!(clean.order("1005").invoices.len(), 1);
-    assert_eq!((clean.on_hand(RED), clean.on_hand(BLUE)), (9, 2));
+    let o6 = clean.order("1006");
+    assert_eq!(
+        (o6.paid_minor(), o6.refunded_minor, o6.refunds.len()),
+        (9980, 7980, 1)
+    );
+    assert_eq!((clean.on_hand(RED), clean.on_hand(BLUE)), (7, 2));
 
     let reversed: Vec<usize> = (0..n).rev().collect();
     let mut orders = vec![
@@ -1326,3 +1604,50 @@ fn samples_tell_one_consistent_story() {
 }
 
 mod providers;
+
+// ---- Shopify: the unsigned topic only selects; the signed body decides -------------
+
+#[test]
+fn shopify_bodies_under_a_topic_they_contradict_are_ignored() {
+    let w = World::new();
+    let create = order_body(
+        1001,
+        "2025-01-01T00:00:00Z",
+        &[(RED, 1)],
+        "49.90",
+        "pending",
+    );
+    let refund = json!({"id": 9001, "order_id": 1001, "refund_line_items": [],
+                        "transactions": [{"kind": "refund", "status": "success", "amount": "1.00"}]});
+    let ship = json!({"id": 7001, "order_id": 1001, "tracking_number": "1Z"});
+    let cases = [
+        ("orders/paid", create.clone(), "orders/paid: the signed order's financial_status is pending, not paid (the topic header is not signed)"),
+        ("orders/cancelled", create.clone(), "orders/cancelled: the signed order has no cancelled_at (the topic header is not signed)"),
+        ("refunds/create", create.clone(), "refunds/create: the signed body is an order, not a refund (the topic header is not signed)"),
+        ("fulfillments/create", create.clone(), "fulfillments/create: the signed body is an order, not a fulfillment (the topic header is not signed)"),
+        ("orders/create", refund.clone(), "orders/create: the signed body is a refund, not an order (the topic header is not signed)"),
+        ("orders/paid", ship.clone(), "orders/paid: the signed body is a fulfillment, not an order (the topic header is not signed)"),
+        ("fulfillments/create", refund.clone(), "fulfillments/create: the signed body is a refund, not a fulfillment (the topic header is not signed)"),
+        ("refunds/create", ship.clone(), "refunds/create: the signed body is a fulfillment, not a refund (the topic header is not signed)"),
+    ];
+    for (topic, body, reason) in cases {
+        let d = w.decide(&shopify(topic, "replay", body)).unwrap();
+        assert_eq!(ignored(&d), reason, "{topic}");
+    }
+    // Unknown financial statuses are not echoed into the reason.
+    let mut odd = create.clone();
+    odd["financial_status"] = json!("jon@example.com");
+    let d = w.decide(&shopify("orders/paid", "replay", odd)).unwrap();
+    assert!(!ignored(&d).contains("jon"), "{}", ignored(&d));
+    // A refund under its own topic is not refused (it waits for the paid order).
+    assert!(matches!(
+        w.decide(&shopify("refunds/create", "r", refund)),
+        Err(DomainError::Wait(_))
+    ));
+    // The genuine bodies under their own topics map as before.
+    let paid = order_body(1001, "2025-01-01T00:00:00Z", &[(RED, 1)], "49.90", "paid");
+    assert!(matches!(
+        w.decide(&shopify("orders/paid", "p", paid)),
+        Err(DomainError::Wait(_))
+    ));
+}

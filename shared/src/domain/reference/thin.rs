@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{
     currency, get, minor_decimal, minor_int, missing, order_id_of, required_id, text, time_of,
-    Event, Mapped,
+    Event, Mapped, PaymentRef,
 };
 use crate::domain::DomainError;
 
@@ -70,6 +70,7 @@ fn fact(state: State, f: Fetched) -> Result<Mapped, DomainError> {
     Ok(Mapped::Event(match state {
         State::Paid => Event::PaymentSucceeded {
             order_id,
+            payment: PaymentRef::new(what.split(' ').next().unwrap_or(what), &payment_id),
             amount: amount.ok_or_else(|| missing(what, "amount"))?,
             currency,
         },

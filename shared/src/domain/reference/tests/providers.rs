@@ -169,7 +169,10 @@ fn paypal_capture_refund_and_denial() {
         "COMPLETED",
         "2025-12-01T10:05:00Z",
     );
-    assert_eq!(effect_keys(&w.ok(&paid)), ["t1#order-1001#paid"]);
+    assert_eq!(
+        effect_keys(&w.ok(&paid)),
+        ["t1#order-1001#paid", "t1#order-1001#payment#paypal#CAP2"]
+    );
     let o = w.order("1001");
     assert_eq!(
         (o.payment_status, o.paid_minor(), o.currency.as_deref()),
@@ -235,9 +238,16 @@ fn paypal_capture_refund_and_denial() {
 fn adyen_authorisation_and_capture_are_one_payment() {
     let mut w = World::new();
     let auth = adyen("AUTHORISATION", true, "PSP1", None, "1001", 12_970);
-    assert_eq!(effect_keys(&w.ok(&auth)), ["t1#order-1001#paid"]);
+    assert_eq!(
+        effect_keys(&w.ok(&auth)),
+        ["t1#order-1001#paid", "t1#order-1001#payment#adyen#PSP1"]
+    );
+    // The capture names its authorisation: the same payment.
     let cap = adyen("CAPTURE", true, "PSP2", Some("PSP1"), "1001", 12_970);
-    assert_eq!(result(&w.ok(&cap)), "already applied: t1#order-1001#paid");
+    assert_eq!(
+        result(&w.ok(&cap)),
+        "already applied: t1#order-1001#paid, t1#order-1001#payment#adyen#PSP1"
+    );
     assert_eq!(invoices(&w, "1001"), 1);
     let refund = adyen("REFUND", true, "PSP3", Some("PSP1"), "1001", 2_970);
     assert_eq!(effect_keys(&w.ok(&refund)), ["t1#order-1001#refund#PSP3"]);
@@ -304,7 +314,16 @@ fn two_providers_report_the_same_payment_one_invoice() {
         (1, 12_970, 129)
     );
     assert_eq!(o.notifications.len(), 1);
-    assert_eq!(a.applied(&order_key(T, "1001")), ["t1#order-1001#paid"]);
+    // Each provider's payment is recorded; providers' totals are not added up.
+    assert_eq!(
+        a.applied(&order_key(T, "1001")),
+        [
+            "t1#order-1001#paid",
+            "t1#order-1001#payment#adyen#PSP1",
+            "t1#order-1001#payment#paypal#CAP1",
+            "t1#order-1001#payment#stripe#pi_1"
+        ]
+    );
 }
 
 #[test]
@@ -397,10 +416,13 @@ fn paddle_transactions_and_refund_adjustments() {
         "4990",
         "2025-12-01T10:02:00Z",
     );
-    assert_eq!(effect_keys(&w.ok(&paid)), ["t1#order-1003#paid"]);
+    assert_eq!(
+        effect_keys(&w.ok(&paid)),
+        ["t1#order-1003#paid", "t1#order-1003#payment#paddle#txn_1"]
+    );
     assert_eq!(
         result(&w.ok(&completed)),
-        "already applied: t1#order-1003#paid"
+        "already applied: t1#order-1003#paid, t1#order-1003#payment#paddle#txn_1"
     );
     assert_eq!(
         (invoices(&w, "1003"), w.order("1003").paid_minor()),
@@ -476,7 +498,10 @@ fn square_payments_and_refunds() {
         2500,
         "2025-12-01T10:01:00Z",
     );
-    assert_eq!(effect_keys(&w.ok(&done)), ["t1#order-1004#paid"]);
+    assert_eq!(
+        effect_keys(&w.ok(&done)),
+        ["t1#order-1004#paid", "t1#order-1004#payment#square#sq_p1"]
+    );
     let canceled = square_payment(
         "sq_p2",
         Some("1004"),
@@ -531,7 +556,7 @@ fn thin_providers_map_the_fetched_state() {
     );
     assert_eq!(
         effect_keys(&w.ok(&mollie("tr_1", "1005", "paid", "10.00"))),
-        ["t1#order-1005#paid"]
+        ["t1#order-1005#paid", "t1#order-1005#payment#mollie#tr_1"]
     );
     assert_eq!(w.order("1005").paid_minor(), 1000);
     assert!(ignored(&w.ok(&mollie("tr_2", "1005", "failed", "10.00"))).starts_with("superseded:"));
@@ -555,18 +580,18 @@ fn thin_providers_map_the_fetched_state() {
     );
     assert_eq!(
         effect_keys(&w.ok(&gopay(3001, "1006", "PAID", 10_000))),
-        ["t1#order-1006#paid"]
+        ["t1#order-1006#paid", "t1#order-1006#payment#gopay#3001"]
     );
     assert_eq!(w.order("1006").currency.as_deref(), Some("CZK"));
     assert!(ignored(&w.ok(&gopay(3002, "1006", "CANCELED", 10_000))).starts_with("superseded:"));
 
     assert_eq!(
         effect_keys(&w.ok(&klarna("k-1", "1007", "AUTHORIZED", 3_000))),
-        ["t1#order-1007#paid"]
+        ["t1#order-1007#paid", "t1#order-1007#payment#klarna#k-1"]
     );
     assert_eq!(
         result(&w.ok(&klarna("k-1", "1007", "CAPTURED", 3_000))),
-        "already applied: t1#order-1007#paid"
+        "already applied: t1#order-1007#paid, t1#order-1007#payment#klarna#k-1"
     );
     assert!(ignored(&w.ok(&klarna("k-1", "1007", "CANCELLED", 3_000))).starts_with("superseded:"));
     assert!(
@@ -691,6 +716,14 @@ fn mixed_story() -> Vec<Ev> {
         klarna("k7", "2007", "AUTHORIZED", 5_000),
         klarna("k7", "2007", "CAPTURED", 5_000),
         klarna("k7", "2007", "CANCELLED", 5_000),
+        // 2008: a Shopify order paid through Adyen in two payments (deposit captured,
+        // then the balance), the balance refunded.
+        orders_create(2008, "2025-12-08T10:00:00Z", &[], "99.80", "pending"),
+        adyen("AUTHORISATION", true, "B1", None, "2008", 2_000),
+        adyen("CAPTURE", true, "B2", Some("B1"), "2008", 2_000),
+        adyen("AUTHORISATION", true, "B3", None, "2008", 7_980),
+        orders_paid(2008, "2025-12-08T10:30:00Z", &[], "99.80"),
+        adyen("REFUND", true, "B4", Some("B3"), "2008", 7_980),
     ]
 }
 
@@ -721,6 +754,16 @@ fn every_arrival_order_of_mixed_providers_converges() {
     assert_eq!(
         (o2.invoices.len(), o2.payment_status, o2.refunded_minor),
         (1, PaymentStatus::PartiallyRefunded, 990)
+    );
+    let o8 = clean.order("2008");
+    assert_eq!(
+        (
+            o8.invoices.len(),
+            o8.paid_minor(),
+            o8.refunded_minor,
+            o8.payment_status
+        ),
+        (1, 9_980, 7_980, PaymentStatus::PartiallyRefunded)
     );
     for id in ["2003", "2004", "2005", "2006", "2007"] {
         let o = clean.order(id);

@@ -1,0 +1,44 @@
+//! `einmal config check`: load a tenant configuration exactly as `serve` and the
+//! Lambdas do, and report every problem.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use einmal::config::{Config, ConfigError};
+
+/// Exit code of `einmal config check` when the configuration has problems (2 means it
+/// could not be read, like every other CLI error).
+pub const EXIT_INVALID: u8 = 1;
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Check a tenant configuration: print each problem as `file:line: message` and
+    /// exit 1 if there is any (0 when valid, 2 when the file cannot be read).
+    Check {
+        /// Tenant configuration (TOML).
+        #[arg(long, default_value_os_t = crate::default_config_path())]
+        config: PathBuf,
+    },
+}
+
+pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
+    let ConfigCommand::Check { config } = command;
+    match Config::load(&config) {
+        Ok(loaded) => {
+            println!(
+                "{}: valid ({} tenants)",
+                config.display(),
+                loaded.tenants().count()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err @ ConfigError::Read { .. }) => Err(err.to_string()),
+        Err(err) => {
+            for line in err.lines() {
+                println!("{line}");
+            }
+            Ok(ExitCode::from(EXIT_INVALID))
+        }
+    }
+}

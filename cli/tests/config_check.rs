@@ -1,0 +1,100 @@
+//! `einmal config check` and `einmal serve` on invalid configurations, through the
+//! real binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn einmal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("EINMAL_CONFIG")
+        .output()
+        .expect("einmal runs")
+}
+
+fn write(dir: &Path, text: &str) -> String {
+    let path = dir.join("tenants.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+const MISSPELT: &str = r#"[[tenant]]
+provider = "shopify"
+tenant = "shop-1"
+secrets = ["hush-hush"]
+options = { shop_domian = "shop-1.myshopify.com" }
+
+[[tenant]]
+provider = "strpe"
+tenant = "shop-1"
+secrets = ["whsec_x"]
+
+[[tenant]]
+provider = "github"
+tenant = "repo"
+secrets = []
+"#;
+
+#[test]
+fn config_check_reports_every_problem_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), MISSPELT);
+    let out = einmal(&["config", "check", "--config", &path]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{path}:5: tenant shopify/shop-1: unknown option `shop_domian` for provider shopify (did you mean `shop_domain`?)"),
+            format!("{path}:8: tenant strpe/shop-1: unknown provider `strpe` (did you mean `stripe`?)"),
+            format!("{path}:13: tenant github/repo: no secrets: `secrets` must list at least one"),
+        ]
+    );
+    assert!(!stdout.contains("hush-hush"), "a secret was printed");
+}
+
+#[test]
+fn config_check_accepts_the_demo_configuration() {
+    let out = Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(["config", "check", "--config", "einmal.toml"])
+        .current_dir(repo())
+        .output()
+        .expect("einmal runs");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("einmal.toml: valid"));
+}
+
+#[test]
+fn config_check_on_a_missing_file_exits_2() {
+    let out = einmal(&["config", "check", "--config", "/nonexistent/tenants.toml"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn serve_refuses_to_start_on_an_invalid_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), MISSPELT);
+    let data = dir.path().join("data");
+    let out = einmal(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--config",
+        &path,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("did you mean `shop_domain`"), "{stderr}");
+    assert!(
+        !data.exists(),
+        "serve opened a store before checking the configuration"
+    );
+}
