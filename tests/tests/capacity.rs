@@ -1156,7 +1156,12 @@ async fn aws_hot_sku_record_and_commit_cost_stay_constant_over_20000_orders() {
         let calls = r.capture.take();
         let costs: Vec<Cost> = calls.iter().map(|c| cost(&r.capture, c)).collect();
         let ops: Vec<&str> = calls.iter().map(|c| c.op.as_str()).collect();
-        assert_eq!(ops, ["BatchGetItem", "TransactWriteItems"], "order {n}");
+        // Load, commit, then one waiters Query per written record (order and SKU).
+        assert_eq!(
+            ops,
+            ["BatchGetItem", "TransactWriteItems", "Query", "Query"],
+            "order {n}"
+        );
         let commit = &calls[1];
         let actions: Vec<&str> = commit.targets.iter().map(|t| t.action).collect();
         assert_eq!(actions, ["Put", "Put"], "order {n}: the order and the SKU");
