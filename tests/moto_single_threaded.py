@@ -16,11 +16,12 @@ import sys
 
 from werkzeug.serving import run_simple
 
-from moto.moto_server.werkzeug_app import (
-    DomainDispatcherApplication,
-    MotoRequestHandler,
-    create_backend_app,
-)
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+try:  # moto >= 5.2.5; older releases serve with werkzeug's own handler
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+except ImportError:
+    MotoRequestHandler = None
 
 
 def main(argv: list[str]) -> None:
@@ -33,14 +34,8 @@ def main(argv: list[str]) -> None:
     app = DomainDispatcherApplication(create_backend_app)
     # Not threaded: werkzeug then also answers HTTP/1.0 and closes each connection,
     # so no idle keep-alive connection can hold the single worker.
-    run_simple(
-        args.host,
-        args.port,
-        app,
-        threaded=False,
-        processes=1,
-        request_handler=MotoRequestHandler,
-    )
+    options = {"request_handler": MotoRequestHandler} if MotoRequestHandler else {}
+    run_simple(args.host, args.port, app, threaded=False, processes=1, **options)
 
 
 if __name__ == "__main__":

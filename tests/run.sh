@@ -8,10 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! python3 -c 'import moto.server, flask' >/dev/null 2>&1 && [ ! -x .venv/bin/moto_server ]; then
+# Always the project's own moto in .venv: a moto elsewhere on the machine may be another
+# release (5.2.1 lacks what tests/moto_single_threaded.py imports from 5.2.5).
+if [ ! -x .venv/bin/moto_server ]; then
   echo "== installing moto[server] into .venv"
-  python3 -m venv .venv
-  .venv/bin/pip install --quiet 'moto[server]>=5,<6'
+  [ -x .venv/bin/pip ] || python3 -m venv .venv
+  .venv/bin/pip install --quiet 'moto[server]>=5.2.5,<6'
 fi
 # The template tools, in the same venv (zig links the arm64 binaries for cargo-lambda).
 if [ ! -x .venv/bin/sam ] || [ ! -x .venv/bin/cfn-lint ] || [ ! -x .venv/bin/cargo-lambda ] \
