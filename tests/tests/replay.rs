@@ -25,8 +25,9 @@ use einmal::pipeline::replay::{BulkSelector, ItemOutcome, Operator, Replayer};
 use einmal::pipeline::sweep::Sweeper;
 use einmal::ports::{
     DeadLetterQueue, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxReplay, InboxState,
-    InboxSweep, Queue,
+    InboxSweep, Queue, QueueError, QueueMessage,
 };
+use einmal::time::now_millis;
 use einmal_tests::fixtures::FailingQueue;
 use einmal_tests::moto;
 use einmal_tests::scenario::{
@@ -692,6 +693,167 @@ async fn replay_without_its_send_is_sent_by_the_sweeper(kind: Kind) {
     );
 }
 
+// ---------------------------------------------------------------------------
+// 5. A sweep while a dead-letter replay runs: the old dead letter must not send the
+// replayed item back to `dead_letter` (its new message would then be refused).
+
+/// Fault injection: every pointer sent through it is followed, before `send` returns, by
+/// one sweeper pass: the sweep runs right after the replay's requeue and send, before
+/// anything else the replay does.
+struct SweepAfterSend {
+    inner: Arc<dyn Queue>,
+    sweeper: Sweeper,
+}
+
+#[async_trait::async_trait]
+impl Queue for SweepAfterSend {
+    async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        self.inner.send(message).await?;
+        self.sweeper.sweep_once(now_millis()).await;
+        Ok(())
+    }
+    async fn receive(
+        &self,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<einmal::ports::Delivery>, QueueError> {
+        self.inner.receive(max, visibility).await
+    }
+    async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
+        self.inner.ack(receipt).await
+    }
+    async fn change_visibility(
+        &self,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.change_visibility(receipt, visibility).await
+    }
+    async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        self.inner.send_dead_letter(message).await
+    }
+    async fn receive_dead_letters(
+        &self,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<einmal::ports::Delivery>, QueueError> {
+        self.inner.receive_dead_letters(max, visibility).await
+    }
+}
+
+impl Rig {
+    fn sweeper(&self) -> Sweeper {
+        Sweeper::new(
+            self.inbox.clone(),
+            self.sweep.clone(),
+            self.processing.clone(),
+            self.queue.clone(),
+        )
+    }
+
+    /// The unknown-SKU order dead-lettered, its pointer in the DLQ, the SKU then added.
+    async fn fixed_dead_letter(&self) -> InboxKey {
+        self.seed(RED, 10).await;
+        let event = unknown_sku_order();
+        let key = event.inbox_key();
+        self.send(&self.ingestor(), &event).await;
+        self.drain(1).await;
+        assert_eq!(self.item(&key).await.state, InboxState::DeadLetter);
+        assert_eq!(self.dead_letters().await, std::slice::from_ref(&key));
+        self.seed(NOPE, 5).await;
+        key
+    }
+}
+
+async fn sweep_during_a_dead_letter_replay_keeps_it_replayed(kind: Kind) {
+    let r = rig(kind).await;
+    let key = r.fixed_dead_letter().await;
+    let queue: Arc<dyn Queue> = Arc::new(SweepAfterSend {
+        inner: r.queue.clone(),
+        sweeper: r.sweeper(),
+    });
+    let replayer = Replayer::new(
+        r.inbox.clone(),
+        r.replay.clone(),
+        queue,
+        r.dead_letters.clone(),
+        r.audit.clone(),
+    );
+    let report = replayer
+        .replay_one(&key, false, &operator("SKU added; a sweep runs meanwhile"))
+        .await
+        .expect("replay");
+    assert_eq!(report.outcomes, [(key.clone(), ItemOutcome::Replayed)]);
+    assert_eq!(report.summary.dead_letters_removed, 1, "{}", r.name);
+    assert_eq!(
+        r.item(&key).await.state,
+        InboxState::Queued,
+        "{}: the sweep left the replayed item alone",
+        r.name
+    );
+
+    r.drain(1).await;
+    let done = r.item(&key).await;
+    assert_eq!(done.state, InboxState::Completed, "{}", r.name);
+    assert_eq!(
+        (r.on_hand(RED).await, r.on_hand(NOPE).await),
+        (9, 3),
+        "{}: applied once",
+        r.name
+    );
+    assert!(r.dead_letters().await.is_empty(), "{}: DLQ empty", r.name);
+    // A later sweep changes nothing.
+    let after = r.sweeper().sweep_once(now_millis() + 120_000).await;
+    assert_eq!(after.dead_lettered, 0, "{}: {after:?}", r.name);
+    assert_eq!(r.item(&key).await, done, "{}", r.name);
+}
+
+// ---------------------------------------------------------------------------
+// 6. A dead-letter replay whose send fails ends `queued` with no dead letter: the
+// sweeper re-sends it (and does not mark it `dead_letter` again); it completes once.
+
+async fn dead_letter_replay_whose_send_fails_is_sent_by_the_sweeper(kind: Kind) {
+    let r = rig(kind).await;
+    let key = r.fixed_dead_letter().await;
+    let failing: Arc<dyn Queue> = Arc::new(FailingQueue::new(r.queue.clone(), vec![1]));
+    let replayer = Replayer::new(
+        r.inbox.clone(),
+        r.replay.clone(),
+        failing,
+        r.dead_letters.clone(),
+        r.audit.clone(),
+    );
+    let report = replayer
+        .replay_one(&key, false, &operator("SKU added; the send fails"))
+        .await
+        .expect("replay");
+    assert_eq!(report.outcomes, [(key.clone(), ItemOutcome::Failed)]);
+    let queued = r.item(&key).await;
+    assert_eq!(queued.state, InboxState::Queued, "{}", r.name);
+
+    let swept = r.sweeper().sweep_once(queued.updated_at_ms + 61_000).await;
+    assert_eq!(
+        (swept.reenqueued, swept.dead_lettered),
+        (1, 0),
+        "{}: {swept:?}",
+        r.name
+    );
+    r.drain(1).await;
+    assert_eq!(
+        r.item(&key).await.state,
+        InboxState::Completed,
+        "{}",
+        r.name
+    );
+    assert_eq!(
+        (r.on_hand(RED).await, r.on_hand(NOPE).await),
+        (9, 3),
+        "{}: applied once",
+        r.name
+    );
+    assert!(r.dead_letters().await.is_empty(), "{}: DLQ empty", r.name);
+}
+
 macro_rules! on_both_backends {
     ($($scenario:ident),* $(,)?) => {
         mod embedded_store {
@@ -718,4 +880,6 @@ on_both_backends!(
     bulk_replay_shows_progress_and_keeps_the_business_state,
     dry_run_changes_nothing,
     replay_without_its_send_is_sent_by_the_sweeper,
+    sweep_during_a_dead_letter_replay_keeps_it_replayed,
+    dead_letter_replay_whose_send_fails_is_sent_by_the_sweeper,
 );

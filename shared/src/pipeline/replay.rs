@@ -5,9 +5,15 @@
 //! ([`InboxReplay::requeue`], one conditional write), its pointer is sent to the main
 //! queue, and the processor claims it like any other message, so its effect keys
 //! still keep every effect to once. A `completed` / `ignored` item stays as it is
-//! unless forced. Dead letters for replayed items are then removed from the DLQ:
-//! received, and deleted only after the pointer was re-sent (no
-//! StartMessageMoveTask, so it works on moto too). Every real run appends one audit
+//! unless forced. The dead letters of the items to replay are removed from the DLQ
+//! *before* the requeue (received and deleted; no StartMessageMoveTask, so it works on
+//! moto too): the sweeper marks `dead_letter` any unfinished item whose pointer sits in
+//! the DLQ, so an old dead letter still there after the requeue would send the replayed
+//! item back to `dead_letter` and its new message would be refused. A crash between the
+//! delete and the requeue leaves a `dead_letter` item without a DLQ message: still listed
+//! by `einmal dlq list` (it reads the inbox) and replayable. A requeue whose send fails
+//! leaves a `queued` item with no dead letter, which the sweeper re-sends once stale.
+//! Every real run appends one audit
 //! record: who, when, why, which events, result. A dry run changes nothing and writes
 //! no audit record.
 
@@ -109,7 +115,7 @@ pub struct ReplaySummary {
     pub busy: usize,
     pub missing: usize,
     pub failed: usize,
-    /// Dead letters removed from the DLQ after their pointer was re-sent.
+    /// Dead letters removed from the DLQ (before their items were requeued).
     pub dead_letters_removed: usize,
     pub dry_run: bool,
 }
@@ -193,13 +199,23 @@ impl Replayer {
             matched: 1,
             ..Default::default()
         };
+        // Its dead letter goes first (see the module doc); an unreadable item is
+        // requeued anyway and keeps its dead letter.
+        let to_replay: HashSet<InboxKey> = match self.inbox.get(key).await {
+            Ok(Some(item))
+                if would_replay(&item, force, (self.now_ms)()) == ItemOutcome::Replayed =>
+            {
+                HashSet::from([key.clone()])
+            }
+            Ok(_) => HashSet::new(),
+            Err(e) => {
+                tracing::warn!(pk = %key, error = %e, "replay: cannot read the item");
+                HashSet::new()
+            }
+        };
+        summary.dead_letters_removed = self.sift_dead_letters(&to_replay).await;
         let outcome = self.replay_item(key, force).await;
         summary.count(outcome);
-        let replayed: HashSet<InboxKey> = (outcome == ItemOutcome::Replayed)
-            .then(|| key.clone())
-            .into_iter()
-            .collect();
-        summary.dead_letters_removed = self.sift_dead_letters(&replayed).await;
         let outcomes = vec![(key.clone(), outcome)];
         let selector = json!({ "pk": key.as_str(), "force": force });
         let audit_id = self
@@ -250,7 +266,16 @@ impl Replayer {
             ..Default::default()
         };
         let mut outcomes = Vec::with_capacity(total);
-        let mut replayed = HashSet::new();
+        if !dry_run {
+            // The dead letters of the items to replay go first (see the module doc).
+            let now_ms = (self.now_ms)();
+            let to_replay: HashSet<InboxKey> = items
+                .iter()
+                .filter(|item| would_replay(item, selector.force, now_ms) == ItemOutcome::Replayed)
+                .map(|item| item.key.clone())
+                .collect();
+            summary.dead_letters_removed = self.sift_dead_letters(&to_replay).await;
+        }
         for (i, item) in items.iter().enumerate() {
             let outcome = if dry_run {
                 would_replay(item, selector.force, (self.now_ms)())
@@ -258,9 +283,6 @@ impl Replayer {
                 self.replay_item(&item.key, selector.force).await
             };
             summary.count(outcome);
-            if outcome == ItemOutcome::Replayed && !dry_run {
-                replayed.insert(item.key.clone());
-            }
             progress(Progress {
                 done: i + 1,
                 total,
@@ -276,7 +298,6 @@ impl Replayer {
                 audit_id: None,
             });
         }
-        summary.dead_letters_removed = self.sift_dead_letters(&replayed).await;
         let selector = serde_json::to_value(selector).unwrap_or(Value::Null);
         let audit_id = self
             .write_audit("replay-bulk", operator, selector, &summary, &outcomes)
@@ -315,10 +336,10 @@ impl Replayer {
         }
     }
 
-    /// Delete the dead letters of `replayed` items (their pointers were re-sent);
-    /// release the others at once. Returns how many were deleted.
-    async fn sift_dead_letters(&self, replayed: &HashSet<InboxKey>) -> usize {
-        if replayed.is_empty() {
+    /// Delete the dead letters of the items about to be replayed; release the others
+    /// at once. Returns how many were deleted.
+    async fn sift_dead_letters(&self, to_replay: &HashSet<InboxKey>) -> usize {
+        if to_replay.is_empty() {
             return 0;
         }
         let mut removed = 0;
@@ -339,7 +360,7 @@ impl Replayer {
                 break;
             }
             for d in batch {
-                if replayed.contains(&d.message.pk) {
+                if to_replay.contains(&d.message.pk) {
                     match self.dead_letters.delete_dead_letter(&d.receipt).await {
                         Ok(()) => removed += 1,
                         Err(e) => {
