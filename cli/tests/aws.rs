@@ -46,6 +46,23 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A config with one Stripe tenant whose API (`api_base`) answers with `api_key`.
+fn write_stripe_config(path: &std::path::Path, api_base: &str, api_key: &str) {
+    std::fs::write(
+        path,
+        format!(
+            r#"
+[[tenant]]
+provider = "stripe"
+tenant = "{TENANT}"
+secrets = ["{STRIPE_SECRET}"]
+options = {{ api_base = "{api_base}", api_key = "{api_key}" }}
+"#
+        ),
+    )
+    .expect("config written");
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -525,19 +542,7 @@ async fn reconcile_with_backend_aws_ingests_the_missed_event_once() {
     let base = api.start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("einmal.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[[tenant]]
-provider = "stripe"
-tenant = "{TENANT}"
-secrets = ["{STRIPE_SECRET}"]
-options = {{ api_base = "{base}", api_key = "{API_KEY}" }}
-"#
-        ),
-    )
-    .expect("config written");
+    write_stripe_config(&config, &base, API_KEY);
     let config = config.to_str().expect("utf-8 path");
     let reconcile = |reason: &'static str| {
         let aws = &aws;
@@ -663,19 +668,7 @@ options = {{ api_base = "{base}", api_key = "{API_KEY}" }}
     // A refused credential: the run fails (exit 1), says which call failed and which
     // option to fix, on stderr and in --json; the checkpoint stays where it was.
     let refused = dir.path().join("refused.toml");
-    std::fs::write(
-        &refused,
-        format!(
-            r#"
-[[tenant]]
-provider = "stripe"
-tenant = "{TENANT}"
-secrets = ["{STRIPE_SECRET}"]
-options = {{ api_base = "{base}", api_key = "sk_test_wrong" }}
-"#
-        ),
-    )
-    .expect("config written");
+    write_stripe_config(&refused, &base, "sk_test_wrong");
     let out = aws
         .einmal(&[
             "reconcile",

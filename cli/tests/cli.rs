@@ -77,6 +77,28 @@ impl Drop for Server {
     }
 }
 
+/// Stock the demo tenant's two SKUs (10 red M, 5 blue L) in `data_dir`.
+fn stock_the_demo_skus(data_dir: &str) {
+    for (sku, qty) in [("SKU-RED-M", "10"), ("SKU-BLUE-L", "5")] {
+        let out = einmal(&[
+            "inventory",
+            "set",
+            "--tenant",
+            "demo",
+            sku,
+            "--on-hand",
+            qty,
+            "--data-dir",
+            data_dir,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -311,24 +333,7 @@ fn bad_cli_input_is_a_message_and_a_non_zero_exit() {
 fn serve_processes_events_and_orders_show_the_business_state() {
     let server = Server::start();
     let d = server.dir();
-    for (sku, qty) in [("SKU-RED-M", "10"), ("SKU-BLUE-L", "5")] {
-        let out = einmal(&[
-            "inventory",
-            "set",
-            "--tenant",
-            "demo",
-            sku,
-            "--on-hand",
-            qty,
-            "--data-dir",
-            d,
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    stock_the_demo_skus(d);
     let create = einmal(&[
         "send",
         "--provider",
@@ -731,24 +736,7 @@ fn serve_enqueues_on_start_what_a_killed_serve_stored_but_never_sent() {
 
     let data_dir = tempfile::tempdir().unwrap();
     let d = data_dir.path().to_str().unwrap().to_string();
-    for (sku, qty) in [("SKU-RED-M", "10"), ("SKU-BLUE-L", "5")] {
-        let out = einmal(&[
-            "inventory",
-            "set",
-            "--tenant",
-            "demo",
-            sku,
-            "--on-hand",
-            qty,
-            "--data-dir",
-            &d,
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    stock_the_demo_skus(&d);
     // The dead process: the same ingest path on the same store, dying at its send.
     let config = Arc::new(Config::load(&repo().join("einmal.toml")).expect("einmal.toml"));
     let body =

@@ -57,6 +57,18 @@ pub fn config() -> Arc<Config> {
 }
 
 /// A Stripe event body of roughly `pad` extra bytes.
+/// A GoPay notification: a GET with only the payment id in the query, on the
+/// tenant's `path_token` URL.
+pub fn gopay_hint(id: u64, path_token: &str) -> WebhookRequest {
+    WebhookRequest {
+        method: http::Method::GET,
+        headers: http::HeaderMap::new(),
+        query: Some(format!("id={id}")),
+        body: Default::default(),
+        path_token: Some(path_token.to_string()),
+    }
+}
+
 pub fn stripe_body(event_id: &str, pad: usize) -> Vec<u8> {
     serde_json::json!({
         "id": event_id,

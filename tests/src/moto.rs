@@ -325,6 +325,17 @@ pub async fn aws_store(moto: &Moto, counter: Option<CallCounter>) -> (AwsStore, 
     (store, names)
 }
 
+/// The DynamoDB operation an intercepted request calls, from its `x-amz-target`
+/// header (`DynamoDB_20120810.PutItem` -> `PutItem`; `?` without one).
+pub fn operation_of<'a>(context: &'a BeforeTransmitInterceptorContextRef<'_>) -> &'a str {
+    let target = context
+        .request()
+        .headers()
+        .get("x-amz-target")
+        .unwrap_or("?");
+    target.rsplit('.').next().unwrap_or(target)
+}
+
 /// Records the DynamoDB operation of every HTTP attempt (from `X-Amz-Target`,
 /// e.g. `PutItem`), so tests can check which call a port method made.
 #[derive(Debug, Clone, Default)]
@@ -360,15 +371,8 @@ impl Intercept for OperationLog {
         _runtime_components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let target = context
-            .request()
-            .headers()
-            .get("x-amz-target")
-            .unwrap_or("?");
-        // `DynamoDB_20120810.PutItem` -> `PutItem`
-        let operation = target.rsplit('.').next().unwrap_or(target).to_string();
         if let Ok(mut ops) = self.0.lock() {
-            ops.push(operation);
+            ops.push(operation_of(context).to_string());
         }
         Ok(())
     }

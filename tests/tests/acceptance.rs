@@ -18,6 +18,7 @@ use einmal::pipeline::process::{AckMode, MessageOutcome, ALREADY_APPLIED};
 use einmal::ports::{ClaimOutcome, Finish, InboxState, Queue};
 use einmal_tests::fixtures::FailingQueue;
 use einmal_tests::moto::OperationLog;
+use einmal_tests::on_both_backends;
 use einmal_tests::scenario::{
     self, assert_no_regression, check_invariants, data_of, drain, drain_until, orders_create,
     orders_paid, retry_delays, sample, step, yesterday, Backend, CommitFails, Event, FinishFails,
@@ -1047,27 +1048,6 @@ async fn one_refund_from_two_providers_and_two_payments_are_counted_once(kind: K
     );
     assert_eq!(b.on_hand(RED).await, 10 - 2);
     check_invariants(&b, &SEEDS).await;
-}
-
-macro_rules! on_both_backends {
-    ($($scenario:ident),* $(,)?) => {
-        mod embedded_store {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(super::Kind::Embedded).await
-                }
-            )*
-        }
-        mod aws_moto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(super::Kind::Aws).await
-                }
-            )*
-        }
-    };
 }
 
 on_both_backends!(

@@ -105,11 +105,7 @@ impl Intercept for LoseFirstPutResponse {
         _runtime_components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let is_put = context
-            .request()
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|target| target.ends_with(".PutItem"));
+        let is_put = moto::operation_of(context) == "PutItem";
         self.attempt_is_put.store(is_put, Ordering::SeqCst);
         Ok(())
     }

@@ -424,9 +424,8 @@ impl Intercept for Capture {
         _runtime_components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let op = moto::operation_of(context).to_string();
         let request = context.request();
-        let target = request.headers().get("x-amz-target").unwrap_or("?");
-        let op = target.rsplit('.').next().unwrap_or(target).to_string();
         let body = request.body().bytes().expect("a buffered request body");
         let request: Value = serde_json::from_slice(body)?;
         let (mut targets, consistent) = self.targets(&op, &request);

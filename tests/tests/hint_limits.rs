@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use einmal::config::Config;
 use einmal::pipeline::ingest::Ingestor;
-use einmal::request::WebhookRequest;
-use einmal_tests::fixtures::{all_items, drain};
+use einmal_tests::fixtures::{all_items, drain, gopay_hint};
 use einmal_tests::scenario::{self, Backend};
 
 const TOKEN: &str = "tok-gopay-burst";
@@ -36,16 +35,6 @@ options = {{ path_token = "{TOKEN}", access_token = "unused" }}
     Arc::new(Config::from_toml(&toml).expect("config parses"))
 }
 
-fn gopay_hint(id: u64) -> WebhookRequest {
-    WebhookRequest {
-        method: http::Method::GET,
-        headers: http::HeaderMap::new(),
-        query: Some(format!("id={id}")),
-        body: Default::default(),
-        path_token: Some(TOKEN.to_string()),
-    }
-}
-
 async fn burst_of_distinct_hints_stores_at_most_the_limit(b: Backend) {
     let clock = Arc::new(AtomicI64::new(T0_MS));
     let now = clock.clone();
@@ -57,7 +46,7 @@ async fn burst_of_distinct_hints_stores_at_most_the_limit(b: Backend) {
     let mut limited = 0;
     for id in 0..2_000u64 {
         let r = ingest
-            .ingest("gopay", "shop", &gopay_hint(3_000_000_000 + id))
+            .ingest("gopay", "shop", &gopay_hint(3_000_000_000 + id, TOKEN))
             .await;
         match r.status {
             200 => accepted += 1,
@@ -84,7 +73,7 @@ async fn burst_of_distinct_hints_stores_at_most_the_limit(b: Backend) {
     // nothing new and gives its token back.
     clock.fetch_add(100, Ordering::SeqCst);
     let r = ingest
-        .ingest("gopay", "shop", &gopay_hint(3_000_000_000))
+        .ingest("gopay", "shop", &gopay_hint(3_000_000_000, TOKEN))
         .await;
     assert_eq!(
         (r.status, &r.body["duplicate"]),
@@ -94,17 +83,17 @@ async fn burst_of_distinct_hints_stores_at_most_the_limit(b: Backend) {
     );
     // The duplicate gave back the token the 100 ms refilled, so one new hint fits.
     let r = ingest
-        .ingest("gopay", "shop", &gopay_hint(4_000_000_000))
+        .ingest("gopay", "shop", &gopay_hint(4_000_000_000, TOKEN))
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
     let r = ingest
-        .ingest("gopay", "shop", &gopay_hint(4_000_000_001))
+        .ingest("gopay", "shop", &gopay_hint(4_000_000_001, TOKEN))
         .await;
     assert_eq!(r.status, 429, "{}", r.body);
 
     // Another tenant has its own budget.
     let r = ingest
-        .ingest("gopay", "other", &gopay_hint(5_000_000_000))
+        .ingest("gopay", "other", &gopay_hint(5_000_000_000, TOKEN))
         .await;
     assert_eq!(r.status, 200, "{}", r.body);
 
@@ -113,7 +102,7 @@ async fn burst_of_distinct_hints_stores_at_most_the_limit(b: Backend) {
     let mut later = 0;
     for id in 0..(limit as u64 + 1) {
         if ingest
-            .ingest("gopay", "shop", &gopay_hint(6_000_000_000 + id))
+            .ingest("gopay", "shop", &gopay_hint(6_000_000_000 + id, TOKEN))
             .await
             .status
             == 200
@@ -132,14 +121,14 @@ async fn the_limit_is_configurable_per_tenant(b: Backend) {
     for id in 0..20 {
         statuses.push(
             ingest
-                .ingest("gopay", "shop", &gopay_hint(1_000 + id))
+                .ingest("gopay", "shop", &gopay_hint(1_000 + id, TOKEN))
                 .await
                 .status,
         );
     }
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 5);
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 15);
-    let r = ingest.ingest("gopay", "shop", &gopay_hint(99)).await;
+    let r = ingest.ingest("gopay", "shop", &gopay_hint(99, TOKEN)).await;
     assert_eq!(r.retry_after_secs, Some(12), "5 a minute: one every 12 s");
     assert_eq!(all_items(&*b.inbox).await.len(), 5);
 }

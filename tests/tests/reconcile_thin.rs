@@ -28,6 +28,7 @@ use einmal::reconcile::{
 };
 use einmal::request::WebhookRequest;
 use einmal_tests::fake_thin_api::{query_param, Credentials, FakeThinApi, Options};
+use einmal_tests::fixtures::gopay_hint;
 use einmal_tests::moto::{self, OperationLog};
 use einmal_tests::scenario::{self, Backend, Kind};
 use serde_json::{json, Value};
@@ -239,16 +240,6 @@ fn mollie_hint(id: &str) -> WebhookRequest {
     r
 }
 
-fn gopay_hint(id: u64) -> WebhookRequest {
-    WebhookRequest {
-        method: http::Method::GET,
-        headers: http::HeaderMap::new(),
-        query: Some(format!("id={id}")),
-        body: Default::default(),
-        path_token: Some(GOPAY_TOKEN.into()),
-    }
-}
-
 fn klarna_hint(id: &str) -> WebhookRequest {
     let mut r = WebhookRequest::post(http::HeaderMap::new(), "");
     r.query = Some(format!("klarna_order_id={id}"));
@@ -428,7 +419,7 @@ async fn gopay_status_change_never_announced(b: Backend, operations: Option<Oper
         .set(&gopay_path(open), gopay_payment(open, "CREATED", "g-3"));
     let start = einmal::time::now_secs();
     for id in [late, paid, open] {
-        assert!(!h.hint("gopay", gopay_hint(id)).await);
+        assert!(!h.hint("gopay", gopay_hint(id, GOPAY_TOKEN)).await);
     }
     let hinted = einmal::time::now_secs();
     h.drain().await;
@@ -491,7 +482,7 @@ async fn gopay_status_change_never_announced(b: Backend, operations: Option<Oper
     assert_eq!(h.paid_effects("g-1").await, 1);
     assert_eq!(h.paid_effects("g-3").await, 0);
     // GoPay's notification turns up after all: no second effect.
-    assert!(!h.late_hint("gopay", gopay_hint(late)).await);
+    assert!(!h.late_hint("gopay", gopay_hint(late, GOPAY_TOKEN)).await);
     h.drain().await;
     assert_eq!(h.paid_effects("g-1").await, 1);
     let state_after = h.b.business_state().await;
@@ -536,7 +527,7 @@ async fn gopay_lookup_error_fails_the_run_and_keeps_the_checkpoint() {
     let id = 3_000_000_201u64;
     h.api
         .set(&gopay_path(id), gopay_payment(id, "CREATED", "g-9"));
-    assert!(!h.hint("gopay", gopay_hint(id)).await);
+    assert!(!h.hint("gopay", gopay_hint(id, GOPAY_TOKEN)).await);
     h.drain().await;
     h.api.set(&gopay_path(id), gopay_payment(id, "PAID", "g-9"));
     h.api.fail_next(&gopay_path(id), &[503]);

@@ -15,6 +15,7 @@ use einmal::domain::reference::{OrderStatus, PaymentStatus};
 use einmal::ports::InboxState;
 use einmal::providers;
 use einmal::request::WebhookRequest;
+use einmal_tests::on_both_backends;
 use einmal_tests::scenario::{data_of, drain, sample, Backend, Event, Kind, TENANT};
 use serde_json::json;
 
@@ -259,27 +260,6 @@ async fn slack_url_verification_is_answered_and_nothing_stored(kind: Kind) {
         .receive_all(std::time::Duration::from_secs(30))
         .await
         .is_empty());
-}
-
-macro_rules! on_both_backends {
-    ($($scenario:ident),* $(,)?) => {
-        mod embedded_store {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(super::Kind::Embedded).await
-                }
-            )*
-        }
-        mod aws_moto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(super::Kind::Aws).await
-                }
-            )*
-        }
-    };
 }
 
 on_both_backends!(

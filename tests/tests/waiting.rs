@@ -11,6 +11,7 @@ use einmal::domain::reference::order_key;
 use einmal::pipeline::process::Processor;
 use einmal::pipeline::sweep::{SweepSettings, Sweeper};
 use einmal::ports::InboxState;
+use einmal_tests::on_both_backends;
 use einmal_tests::scenario::{
     self, drain, fulfillment, orders_create, orders_updated, shopify_refund, step, Backend, Event,
     Kind, TENANT,
@@ -254,27 +255,6 @@ async fn a_configured_wait_window_applies(kind: Kind) {
         "{:?}",
         item.last_error
     );
-}
-
-macro_rules! on_both_backends {
-    ($($scenario:ident),* $(,)?) => {
-        mod embedded_store {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(super::Kind::Embedded).await
-                }
-            )*
-        }
-        mod aws_moto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $scenario() {
-                    super::$scenario(super::Kind::Aws).await
-                }
-            )*
-        }
-    };
 }
 
 on_both_backends!(

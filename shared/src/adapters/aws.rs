@@ -15,6 +15,7 @@
 pub(crate) mod error;
 mod hints;
 mod item;
+mod query;
 mod replay;
 mod setup;
 mod waiting;

@@ -228,6 +228,9 @@ impl DynamoStateStore {
         reads: &[ReadCheck],
     ) -> Result<CommitOutcome, StoreError> {
         let now = now_millis();
+        let unbuilt = |e: aws_sdk_dynamodb::error::BuildError| {
+            StoreError::Unavailable(format!("DynamoDB TransactWriteItems: {e}"))
+        };
         let mut items = Vec::with_capacity(writes.len());
         for w in writes {
             let (condition, names, values) = condition(w.expected_version);
@@ -238,9 +241,7 @@ impl DynamoStateStore {
                 .set_expression_attribute_names(Some(names))
                 .set_expression_attribute_values(values)
                 .build()
-                .map_err(|e| {
-                    StoreError::Unavailable(format!("DynamoDB TransactWriteItems: {e}"))
-                })?;
+                .map_err(unbuilt)?;
             items.push(TransactWriteItem::builder().put(put).build());
         }
         for r in reads {
@@ -252,9 +253,7 @@ impl DynamoStateStore {
                 .set_expression_attribute_names(Some(names))
                 .set_expression_attribute_values(values)
                 .build()
-                .map_err(|e| {
-                    StoreError::Unavailable(format!("DynamoDB TransactWriteItems: {e}"))
-                })?;
+                .map_err(unbuilt)?;
             items.push(TransactWriteItem::builder().condition_check(check).build());
         }
         let result = self

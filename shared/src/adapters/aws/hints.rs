@@ -13,13 +13,10 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
-use super::error::describe;
+use super::query::{pk_of, query_up_to};
 use super::{batch_keys, item, AwsStore, BATCH_GET_MAX};
 use crate::envelope::InboxKey;
 use crate::ports::{hint_scope_of, InboxHint, InboxHints, InboxState, StoreError};
-
-/// Largest Query page asked for.
-const QUERY_PAGE_MAX: usize = 1_000;
 
 #[async_trait]
 impl InboxHints for AwsStore {
@@ -57,43 +54,22 @@ impl AwsStore {
         since_ms: i64,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        let mut keys = Vec::new();
-        let mut start = None;
-        loop {
-            let page = (limit - keys.len()).min(QUERY_PAGE_MAX) as i32;
-            let out = self
-                .dynamodb
-                .query()
-                .table_name(&self.table)
-                .index_name(item::BY_HINT)
-                .key_condition_expression("#scope = :scope AND #received >= :since")
-                .expression_attribute_names("#scope", item::HINT_SCOPE)
-                .expression_attribute_names("#received", item::RECEIVED_AT_MS)
-                .expression_attribute_values(":scope", AttributeValue::S(scope.to_string()))
-                .expression_attribute_values(":since", AttributeValue::N(since_ms.to_string()))
-                .scan_index_forward(true)
-                .limit(page)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
-            for m in out.items.unwrap_or_default() {
-                match m.get(item::PK) {
-                    Some(AttributeValue::S(pk)) => keys.push(pk.clone()),
-                    _ => {
-                        return Err(StoreError::Corrupt(format!(
-                            "index {}: entry without a string pk",
-                            item::BY_HINT
-                        )))
-                    }
-                }
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() || keys.len() >= limit {
-                keys.truncate(limit);
-                return Ok(keys);
-            }
-        }
+        let query = self
+            .dynamodb
+            .query()
+            .table_name(&self.table)
+            .index_name(item::BY_HINT)
+            .key_condition_expression("#scope = :scope AND #received >= :since")
+            .expression_attribute_names("#scope", item::HINT_SCOPE)
+            .expression_attribute_names("#received", item::RECEIVED_AT_MS)
+            .expression_attribute_values(":scope", AttributeValue::S(scope.to_string()))
+            .expression_attribute_values(":since", AttributeValue::N(since_ms.to_string()))
+            .scan_index_forward(true);
+        query_up_to(query, limit)
+            .await?
+            .iter()
+            .map(|m| pk_of(m, item::BY_HINT))
+            .collect()
     }
 
     /// The hints of up to [`BATCH_GET_MAX`] keys (eventually consistent: a stale

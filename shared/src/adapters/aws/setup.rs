@@ -296,33 +296,21 @@ fn hint_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
 /// The waiters' sparse GSI: only parked items carry `wait_shard` / `wait_on` (hash,
 /// range), projecting the few attributes the wake and the sweeper need.
 fn wait_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
-    let err = |e: aws_sdk_dynamodb::error::BuildError| {
-        AwsSetupError::Resource(format!("table {table}: {e}"))
-    };
-    let key = |attribute: &str, key_type: KeyType| {
-        KeySchemaElement::builder()
-            .attribute_name(attribute)
-            .key_type(key_type)
-            .build()
-            .map_err(err)
-    };
-    GlobalSecondaryIndex::builder()
-        .index_name(item::BY_WAIT_SHARD)
-        .key_schema(key(item::WAIT_SHARD, KeyType::Hash)?)
-        .key_schema(key(item::WAIT_ON, KeyType::Range)?)
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::Include)
-                .set_non_key_attributes(Some(
-                    item::WAIT_INDEX_PROJECTION
-                        .iter()
-                        .map(|a| a.to_string())
-                        .collect(),
-                ))
-                .build(),
-        )
-        .build()
-        .map_err(err)
+    let projection = Projection::builder()
+        .projection_type(ProjectionType::Include)
+        .set_non_key_attributes(Some(
+            item::WAIT_INDEX_PROJECTION
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+        ))
+        .build();
+    inbox_index(
+        table,
+        item::BY_WAIT_SHARD,
+        (item::WAIT_SHARD, item::WAIT_ON),
+        projection,
+    )
 }
 
 /// A KEYS_ONLY inbox index `name`, hash `hash`, range `received_at_ms` (which never
@@ -331,6 +319,19 @@ fn keys_only_index(
     table: &str,
     name: &str,
     hash: &str,
+) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    let projection = Projection::builder()
+        .projection_type(ProjectionType::KeysOnly)
+        .build();
+    inbox_index(table, name, (hash, item::RECEIVED_AT_MS), projection)
+}
+
+/// An inbox index `name` keyed by `(hash, range)` with `projection`.
+fn inbox_index(
+    table: &str,
+    name: &str,
+    (hash, range): (&str, &str),
+    projection: Projection,
 ) -> Result<GlobalSecondaryIndex, AwsSetupError> {
     let err = |e: aws_sdk_dynamodb::error::BuildError| {
         AwsSetupError::Resource(format!("table {table}: {e}"))
@@ -345,12 +346,8 @@ fn keys_only_index(
     GlobalSecondaryIndex::builder()
         .index_name(name)
         .key_schema(key(hash, KeyType::Hash)?)
-        .key_schema(key(item::RECEIVED_AT_MS, KeyType::Range)?)
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::KeysOnly)
-                .build(),
-        )
+        .key_schema(key(range, KeyType::Range)?)
+        .projection(projection)
         .build()
         .map_err(err)
 }

@@ -11,13 +11,10 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::error::describe;
+use super::query::{pk_of, query_up_to};
 use super::{item, AwsStore};
 use crate::envelope::InboxKey;
 use crate::ports::{InboxState, StoreError, WaitingScan, WAITING_SCAN_MAX};
-
-/// Largest Query page asked for.
-const QUERY_PAGE_MAX: usize = 1_000;
 
 fn s(v: &str) -> AttributeValue {
     AttributeValue::S(v.to_string())
@@ -30,16 +27,6 @@ fn number(m: &item::Item, attr: &str) -> Option<i64> {
     }
 }
 
-fn pk_of(m: &item::Item) -> Result<String, StoreError> {
-    match m.get(item::PK) {
-        Some(AttributeValue::S(pk)) => Ok(pk.clone()),
-        _ => Err(StoreError::Corrupt(format!(
-            "index {}: entry without a string pk",
-            item::BY_WAIT_SHARD
-        ))),
-    }
-}
-
 impl AwsStore {
     /// Up to `limit` keys of the items parked on `record_pk`: one Query (paged).
     pub(super) async fn waiters_of(
@@ -47,38 +34,24 @@ impl AwsStore {
         record_pk: &str,
         limit: usize,
     ) -> Result<Vec<InboxKey>, StoreError> {
-        let mut keys = Vec::new();
-        let mut start = None;
-        while keys.len() < limit {
-            let page = (limit - keys.len()).min(QUERY_PAGE_MAX) as i32;
-            let out = self
-                .dynamodb
-                .query()
-                .table_name(&self.table)
-                .index_name(item::BY_WAIT_SHARD)
-                .key_condition_expression("#shard = :shard AND #on = :on")
-                .filter_expression("#state = :waiting")
-                .expression_attribute_names("#shard", item::WAIT_SHARD)
-                .expression_attribute_names("#on", item::WAIT_ON)
-                .expression_attribute_names("#state", item::STATE)
-                .expression_attribute_values(":shard", s(&item::sweep_shard(record_pk)))
-                .expression_attribute_values(":on", s(record_pk))
-                .expression_attribute_values(":waiting", s(InboxState::Waiting.as_str()))
-                .limit(page)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
-            for m in out.items.unwrap_or_default() {
-                keys.push(InboxKey::from_stored(pk_of(&m)?));
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                break;
-            }
-        }
-        keys.truncate(limit);
-        Ok(keys)
+        let query = self
+            .dynamodb
+            .query()
+            .table_name(&self.table)
+            .index_name(item::BY_WAIT_SHARD)
+            .key_condition_expression("#shard = :shard AND #on = :on")
+            .filter_expression("#state = :waiting")
+            .expression_attribute_names("#shard", item::WAIT_SHARD)
+            .expression_attribute_names("#on", item::WAIT_ON)
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_values(":shard", s(&item::sweep_shard(record_pk)))
+            .expression_attribute_values(":on", s(record_pk))
+            .expression_attribute_values(":waiting", s(InboxState::Waiting.as_str()));
+        query_up_to(query, limit)
+            .await?
+            .iter()
+            .map(|m| Ok(InboxKey::from_stored(pk_of(m, item::BY_WAIT_SHARD)?)))
+            .collect()
     }
 
     /// Every shard's entries, up to [`WAITING_SCAN_MAX`] in all: count and oldest wait
@@ -92,53 +65,40 @@ impl AwsStore {
         let mut scan = WaitingScan::default();
         let mut due: Vec<(i64, String)> = Vec::new();
         let mut read = 0usize;
-        'shards: for shard in item::sweep_shards() {
-            let mut start = None;
-            loop {
-                if read >= WAITING_SCAN_MAX {
-                    break 'shards;
-                }
-                let page = (WAITING_SCAN_MAX - read).min(QUERY_PAGE_MAX) as i32;
-                let out = self
-                    .dynamodb
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(item::BY_WAIT_SHARD)
-                    .key_condition_expression("#shard = :shard")
-                    .expression_attribute_names("#shard", item::WAIT_SHARD)
-                    .expression_attribute_values(":shard", s(&shard))
-                    .limit(page)
-                    .set_exclusive_start_key(start)
-                    .send()
-                    .await
-                    .map_err(|e| StoreError::Unavailable(describe("DynamoDB Query", &e)))?;
-                for m in out.items.unwrap_or_default() {
-                    read += 1;
-                    let state = match m.get(item::STATE) {
-                        Some(AttributeValue::S(state)) => InboxState::parse(state),
-                        _ => None,
-                    };
-                    let updated = number(&m, item::UPDATED_AT_MS).unwrap_or(i64::MIN);
-                    match state {
-                        Some(InboxState::Waiting) => {
-                            scan.count += 1;
-                            if let Some(since) = number(&m, item::WAITING_SINCE_MS) {
-                                scan.oldest_since_ms =
-                                    Some(scan.oldest_since_ms.map_or(since, |o| o.min(since)));
-                            }
+        for shard in item::sweep_shards() {
+            if read >= WAITING_SCAN_MAX {
+                break;
+            }
+            let query = self
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .index_name(item::BY_WAIT_SHARD)
+                .key_condition_expression("#shard = :shard")
+                .expression_attribute_names("#shard", item::WAIT_SHARD)
+                .expression_attribute_values(":shard", s(&shard));
+            for m in query_up_to(query, WAITING_SCAN_MAX - read).await? {
+                read += 1;
+                let state = match m.get(item::STATE) {
+                    Some(AttributeValue::S(state)) => InboxState::parse(state),
+                    _ => None,
+                };
+                let updated = number(&m, item::UPDATED_AT_MS).unwrap_or(i64::MIN);
+                match state {
+                    Some(InboxState::Waiting) => {
+                        scan.count += 1;
+                        if let Some(since) = number(&m, item::WAITING_SINCE_MS) {
+                            scan.oldest_since_ms =
+                                Some(scan.oldest_since_ms.map_or(since, |o| o.min(since)));
                         }
-                        // A woken waiter whose worker died (not in the sweeper's other
-                        // index): re-sent like a parked one once untouched that long.
-                        Some(InboxState::Processing) => {}
-                        _ => continue,
                     }
-                    if updated < due_before_ms {
-                        due.push((updated, pk_of(&m)?));
-                    }
+                    // A woken waiter whose worker died (not in the sweeper's other
+                    // index): re-sent like a parked one once untouched that long.
+                    Some(InboxState::Processing) => {}
+                    _ => continue,
                 }
-                start = out.last_evaluated_key;
-                if start.is_none() {
-                    break;
+                if updated < due_before_ms {
+                    due.push((updated, pk_of(&m, item::BY_WAIT_SHARD)?));
                 }
             }
         }
