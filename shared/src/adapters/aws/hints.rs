@@ -13,8 +13,10 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes};
 
+use super::batch_get::{batch_get, batch_keys, BATCH_GET_MAX};
+use super::item;
 use super::query::{pk_of, query_up_to};
-use super::{batch_keys, item, AwsStore, BATCH_GET_MAX};
+use super::AwsStore;
 use crate::envelope::InboxKey;
 use crate::ports::{hint_scope_of, InboxHint, InboxHints, InboxState, StoreError};
 
@@ -85,7 +87,7 @@ impl AwsStore {
             .expression_attribute_names("#received", item::RECEIVED_AT_MS)
             .build()
             .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
-        self.batch_get(wanted)
+        batch_get(&self.dynamodb, &self.table, wanted)
             .await?
             .into_iter()
             .map(|m| decode_hint(m).map_err(StoreError::Corrupt))

@@ -122,6 +122,16 @@ pub(crate) const BY_HINT: &str = "by_hint";
 
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
+/// A string attribute.
+pub(crate) fn s_attr(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_string())
+}
+
+/// A number attribute.
+pub(crate) fn n_attr(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
 pub(crate) fn encode(item: &InboxItem) -> Item {
     let env = &item.envelope;
     let mut m = Item::with_capacity(24);

@@ -6,7 +6,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::error::describe;
-use super::{item, AwsStore, DLQ_URL_ENV};
+use super::item::{self, s_attr};
+use super::{AwsStore, DLQ_URL_ENV};
 use crate::envelope::InboxKey;
 use crate::ports::{
     DeadLetterQueue, InboxItem, InboxReplay, InboxState, QueueError, RequeueOutcome, StoreError,
@@ -16,10 +17,6 @@ use crate::ports::{
 const REQUEUEABLE: &str =
     "attribute_exists(#pk) AND (#state IN (:dead, :retryable, :received, :queued, :waiting) \
      OR (#state = :processing AND (attribute_not_exists(#lease_until) OR #lease_until <= :now)))";
-
-fn s(v: &str) -> AttributeValue {
-    AttributeValue::S(v.to_string())
-}
 
 fn refused(
     old: Option<InboxItem>,
@@ -74,13 +71,13 @@ impl InboxReplay for AwsStore {
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
             .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
             .expression_attribute_names("#shard", item::SWEEP_SHARD)
-            .expression_attribute_values(":shard", s(&item::sweep_shard(key.as_str())))
-            .expression_attribute_values(":queued", s(InboxState::Queued.as_str()))
-            .expression_attribute_values(":dead", s(InboxState::DeadLetter.as_str()))
-            .expression_attribute_values(":retryable", s(InboxState::Retryable.as_str()))
-            .expression_attribute_values(":waiting", s(InboxState::Waiting.as_str()))
-            .expression_attribute_values(":received", s(InboxState::Received.as_str()))
-            .expression_attribute_values(":processing", s(InboxState::Processing.as_str()))
+            .expression_attribute_values(":shard", s_attr(&item::sweep_shard(key.as_str())))
+            .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
+            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
+            .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
+            .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()))
+            .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
+            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
             .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()));
         if force {
             condition = format!(
@@ -89,9 +86,9 @@ impl InboxReplay for AwsStore {
             set.push_str(", #result = :forced");
             request = request
                 .expression_attribute_names("#result", item::RESULT)
-                .expression_attribute_values(":completed", s(InboxState::Completed.as_str()))
-                .expression_attribute_values(":ignored", s(InboxState::Ignored.as_str()))
-                .expression_attribute_values(":forced", s("forced replay"));
+                .expression_attribute_values(":completed", s_attr(InboxState::Completed.as_str()))
+                .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
+                .expression_attribute_values(":forced", s_attr("forced replay"));
         }
         let result = request
             .condition_expression(condition)

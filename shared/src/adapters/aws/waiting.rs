@@ -11,14 +11,11 @@
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
+use super::item::{self, s_attr};
 use super::query::{pk_of, query_up_to};
-use super::{item, AwsStore};
+use super::AwsStore;
 use crate::envelope::InboxKey;
 use crate::ports::{InboxState, StoreError, WaitingScan, WAITING_SCAN_MAX};
-
-fn s(v: &str) -> AttributeValue {
-    AttributeValue::S(v.to_string())
-}
 
 fn number(m: &item::Item, attr: &str) -> Option<i64> {
     match m.get(attr) {
@@ -44,9 +41,9 @@ impl AwsStore {
             .expression_attribute_names("#shard", item::WAIT_SHARD)
             .expression_attribute_names("#on", item::WAIT_ON)
             .expression_attribute_names("#state", item::STATE)
-            .expression_attribute_values(":shard", s(&item::sweep_shard(record_pk)))
-            .expression_attribute_values(":on", s(record_pk))
-            .expression_attribute_values(":waiting", s(InboxState::Waiting.as_str()));
+            .expression_attribute_values(":shard", s_attr(&item::sweep_shard(record_pk)))
+            .expression_attribute_values(":on", s_attr(record_pk))
+            .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()));
         query_up_to(query, limit)
             .await?
             .iter()
@@ -76,7 +73,7 @@ impl AwsStore {
                 .index_name(item::BY_WAIT_SHARD)
                 .key_condition_expression("#shard = :shard")
                 .expression_attribute_names("#shard", item::WAIT_SHARD)
-                .expression_attribute_values(":shard", s(&shard));
+                .expression_attribute_values(":shard", s_attr(&shard));
             for m in query_up_to(query, WAITING_SCAN_MAX - read).await? {
                 read += 1;
                 let state = match m.get(item::STATE) {

@@ -1,0 +1,108 @@
+//! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
+//!
+//! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`,
+//! `sweep`, `hints`, `replay`; the shared parts are `item` (the inbox item's
+//! attributes), `batch_get`, `query` (paged index reads), `waiting` (the waiters'
+//! index), `error` (SDK error classification) and `setup` (tables, queues, config).
+//!
+//! Round trips are paid for, so each port method is one call where possible:
+//! `put_new` is a single conditional PutItem that returns the existing item on a
+//! duplicate (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), `send` one SendMessage.
+//! Conditional failures are matched on the SDK's service error variants, never on
+//! strings; every other failure is classified once in [`error`].
+//!
+//! The processor's inbox writes (`InboxProcessing`) are one UpdateItem each, with
+//! the allowed transitions in the condition expression: a claim returns the claimed
+//! item (body included) with `ReturnValues=ALL_NEW`, and on a failed condition the
+//! stored item (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), which tells a finished
+//! item from one leased by a live worker without a second read.
+
+mod batch_get;
+pub(crate) mod error;
+mod hints;
+mod inbox;
+mod item;
+mod query;
+mod queue;
+mod replay;
+mod setup;
+mod sweep;
+mod waiting;
+
+use aws_config::BehaviorVersion;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+pub use setup::{
+    config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,
+    load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,
+    CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
+};
+
+use crate::envelope::InboxKey;
+
+/// `list` with `limit == 0` returns this many items.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+
+/// DynamoDB inbox + SQS queue. Cheap to clone (the SDK clients are `Arc`s inside).
+#[derive(Debug, Clone)]
+pub struct AwsStore {
+    dynamodb: aws_sdk_dynamodb::Client,
+    sqs: aws_sdk_sqs::Client,
+    table: String,
+    queue_url: String,
+    dlq_url: Option<String>,
+}
+
+impl AwsStore {
+    pub fn new(
+        dynamodb: aws_sdk_dynamodb::Client,
+        sqs: aws_sdk_sqs::Client,
+        names: AwsNames,
+    ) -> Self {
+        AwsStore {
+            dynamodb,
+            sqs,
+            table: names.table,
+            queue_url: names.queue_url,
+            dlq_url: names.dlq_url,
+        }
+    }
+
+    /// Clients for both services from one shared SDK config.
+    pub fn from_sdk_config(sdk_config: &aws_config::SdkConfig, names: AwsNames) -> Self {
+        Self::new(
+            aws_sdk_dynamodb::Client::new(sdk_config),
+            aws_sdk_sqs::Client::new(sdk_config),
+            names,
+        )
+    }
+
+    /// Names from `EINMAL_INBOX_TABLE`, `EINMAL_QUEUE_URL`, `EINMAL_DLQ_URL`; clients
+    /// from the default provider chain (which honours `AWS_ENDPOINT_URL`, e.g. for moto).
+    pub async fn from_env() -> Result<Self, AwsSetupError> {
+        // Check the names first: a missing variable should fail before any AWS lookup.
+        let names = AwsNames::from_env()?;
+        let sdk_config = aws_config::load_defaults(BehaviorVersion::latest()).await;
+        Ok(Self::from_sdk_config(&sdk_config, names))
+    }
+
+    pub fn names(&self) -> AwsNames {
+        AwsNames {
+            table: self.table.clone(),
+            queue_url: self.queue_url.clone(),
+            dlq_url: self.dlq_url.clone(),
+        }
+    }
+
+    pub fn dynamodb(&self) -> &aws_sdk_dynamodb::Client {
+        &self.dynamodb
+    }
+
+    pub fn sqs(&self) -> &aws_sdk_sqs::Client {
+        &self.sqs
+    }
+
+    fn key_attr(key: &InboxKey) -> AttributeValue {
+        AttributeValue::S(key.as_str().to_string())
+    }
+}
