@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use einmal::adapters::aws::{create_queues, create_tables, AwsNames, AwsStore};
-use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, Order, ReferenceDomain, Sku};
 use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore};

@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::config::{
     RuntimeComponents,
 };
 use einmal::adapters::aws::{create_queues, create_tables, AwsNames, AwsStore};
-use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 
 /// The `moto_server` whose Python serves the tests (a path, or a name on PATH).
 pub const MOTO_BIN_ENV: &str = "EINMAL_MOTO_BIN";

@@ -45,7 +45,7 @@ use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::types::ProjectionType;
 use base64::Engine;
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
-use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, ReferenceDomain, Sku};
 use einmal::domain::state::{CommitOutcome, ReadCheck, StateKey, StateStore, StateWrite};
 use einmal::domain::DomainEvent;

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use einmal::adapters::aws::{
     CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
-use einmal::adapters::aws_state::{STATE_INDEX, STATE_TABLE_ENV};
+use einmal::adapters::aws::{STATE_INDEX, STATE_TABLE_ENV};
 use einmal::audit::AUDIT_TABLE_ENV;
 use einmal::pipeline::process::{LEASE_MS_ENV, MAX_RECEIVE_COUNT_ENV};
 use einmal::telemetry::catalog;
@@ -1181,7 +1181,7 @@ fn tables_mirror_the_code_and_are_protected() {
         Some(true)
     );
 
-    // State: as `create_state_table` in shared/src/adapters/aws_state.rs.
+    // State: as `create_state_table` in shared/src/adapters/aws/state.rs.
     let state = props(resource(&t, "StateTable"));
     assert_eq!(key_schema(state), vec![pair("pk", "HASH")]);
     let by_kind = index(state, STATE_INDEX);

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use einmal::adapters::aws::create_state_table;
 use einmal::adapters::aws::AwsStore;
-use einmal::adapters::aws_state::create_state_table;
 use einmal::ports::{Inbox, InboxState};
 use einmal_tests::fixtures::all_items;
 use einmal_tests::moto::{aws_store, unique_name, Moto};

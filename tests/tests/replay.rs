@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
-use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog, EmbeddedAuditLog};

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use einmal::adapters::aws_state::DynamoStateStore;
+use einmal::adapters::aws::DynamoStateStore;
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::{
     CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_RECORD_BYTES,
@@ -971,10 +971,10 @@ async fn aws_create_state_table_is_idempotent() {
     let sdk = moto::shared().sdk_config().await;
     let client = aws_sdk_dynamodb::Client::new(&sdk);
     let table = moto::unique_name("einmal-state-idem");
-    einmal::adapters::aws_state::create_state_table(&client, &table)
+    einmal::adapters::aws::create_state_table(&client, &table)
         .await
         .unwrap();
-    einmal::adapters::aws_state::create_state_table(&client, &table)
+    einmal::adapters::aws::create_state_table(&client, &table)
         .await
         .expect("second create accepts the existing table");
     let described = client
@@ -987,7 +987,7 @@ async fn aws_create_state_table_is_idempotent() {
     assert_eq!(indexes.len(), 1);
     assert_eq!(
         indexes[0].index_name(),
-        Some(einmal::adapters::aws_state::STATE_INDEX)
+        Some(einmal::adapters::aws::STATE_INDEX)
     );
 }
 

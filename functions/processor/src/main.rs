@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
+use einmal::adapters::aws::DynamoStateStore;
 use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore};
-use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::domain::reference::ReferenceDomain;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{ProcessSettings, Processor};

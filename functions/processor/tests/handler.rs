@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::SqsEvent;
-use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};

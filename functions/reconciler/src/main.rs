@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use einmal::adapters::aws::DynamoStateStore;
 use einmal::adapters::aws::{config_source_from_env, AwsStore};
-use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::audit::{AuditLog, DynamoAuditLog, AUDIT_TABLE_ENV};
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::Reconciler;

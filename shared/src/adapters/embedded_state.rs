@@ -29,7 +29,7 @@
 //! SQLite's own "too big", constraint and type-mismatch errors. Nothing here panics
 //! on bad data.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -39,6 +39,7 @@ use rusqlite::{
     params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior,
 };
 
+use crate::domain::state::check_writes;
 use crate::domain::state::{
     CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_RECORD_BYTES,
 };
@@ -253,43 +254,6 @@ impl Readers {
         }
         result
     }
-}
-
-/// Checks every adapter applies before it touches storage, so both answer the same
-/// for a malformed commit. These are caller bugs, not conflicts: they come back as
-/// `StoreError::Rejected` (retrying cannot help) with a message naming the key, and
-/// nothing is written.
-///
-/// - a key may appear only once per commit, as a write or a read check (DynamoDB
-///   refuses two operations on one item in a transaction);
-/// - the new version must be greater than the expected one, otherwise the version
-///   guard of the next writer would not see this write.
-pub(crate) fn check_writes(writes: &[StateWrite], reads: &[ReadCheck]) -> Result<(), StoreError> {
-    let mut seen = HashSet::with_capacity(writes.len() + reads.len());
-    for r in reads {
-        if !seen.insert(r.key.pk()) {
-            return Err(StoreError::Rejected(format!(
-                "invalid commit: {} is checked twice in one commit",
-                r.key.pk()
-            )));
-        }
-    }
-    for w in writes {
-        let pk = w.record.key.pk();
-        if w.record.version <= w.expected_version {
-            return Err(StoreError::Rejected(format!(
-                "invalid commit: {pk} writes version {} over expected version {}",
-                w.record.version, w.expected_version
-            )));
-        }
-        if !seen.insert(pk) {
-            return Err(StoreError::Rejected(format!(
-                "invalid commit: {} is written twice (or written and checked) in one commit",
-                w.record.key.pk()
-            )));
-        }
-    }
-    Ok(())
 }
 
 fn to_i64(v: u64, what: &str, pk: &str) -> Result<i64, StoreError> {

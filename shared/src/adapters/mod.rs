@@ -1,6 +1,5 @@
 //! Adapters for the storage ports: AWS (DynamoDB + SQS) and embedded (SQLite).
 
 pub mod aws;
-pub mod aws_state;
 pub mod embedded;
 pub mod embedded_state;

@@ -17,7 +17,7 @@
 //! so a domain that works locally does not fail on AWS). A write over the limit is
 //! `StoreError::Rejected`: permanent.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -166,4 +166,82 @@ pub trait StateStore: Send + Sync {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<StateRecord>, StoreError>;
+}
+
+/// Checks every adapter applies before it touches storage, so both answer the same
+/// for a malformed commit. These are caller bugs, not conflicts: they come back as
+/// `StoreError::Rejected` (retrying cannot help) with a message naming the key, and
+/// nothing is written.
+///
+/// - a key may appear only once per commit, as a write or a read check (DynamoDB
+///   refuses two operations on one item in a transaction);
+/// - the new version must be greater than the expected one, otherwise the version
+///   guard of the next writer would not see this write.
+pub(crate) fn check_writes(writes: &[StateWrite], reads: &[ReadCheck]) -> Result<(), StoreError> {
+    let mut seen = HashSet::with_capacity(writes.len() + reads.len());
+    for r in reads {
+        if !seen.insert(r.key.pk()) {
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: {} is checked twice in one commit",
+                r.key.pk()
+            )));
+        }
+    }
+    for w in writes {
+        let pk = w.record.key.pk();
+        if w.record.version <= w.expected_version {
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: {pk} writes version {} over expected version {}",
+                w.record.version, w.expected_version
+            )));
+        }
+        if !seen.insert(pk) {
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: {} is written twice (or written and checked) in one commit",
+                w.record.key.pk()
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(id: &str, expected_version: u64, version: u64) -> StateWrite {
+        let mut record = StateRecord::missing(StateKey::new("t1", "sku", id));
+        record.version = version;
+        StateWrite {
+            record,
+            expected_version,
+        }
+    }
+
+    fn check(id: &str) -> ReadCheck {
+        ReadCheck {
+            key: StateKey::new("t1", "sku", id),
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn well_formed_commits_pass() {
+        assert!(check_writes(&[write("a", 0, 1), write("b", 3, 4)], &[check("c")]).is_ok());
+    }
+
+    #[test]
+    fn malformed_commits_are_rejected_naming_the_key() {
+        for (writes, reads) in [
+            (vec![write("a", 0, 1), write("a", 1, 2)], vec![]),
+            (vec![write("a", 0, 1)], vec![check("a")]),
+            (vec![], vec![check("c"), check("c")]),
+            (vec![write("a", 2, 2)], vec![]),
+        ] {
+            match check_writes(&writes, &reads) {
+                Err(StoreError::Rejected(why)) => assert!(why.contains("t1#sku#"), "{why}"),
+                other => panic!("{writes:?} {reads:?}: {other:?}"),
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
 //!
 //! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`,
-//! `sweep`, `hints`, `replay`; the shared parts are `item` (the inbox item's
+//! `sweep`, `hints`, `replay`, `state` (the business records' `StateStore`); the shared parts are `item` (the inbox item's
 //! attributes), `batch_get`, `query` (paged index reads), `waiting` (the waiters'
 //! index), `error` (SDK error classification) and `setup` (tables, queues, config).
 //!
@@ -26,6 +26,7 @@ mod query;
 mod queue;
 mod replay;
 mod setup;
+mod state;
 mod sweep;
 mod waiting;
 
@@ -37,6 +38,7 @@ pub use setup::{
     load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,
     CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
+pub use state::{create_state_table, DynamoStateStore, STATE_INDEX, STATE_TABLE_ENV};
 
 use crate::envelope::InboxKey;
 

@@ -49,6 +49,14 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use super::batch_get::{batch_get, batch_keys, BATCH_GET_MAX};
+use super::error::describe;
+use super::AwsSetupError;
+use crate::domain::state::{
+    check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+};
+use crate::ports::StoreError;
+use crate::time::now_millis;
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -60,16 +68,6 @@ use aws_sdk_dynamodb::types::{
     IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType, Put,
     ScalarAttributeType, TableStatus, TransactWriteItem,
 };
-use rand::Rng;
-
-use super::aws::error::describe;
-use super::aws::AwsSetupError;
-use super::embedded_state::check_writes;
-use crate::domain::state::{
-    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
-};
-use crate::ports::StoreError;
-use crate::time::now_millis;
 
 /// State table name.
 pub const STATE_TABLE_ENV: &str = "EINMAL_STATE_TABLE";
@@ -82,15 +80,9 @@ const VALIDATION_ERROR_REASON: &str = "ValidationError";
 
 /// DynamoDB's limit of items in one TransactWriteItems.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
-/// DynamoDB's limit of keys in one BatchGetItem.
-pub const MAX_BATCH_GET_KEYS: usize = 100;
 /// `list` with `limit == 0` returns this many records (as the inbox listing does).
 pub const DEFAULT_LIST_LIMIT: usize = 100;
 
-/// Calls per BatchGetItem chunk before unprocessed keys make `load` fail.
-const BATCH_GET_ATTEMPTS: u32 = 8;
-const BATCH_GET_BASE_DELAY: Duration = Duration::from_millis(25);
-const BATCH_GET_MAX_DELAY: Duration = Duration::from_secs(1);
 /// A new PAY_PER_REQUEST table (and its GSI) is usually ACTIVE within seconds.
 const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -155,46 +147,15 @@ impl DynamoStateStore {
         Ok(out.item)
     }
 
-    /// One BatchGetItem for up to 100 distinct keys, plus retries of unprocessed keys.
+    /// One consistent BatchGetItem for up to 100 distinct keys (unprocessed keys retried).
     async fn get_batch(&self, pks: &[String], found: &mut Vec<Item>) -> Result<(), StoreError> {
-        let mut pending: Vec<Item> = pks
-            .iter()
-            .map(|pk| HashMap::from([(PK.to_string(), AttributeValue::S(pk.clone()))]))
-            .collect();
-        for attempt in 0..BATCH_GET_ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            let request = KeysAndAttributes::builder()
-                .set_keys(Some(std::mem::take(&mut pending)))
-                .consistent_read(true)
-                .build()
-                .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
-            let out = self
-                .client
-                .batch_get_item()
-                .request_items(&self.table, request)
-                .send()
-                .await
-                .map_err(|e| StoreError::Unavailable(describe("DynamoDB BatchGetItem", &e)))?;
-            // Only one table is asked for; take whatever name the service echoes.
-            for items in out.responses.unwrap_or_default().into_values() {
-                found.extend(items);
-            }
-            pending = out
-                .unprocessed_keys
-                .unwrap_or_default()
-                .into_values()
-                .flat_map(|k| k.keys)
-                .collect();
-            if pending.is_empty() {
-                return Ok(());
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "DynamoDB BatchGetItem: {} keys still unprocessed after {BATCH_GET_ATTEMPTS} calls",
-            pending.len()
-        )))
+        let wanted = KeysAndAttributes::builder()
+            .set_keys(Some(batch_keys(pks)))
+            .consistent_read(true)
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
+        found.extend(batch_get(&self.client, &self.table, wanted).await?);
+        Ok(())
     }
 
     async fn put_one(&self, w: &StateWrite) -> Result<CommitOutcome, StoreError> {
@@ -315,15 +276,6 @@ where
     }
 }
 
-/// Exponential backoff with full jitter: up to 25 ms, 50 ms, ... capped at 1 s.
-fn backoff(attempt: u32) -> Duration {
-    let cap = BATCH_GET_BASE_DELAY
-        .saturating_mul(1 << attempt.min(16))
-        .min(BATCH_GET_MAX_DELAY);
-    let millis = cap.as_millis() as u64;
-    Duration::from_millis(rand::thread_rng().gen_range(millis / 2..=millis))
-}
-
 /// 32 hex digits (DynamoDB allows up to 36 characters).
 fn request_token() -> String {
     format!("{:032x}", rand::random::<u128>())
@@ -439,7 +391,7 @@ impl StateStore for DynamoStateStore {
             [] => return Ok(Vec::new()),
             [pk] => items.extend(self.get_one(pk).await?),
             _ => {
-                for chunk in pks.chunks(MAX_BATCH_GET_KEYS) {
+                for chunk in pks.chunks(BATCH_GET_MAX) {
                     self.get_batch(chunk, &mut items).await?;
                 }
             }
@@ -704,12 +656,7 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_and_is_capped() {
-        for attempt in 1..20 {
-            let d = backoff(attempt);
-            assert!(d <= BATCH_GET_MAX_DELAY, "{d:?}");
-            assert!(d >= BATCH_GET_BASE_DELAY / 2, "{d:?}");
-        }
+    fn request_tokens_fit_dynamodb() {
         assert!(request_token().len() <= 36);
     }
 }
