@@ -19,11 +19,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use einmal::adapters::aws::AUDIT_TABLE_ENV;
 use einmal::adapters::aws::{
     CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
 use einmal::adapters::aws::{STATE_INDEX, STATE_TABLE_ENV};
-use einmal::audit::AUDIT_TABLE_ENV;
 use einmal::pipeline::process::{LEASE_MS_ENV, MAX_RECEIVE_COUNT_ENV};
 use einmal::telemetry::catalog;
 // Every function gets the deployment (stack) name: the `Deployment` dimension.
@@ -1196,7 +1196,7 @@ fn tables_mirror_the_code_and_are_protected() {
     let types = attribute_types(state);
     assert_eq!(types.get("tenant_kind").map(String::as_str), Some("S"));
 
-    // Audit: as `create_audit_table` in shared/src/audit.rs.
+    // Audit: as `create_audit_table` in shared/src/adapters/aws/audit.rs.
     let audit = props(resource(&t, "AuditTable"));
     assert_eq!(
         key_schema(audit),

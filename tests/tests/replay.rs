@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use einmal::adapters::aws::{create_audit_table, DynamoAuditLog};
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
-use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog, EmbeddedAuditLog};
+use einmal::audit::{AuditLog, EmbeddedAuditLog};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, ReferenceDomain, Sku, ORDER, SKU};
 use einmal::domain::state::{CommitOutcome, StateRecord, StateStore};
 use einmal::envelope::InboxKey;

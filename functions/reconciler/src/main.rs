@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use einmal::adapters::aws::DynamoStateStore;
 use einmal::adapters::aws::{config_source_from_env, AwsStore};
-use einmal::audit::{AuditLog, DynamoAuditLog, AUDIT_TABLE_ENV};
+use einmal::adapters::aws::{DynamoAuditLog, AUDIT_TABLE_ENV};
+use einmal::audit::AuditLog;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::Reconciler;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};

@@ -1,7 +1,7 @@
 //! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
 //!
 //! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`,
-//! `sweep`, `hints`, `replay`, `state` (the business records' `StateStore`); the shared parts are `item` (the inbox item's
+//! `sweep`, `hints`, `replay`, `state` (the business records' `StateStore`), `audit`; the shared parts are `item` (the inbox item's
 //! attributes), `batch_get`, `query` (paged index reads), `waiting` (the waiters'
 //! index), `error` (SDK error classification) and `setup` (tables, queues, config).
 //!
@@ -17,6 +17,7 @@
 //! stored item (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), which tells a finished
 //! item from one leased by a live worker without a second read.
 
+mod audit;
 mod batch_get;
 pub(crate) mod error;
 mod hints;
@@ -33,6 +34,7 @@ mod waiting;
 use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::types::AttributeValue;
 
+pub use audit::{create_audit_table, DynamoAuditLog, AUDIT_TABLE_ENV};
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,
     load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,
