@@ -6,8 +6,8 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use einmal::adapters::aws::AwsStore;
 use einmal::adapters::aws_state::DynamoStateStore;
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::StateStore;
 use einmal::ports::{Inbox, InboxHints, Queue};
 

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog, EmbeddedAuditLog};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, ReferenceDomain, Sku, ORDER, SKU};
 use einmal::domain::state::{CommitOutcome, StateRecord, StateStore};

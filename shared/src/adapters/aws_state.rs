@@ -64,7 +64,7 @@ use rand::Rng;
 
 use super::aws::error::describe;
 use super::aws::AwsSetupError;
-use super::embedded_state::check_writes;
+use super::embedded::state::check_writes;
 use crate::domain::state::{
     CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
 };

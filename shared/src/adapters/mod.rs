@@ -3,4 +3,3 @@
 pub mod aws;
 pub mod aws_state;
 pub mod embedded;
-pub mod embedded_state;

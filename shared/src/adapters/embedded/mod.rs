@@ -31,7 +31,10 @@
 
 mod hints;
 mod replay;
+pub(crate) mod state;
 mod waiting;
+
+pub use state::EmbeddedStateStore;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
