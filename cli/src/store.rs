@@ -93,7 +93,8 @@ impl StoreArgs {
     /// The audit log alone: `audit.sqlite` in --data-dir, or on AWS the table named by
     /// EINMAL_AUDIT_TABLE (`None` when that is not set).
     pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, String> {
-        use einmal::audit::{DynamoAuditLog, EmbeddedAuditLog, AUDIT_TABLE_ENV};
+        use einmal::adapters::embedded::EmbeddedAuditLog;
+        use einmal::audit::{DynamoAuditLog, AUDIT_TABLE_ENV};
         match self.backend {
             Backend::Embedded => {
                 let audit = EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
@@ -119,7 +120,8 @@ impl StoreArgs {
     /// The inbox, the replay service and the audit log (`audit.sqlite` in --data-dir,
     /// or the DynamoDB table named by EINMAL_AUDIT_TABLE).
     pub async fn open_ops(&self) -> Result<OpsStores, String> {
-        use einmal::audit::{AuditLog, DynamoAuditLog, EmbeddedAuditLog};
+        use einmal::adapters::embedded::EmbeddedAuditLog;
+        use einmal::audit::{AuditLog, DynamoAuditLog};
         use einmal::pipeline::replay::Replayer;
         match self.backend {
             Backend::Embedded => {

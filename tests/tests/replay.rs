@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::adapters::aws_state::{create_state_table, DynamoStateStore};
+use einmal::adapters::embedded::EmbeddedAuditLog;
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog, EmbeddedAuditLog};
+use einmal::audit::{create_audit_table, AuditLog, DynamoAuditLog};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, ReferenceDomain, Sku, ORDER, SKU};
 use einmal::domain::state::{CommitOutcome, StateRecord, StateStore};
 use einmal::envelope::InboxKey;
