@@ -343,11 +343,10 @@ impl InboxProcessing for EmbeddedStore {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::Duration;
 
     use super::*;
     use crate::adapters::embedded::tests::{item, msg, open};
-    use crate::ports::{Queue, QueueMessage};
+    use crate::ports::Queue;
 
     #[tokio::test]
     async fn insert_then_duplicate_returns_the_stored_item() {

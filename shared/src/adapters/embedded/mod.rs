@@ -244,7 +244,7 @@ mod tests {
 
     use rusqlite::Connection;
 
-    use super::{EmbeddedOptions, EmbeddedStore};
+    use super::{EmbeddedOptions, EmbeddedStore, DB_FILE};
     use crate::envelope::Envelope;
     use crate::ports::{
         Inbox, InboxFilter, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage,

@@ -313,12 +313,11 @@ impl Queue for EmbeddedStore {
 
 #[cfg(test)]
 mod tests {
-    use rusqlite::Connection;
-
     use super::*;
     use crate::adapters::embedded::tests::{item, msg, open};
     use crate::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-    use crate::ports::{Inbox, InboxState, PutOutcome};
+    use crate::envelope::InboxKey;
+    use crate::ports::{Inbox, InboxState};
 
     #[tokio::test]
     async fn send_dead_letter_goes_straight_to_the_dlq() {

@@ -245,7 +245,7 @@ mod tests {
     use crate::adapters::embedded::inbox::{get_item, put_item};
     use crate::adapters::embedded::tests::{item, msg, open};
     use crate::adapters::embedded::DB_FILE;
-    use crate::ports::{Inbox, PutOutcome, Queue, QueueError, StoreError};
+    use crate::ports::{Inbox, PutOutcome, Queue};
     use crate::time::now_millis;
 
     pub(super) static BATCHES: AtomicUsize = AtomicUsize::new(0);
@@ -346,7 +346,7 @@ mod tests {
     }
 
     /// Throughput sanity check: `cargo test --release -p einmal-shared --lib
-    /// adapters::embedded::tests::throughput -- --ignored --nocapture`
+    /// adapters::embedded::writer::tests::throughput -- --ignored --nocapture`
     /// (EINMAL_BENCH_TASKS, EINMAL_BENCH_WEBHOOKS to vary the load).
     #[test]
     #[ignore]
