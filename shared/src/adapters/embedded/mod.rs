@@ -8,7 +8,6 @@
 //!
 //! Reads (`get`, `list`) use a small pool of separate connections; WAL lets them
 //! run while the writer commits. A read that starts after a write returned sees it.
-//!
 
 mod audit;
 mod hints;

@@ -30,6 +30,7 @@ use super::{schema, DbError, EmbeddedStore, BUSY_TIMEOUT};
 /// Most operations committed in one transaction.
 pub(super) const MAX_BATCH: usize = 512;
 
+/// The writer thread's connection: WAL, `synchronous=FULL`, schema brought up to date.
 pub(super) fn open_writer(path: &Path) -> Result<Connection, DbError> {
     let conn = Connection::open_with_flags(
         path,
