@@ -6,8 +6,8 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use einmal::adapters::aws::AwsStore;
 use einmal::adapters::aws::DynamoStateStore;
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::StateStore;
 use einmal::ports::{Inbox, InboxHints, Queue};
 
@@ -94,7 +94,7 @@ impl StoreArgs {
     /// EINMAL_AUDIT_TABLE (`None` when that is not set).
     pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, String> {
         use einmal::adapters::aws::{DynamoAuditLog, AUDIT_TABLE_ENV};
-        use einmal::audit::EmbeddedAuditLog;
+        use einmal::adapters::embedded::EmbeddedAuditLog;
         match self.backend {
             Backend::Embedded => {
                 let audit = EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
@@ -121,7 +121,8 @@ impl StoreArgs {
     /// or the DynamoDB table named by EINMAL_AUDIT_TABLE).
     pub async fn open_ops(&self) -> Result<OpsStores, String> {
         use einmal::adapters::aws::DynamoAuditLog;
-        use einmal::audit::{AuditLog, EmbeddedAuditLog};
+        use einmal::adapters::embedded::EmbeddedAuditLog;
+        use einmal::audit::AuditLog;
         use einmal::pipeline::replay::Replayer;
         match self.backend {
             Backend::Embedded => {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
 use einmal::domain::reference::{
     order_key, seed_sku, sku_key, Invoice, LineItem, Notification, NotificationKind, Order,

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::EmbeddedStore;
-use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
 use einmal::domain::reference::ReferenceDomain;
 use einmal::pipeline::ingest::Ingestor;

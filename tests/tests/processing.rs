@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
 use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::{Envelope, InboxKey};

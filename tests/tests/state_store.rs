@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use einmal::adapters::aws::DynamoStateStore;
-use einmal::adapters::embedded_state::EmbeddedStateStore;
+use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::domain::state::{
     CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_RECORD_BYTES,
 };

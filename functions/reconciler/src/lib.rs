@@ -147,8 +147,8 @@ async fn report(
 mod tests {
     use std::sync::Arc;
 
+    use einmal::adapters::embedded::EmbeddedStateStore;
     use einmal::adapters::embedded::EmbeddedStore;
-    use einmal::adapters::embedded_state::EmbeddedStateStore;
     use einmal::config::Config;
     use einmal::pipeline::ingest::Ingestor;
 

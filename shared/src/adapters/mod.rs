@@ -2,4 +2,3 @@
 
 pub mod aws;
 pub mod embedded;
-pub mod embedded_state;

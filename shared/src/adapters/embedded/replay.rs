@@ -3,7 +3,8 @@
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{parse_receipt, DbError, EmbeddedStore};
+use super::queue::parse_receipt;
+use super::{DbError, EmbeddedStore};
 use crate::envelope::InboxKey;
 use crate::ports::{
     DeadLetterQueue, InboxReplay, InboxState, Queue, QueueError, RequeueOutcome, StoreError,

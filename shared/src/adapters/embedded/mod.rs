@@ -1,0 +1,399 @@
+//! Embedded adapter: every storage port on SQLite. The inbox and the work queue
+//! share one file (`einmal.sqlite`), the business records (`state.sqlite`) and the
+//! audit log (`audit.sqlite`) have their own.
+//!
+//! One file per port (`inbox`, `queue`, `sweep`, `hints`, `replay`, `state`,
+//! `audit`); `writer` is the group-commit writer thread every inbox and queue write
+//! goes through, `schema` the tables and migrations, `waiting` the parked items.
+//!
+//! Reads (`get`, `list`) use a small pool of separate connections; WAL lets them
+//! run while the writer commits. A read that starts after a write returned sees it.
+
+mod audit;
+mod hints;
+mod inbox;
+mod queue;
+mod replay;
+mod schema;
+mod state;
+mod sweep;
+mod waiting;
+mod writer;
+
+pub use audit::EmbeddedAuditLog;
+pub use state::EmbeddedStateStore;
+
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::ports::{QueueError, StoreError};
+use writer::Job;
+
+/// File name of the database inside the store directory.
+pub const DB_FILE: &str = "einmal.sqlite";
+
+/// Idle read connections kept open.
+const MAX_IDLE_READERS: usize = 4;
+/// How long a connection waits for a lock held by another process (e.g. the CLI).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Options of the embedded store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddedOptions {
+    /// Receives allowed per message before the next receive attempt moves it to
+    /// the dead-letter table (SQS `maxReceiveCount`).
+    pub max_receive_count: u32,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions {
+            max_receive_count: 5,
+        }
+    }
+}
+
+/// Inbox and queue in one SQLite file (`dir/einmal.sqlite`). Implements both
+/// [`Inbox`] and [`Queue`]; share it as `Arc<EmbeddedStore>`.
+pub struct EmbeddedStore {
+    path: PathBuf,
+    writer: Option<mpsc::Sender<Box<dyn Job>>>,
+    writer_thread: Option<JoinHandle<()>>,
+    checkpointer_thread: Option<JoinHandle<()>>,
+    readers: Arc<Readers>,
+    max_receive_count: u32,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore")
+            .field("path", &self.path)
+            .field("max_receive_count", &self.max_receive_count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedStore {
+    /// Open (or create) the store in `dir`, creating the directory if needed.
+    ///
+    /// `max_receive_count` 0 is treated as 1.
+    pub fn open(dir: &Path, options: EmbeddedOptions) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+        })?;
+        let path = dir.join(DB_FILE);
+        let conn = writer::open_writer(&path).map_err(StoreError::from)?;
+        let checkpoint_conn = writer::open_checkpointer(&path).map_err(StoreError::from)?;
+        // The writer nudges the checkpointer after commits; when the writer stops, the
+        // nudge channel closes and the checkpointer stops too.
+        let (nudge, nudged) = mpsc::sync_channel::<()>(1);
+        let checkpointer_thread = std::thread::Builder::new()
+            .name("einmal-sqlite-checkpoint".into())
+            .spawn(move || writer::checkpoint_loop(checkpoint_conn, nudged))
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}"))
+            })?;
+        let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
+        let writer_thread = std::thread::Builder::new()
+            .name("einmal-sqlite-writer".into())
+            .spawn(move || writer::writer_loop(conn, rx, nudge))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the writer thread: {e}")))?;
+        Ok(EmbeddedStore {
+            readers: Arc::new(Readers {
+                path: path.clone(),
+                idle: Mutex::new(Vec::new()),
+            }),
+            path,
+            writer: Some(tx),
+            writer_thread: Some(writer_thread),
+            checkpointer_thread: Some(checkpointer_thread),
+            max_receive_count: options.max_receive_count.max(1),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run `work` on a read connection, off the async worker threads when a tokio
+    /// runtime is present.
+    async fn read<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let readers = self.readers.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => handle
+                .spawn_blocking(move || readers.with(work))
+                .await
+                .map_err(|e| DbError::Unavailable(format!("read task failed: {e}")))?,
+            Err(_) => readers.with(work),
+        }
+    }
+}
+
+impl Drop for EmbeddedStore {
+    /// Stop the writer after it finished what was already submitted, then the
+    /// checkpointer.
+    fn drop(&mut self) {
+        drop(self.writer.take());
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
+        if let Some(thread) = self.checkpointer_thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DbError {
+    Unavailable(String),
+    Corrupt(String),
+    Malformed(String),
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::Error as E;
+        match e {
+            E::FromSqlConversionFailure(..)
+            | E::InvalidColumnType(..)
+            | E::IntegralValueOutOfRange(..)
+            | E::Utf8Error(..) => DbError::Corrupt(e.to_string()),
+            other => DbError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(m) => StoreError::Unavailable(m),
+            DbError::Corrupt(m) | DbError::Malformed(m) => StoreError::Corrupt(m),
+        }
+    }
+}
+
+impl From<DbError> for QueueError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Unavailable(m) => QueueError::Unavailable(m),
+            DbError::Corrupt(m) | DbError::Malformed(m) => QueueError::Malformed(m),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Read connections
+
+fn open_reader(path: &Path) -> Result<Connection, DbError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.execute_batch("PRAGMA query_only = ON; PRAGMA cache_size = -8192;")?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(conn)
+}
+
+/// A few idle read connections; more are opened on demand.
+struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    fn with<T>(&self, work: impl FnOnce(&Connection) -> Result<T, DbError>) -> Result<T, DbError> {
+        let pooled = self
+            .idle
+            .lock()
+            .map_err(|_| DbError::Unavailable("read pool lock poisoned".into()))?
+            .pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_reader(&self.path)?,
+        };
+        let result = work(&conn);
+        if conn.is_autocommit() {
+            if let Ok(mut idle) = self.idle.lock() {
+                if idle.len() < MAX_IDLE_READERS {
+                    idle.push(conn);
+                }
+            }
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use rusqlite::Connection;
+
+    use super::{EmbeddedOptions, EmbeddedStore, DB_FILE};
+    use crate::envelope::Envelope;
+    use crate::ports::{
+        Inbox, InboxFilter, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage,
+        Source, StoreError,
+    };
+
+    pub(super) fn item(
+        provider: &str,
+        tenant: &str,
+        event_id: &str,
+        received_at_ms: i64,
+    ) -> InboxItem {
+        let envelope = Envelope {
+            provider: provider.into(),
+            tenant: tenant.into(),
+            event_id: event_id.into(),
+            event_type: "payment_intent.succeeded".into(),
+            object_id: Some("pi_1".into()),
+            object_version: None,
+            occurred_at: Some(1_700_000_000),
+            delivery_id: Some(format!("dlv_{event_id}")),
+        };
+        InboxItem {
+            key: envelope.key(),
+            envelope,
+            state: InboxState::Received,
+            source: Source::Webhook,
+            attempts: 0,
+            received_at_ms,
+            updated_at_ms: received_at_ms,
+            expires_at: received_at_ms / 1000 + 86_400,
+            enqueue_failed: false,
+            last_error: None,
+            last_error_class: None,
+            lease_until_ms: None,
+            lease_owner: None,
+            result: None,
+            body_encoding: "zstd".into(),
+            body_len: 42,
+            body: format!("body of {event_id}").into_bytes(),
+            waiting: None,
+        }
+    }
+
+    pub(super) fn open(dir: &Path) -> EmbeddedStore {
+        EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap()
+    }
+
+    pub(super) fn msg(item: &InboxItem) -> QueueMessage {
+        QueueMessage {
+            pk: item.key.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn data_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = item("shopify", "shop1", "evt_a", 1_000);
+        {
+            let store = open(dir.path());
+            assert_eq!(store.put_new(&a).await.unwrap(), PutOutcome::Inserted);
+            store.send(&msg(&a)).await.unwrap();
+        }
+        let store = open(dir.path());
+        let stored = store.get(&a.key).await.unwrap().unwrap();
+        assert_eq!(stored.state, InboxState::Queued);
+        assert_eq!(stored.body, a.body);
+        let got = store.receive(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message, msg(&a));
+        assert_eq!(got[0].receive_count, 1);
+    }
+
+    #[tokio::test]
+    async fn open_creates_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a/b");
+        let store = open(&nested);
+        assert_eq!(store.path(), nested.join(DB_FILE));
+        assert!(nested.join(DB_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn a_closed_store_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        drop(store.writer.take());
+        let a = item("p", "t", "a", 1);
+        assert!(matches!(
+            store.put_new(&a).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            store.send(&msg(&a)).await,
+            Err(QueueError::Unavailable(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn undecodable_rows_are_corrupt_not_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let a = item("p", "t", "bad_state", 1);
+        let b = item("p", "t", "bad_attempts", 2);
+        store.put_new(&a).await.unwrap();
+        store.put_new(&b).await.unwrap();
+        let raw = Connection::open(store.path()).unwrap();
+        raw.execute(
+            "UPDATE inbox SET state = 'bogus' WHERE pk = ?1",
+            [a.key.as_str()],
+        )
+        .unwrap();
+        raw.execute(
+            "UPDATE inbox SET attempts = 'many' WHERE pk = ?1",
+            [b.key.as_str()],
+        )
+        .unwrap();
+        assert!(matches!(
+            store.get(&a.key).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            store.get(&b.key).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            store.put_new(&a).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            store.list(&InboxFilter::default()).await,
+            Err(StoreError::Corrupt(_))
+        ));
+
+        // An undecodable queue message goes to the dead letters instead of blocking the queue.
+        raw.execute("INSERT INTO queue (body, visible_at_ms, receive_count, sent_at_ms) VALUES ('{', 0, 0, 0)", [])
+            .unwrap();
+        let good = QueueMessage { pk: a.key.clone() };
+        store.send(&good).await.unwrap();
+        let got = store.receive(10, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].message, good);
+        let dead_rows: i64 = raw
+            .query_row("SELECT count(*) FROM dead_letter", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(dead_rows, 1);
+        assert!(store
+            .receive_dead_letters(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}

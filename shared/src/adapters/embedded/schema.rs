@@ -1,0 +1,158 @@
+//! The SQLite schema of the inbox and queue file (`einmal.sqlite`) and its
+//! migrations, run by the writer connection on open.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use super::{hints, sweep, waiting, DbError};
+
+/// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
+/// error class, result); a version 1 file is upgraded in place on open.
+pub(super) const SCHEMA_VERSION: i64 = 2;
+
+/// Version 1 -> 2.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE inbox ADD COLUMN last_error_class TEXT;
+ALTER TABLE inbox ADD COLUMN lease_until_ms INTEGER;
+ALTER TABLE inbox ADD COLUMN lease_owner TEXT;
+ALTER TABLE inbox ADD COLUMN result TEXT;
+";
+
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS inbox (
+    pk             TEXT PRIMARY KEY NOT NULL,
+    provider       TEXT NOT NULL,
+    tenant         TEXT NOT NULL,
+    event_id       TEXT NOT NULL,
+    event_type     TEXT NOT NULL,
+    object_id      TEXT,
+    object_version TEXT,
+    occurred_at    INTEGER,
+    delivery_id    TEXT,
+    state          TEXT NOT NULL,
+    source         TEXT NOT NULL,
+    attempts       INTEGER NOT NULL,
+    received_at_ms INTEGER NOT NULL,
+    updated_at_ms  INTEGER NOT NULL,
+    expires_at     INTEGER NOT NULL,
+    enqueue_failed INTEGER NOT NULL,
+    last_error     TEXT,
+    body_encoding  TEXT NOT NULL,
+    body_len       INTEGER NOT NULL,
+    body           BLOB NOT NULL,
+    last_error_class TEXT,
+    lease_until_ms INTEGER,
+    lease_owner    TEXT,
+    result         TEXT
+);
+CREATE INDEX IF NOT EXISTS inbox_by_state ON inbox(state, received_at_ms);
+CREATE INDEX IF NOT EXISTS inbox_by_received ON inbox(received_at_ms);
+CREATE TABLE IF NOT EXISTS queue (
+    id            INTEGER PRIMARY KEY,
+    body          TEXT NOT NULL,
+    visible_at_ms INTEGER NOT NULL,
+    receive_count INTEGER NOT NULL,
+    receipt       TEXT,
+    sent_at_ms    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS queue_by_visible ON queue(visible_at_ms);
+CREATE TABLE IF NOT EXISTS dead_letter (
+    id            INTEGER PRIMARY KEY,
+    body          TEXT NOT NULL,
+    visible_at_ms INTEGER NOT NULL,
+    receive_count INTEGER NOT NULL,
+    receipt       TEXT,
+    sent_at_ms    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dead_letter_by_visible ON dead_letter(visible_at_ms);
+";
+
+/// Bring the file to [`SCHEMA_VERSION`] (create, upgrade, or refuse a newer one),
+/// then the idempotent additions of later features.
+pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    match version {
+        SCHEMA_VERSION => {}
+        0 => conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))?,
+        1 => conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {MIGRATE_1_TO_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))?,
+        other => {
+            return Err(DbError::Unavailable(format!(
+                "{} has schema version {other}, this build knows {SCHEMA_VERSION}",
+                path.display()
+            )))
+        }
+    }
+    // Idempotent: also added to files created before the sweeper existed.
+    conn.execute_batch(sweep::SWEEP_INDEX)?;
+    // Idempotent too: the reconciler's partial index of GoPay / Klarna push hints.
+    conn.execute_batch(&hints::hint_index_sql())?;
+    // Idempotent too: the waiting columns and the waiters' partial index.
+    waiting::ensure_waiting_columns(conn)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::params;
+
+    use super::*;
+    use crate::adapters::embedded::tests::{item, open};
+    use crate::adapters::embedded::{EmbeddedOptions, EmbeddedStore, DB_FILE};
+    use crate::ports::{ClaimOutcome, Inbox, InboxProcessing, InboxState, StoreError};
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()));
+        let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        raw.execute_batch("PRAGMA user_version = 99").unwrap();
+        drop(raw);
+        let err = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Unavailable(ref m) if m.contains("schema version 99")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_version_1_file_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1_schema = SCHEMA.replace(
+            ",\n    last_error_class TEXT,\n    lease_until_ms INTEGER,\n    lease_owner    TEXT,\n    result         TEXT",
+            "",
+        );
+        assert_ne!(v1_schema, SCHEMA);
+        let a = item("p", "t", "old", 1);
+        {
+            let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+            raw.execute_batch(&format!("{v1_schema} PRAGMA user_version = 1;"))
+                .unwrap();
+            raw.execute(
+                "INSERT INTO inbox (pk, provider, tenant, event_id, event_type, state, source, \
+                 attempts, received_at_ms, updated_at_ms, expires_at, enqueue_failed, \
+                 body_encoding, body_len, body) \
+                 VALUES (?1, 'p', 't', 'old', ?2, 'queued', 'webhook', 0, 1, 1, 86400, 0, 'zstd', 42, ?3)",
+                params![a.key.as_str(), a.envelope.event_type, a.body],
+            )
+            .unwrap();
+        }
+        let store = open(dir.path());
+        let stored = store.get(&a.key).await.unwrap().unwrap();
+        assert_eq!(stored.state, InboxState::Queued);
+        assert_eq!((stored.lease_owner, stored.result), (None, None));
+        assert!(matches!(
+            store.claim(&a.key, "w1", 10, 1_000).await.unwrap(),
+            ClaimOutcome::Claimed(_)
+        ));
+        let raw = Connection::open(store.path()).unwrap();
+        let version: i64 = raw
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+}
