@@ -1,5 +1,6 @@
 //! Shared support for einmal's integration tests.
 
+pub mod cfn;
 pub mod fake_thin_api;
 pub mod fixtures;
 pub mod moto;
