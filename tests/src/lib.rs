@@ -6,7 +6,7 @@ pub mod fixtures;
 pub mod moto;
 pub mod scenario;
 
-/// Runs each named `async fn(Kind)` scenario of the calling test file once on each
+/// Runs each named `async fn(Kind)` scenario of the calling test module once on each
 /// backend, as `embedded_store::<name>` (SQLite file) and `aws_moto::<name>` (moto).
 #[macro_export]
 macro_rules! on_both_backends {
