@@ -1,7 +1,7 @@
 //! The integration tests of einmal as one test binary: one module per concern, so the
 //! AWS SDK and SQLite are linked once, not once per file. Tests are named
 //! `<module>::<test>` (filter with `cargo test -p einmal-tests --test it <module>::`).
-//! The tests that need a process of their own are separate `[[test]]`s (`tests/Cargo.toml`).
+//! A test that needs a process of its own is a file in `tests/tests/` (see `tests/Cargo.toml`).
 
 mod acceptance;
 mod ack_path_calls;
