@@ -4,7 +4,7 @@
 #
 #   events/regenerate.sh            rewrite the checked-in files (fixed signing time)
 #   events/regenerate.sh --check    exit 1 if a checked-in file is stale (the test suite
-#                                   runs this: tests/tests/lambda_events.rs)
+#                                   runs this: tests/it/lambda_events.rs)
 #   events/regenerate.sh --now      sign at the current time into target/lambda-events/
 #                                   (what to invoke the receiver with: timestamped
 #                                   signatures expire after the tenant's tolerance)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Template checks that need Python tools and a cross-compiler (tests/run.sh runs this;
-# tests/tests/infra.rs checks the template against the code with cargo alone):
+# tests/it/infra.rs checks the template against the code with cargo alone):
 #   1. cfn-lint infra/template.yaml
 #   2. sam validate --lint
 #   3. sam build: cargo-lambda compiles the four functions for arm64 (zig as the linker)

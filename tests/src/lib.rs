@@ -1,11 +1,12 @@
 //! Shared support for einmal's integration tests.
 
+pub mod cfn;
 pub mod fake_thin_api;
 pub mod fixtures;
 pub mod moto;
 pub mod scenario;
 
-/// Runs each named `async fn(Kind)` scenario of the calling test file once on each
+/// Runs each named `async fn(Kind)` scenario of the calling test module once on each
 /// backend, as `embedded_store::<name>` (SQLite file) and `aws_moto::<name>` (moto).
 #[macro_export]
 macro_rules! on_both_backends {

@@ -1,11 +1,12 @@
 //! A real DynamoDB/SQS-compatible server on loopback (moto), for the AWS adapter tests.
 //!
-//! `Moto::shared()` starts one server per test binary; tests isolate themselves with
-//! [`unique_name`] tables and queues, so they run in parallel. The server answers one
-//! request at a time (see [`moto_command`]), so every conditional write is atomic as
-//! on DynamoDB and the tests need no client-side lock to prove atomicity. The server is spawned
-//! through a small `sh` wrapper that kills it when its stdin closes, which happens
-//! when the test process exits however it exits (statics never run `Drop`).
+//! `Moto::shared()` starts one server per test binary (`it`: one for the whole suite);
+//! tests isolate themselves with [`unique_name`] tables and queues, so they run in
+//! parallel. The server answers one request at a time (see [`moto_command`]), so every
+//! conditional write is atomic as on DynamoDB and the tests need no client-side lock to
+//! prove atomicity. The server is spawned through a small `sh` wrapper that kills it
+//! when its stdin closes, which happens when the test process exits however it exits
+//! (statics never run `Drop`).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

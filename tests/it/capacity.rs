@@ -22,7 +22,7 @@
 //! writes no index entry, the sweeper's index costs one write to enter and one to
 //! leave, a duplicate costs its rejected put only.
 //!
-//! `cargo test -p einmal-tests --test capacity -- --nocapture` shows the figures the
+//! `cargo test -p einmal-tests --test it capacity:: -- --nocapture` shows the figures the
 //! README's cost section uses.
 //!
 //! The hot-record tests drive 20,000 Shopify `orders/create` of one SKU through the

@@ -1,0 +1,28 @@
+//! The integration tests of einmal as one test binary: one module per concern, so the
+//! AWS SDK and SQLite are linked once, not once per file. Tests are named
+//! `<module>::<test>` (filter with `cargo test -p einmal-tests --test it <module>::`).
+//! A test that needs a process of its own is a file in `tests/tests/` (see `tests/Cargo.toml`).
+
+mod acceptance;
+mod ack_path_calls;
+mod adyen;
+mod all_providers;
+mod aws_adapter;
+mod capacity;
+mod config_refresh;
+mod conformance;
+mod hint_limits;
+mod infra;
+mod lambda_events;
+mod lambda_watch;
+mod log_redaction;
+mod processing;
+mod reconcile;
+mod reconcile_thin;
+mod replay;
+mod signed_facts;
+mod state_store;
+mod sweeper;
+mod telemetry;
+mod thin_events;
+mod waiting;
