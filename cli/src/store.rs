@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use einmal::adapters::aws::AwsStore;
+use einmal::adapters::aws::{AwsNames, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
@@ -37,6 +37,26 @@ pub struct Stores {
     pub queue: Arc<dyn Queue>,
 }
 
+/// The process's one AWS SDK config: every client shares it (and its connection pools),
+/// whichever of the `open_*` calls a command makes.
+async fn sdk_config() -> &'static aws_config::SdkConfig {
+    static SDK_CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> =
+        tokio::sync::OnceCell::const_new();
+    SDK_CONFIG
+        .get_or_init(|| aws_config::load_defaults(aws_config::BehaviorVersion::latest()))
+        .await
+}
+
+/// The inbox on AWS; the names are checked first, so a missing variable fails before
+/// any AWS lookup.
+async fn open_aws_store() -> Result<Arc<AwsStore>, String> {
+    let names = AwsNames::from_env().map_err(|e| e.to_string())?;
+    Ok(Arc::new(AwsStore::from_sdk_config(
+        sdk_config().await,
+        names,
+    )))
+}
+
 impl StoreArgs {
     /// The business-state store next to the inbox.
     pub async fn open_state(&self) -> Result<Arc<dyn StateStore>, String> {
@@ -50,9 +70,7 @@ impl StoreArgs {
                 },
             )?)),
             Backend::Aws => Ok(Arc::new(
-                DynamoStateStore::from_env()
-                    .await
-                    .map_err(|e| e.to_string())?,
+                DynamoStateStore::from_sdk_config(sdk_config().await).map_err(|e| e.to_string())?,
             )),
         }
     }
@@ -72,7 +90,7 @@ impl StoreArgs {
                 })
             }
             Backend::Aws => {
-                let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
+                let store = open_aws_store().await?;
                 Ok(Stores {
                     inbox: store.clone(),
                     hints: store.clone(),
@@ -108,8 +126,7 @@ impl StoreArgs {
                 if !std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
                     return Ok(None);
                 }
-                let audit = DynamoAuditLog::from_env()
-                    .await
+                let audit = DynamoAuditLog::from_sdk_config(sdk_config().await)
                     .map_err(|e| e.to_string())?;
                 Ok(Some(Arc::new(audit)))
             }
@@ -147,10 +164,9 @@ impl StoreArgs {
                 })
             }
             Backend::Aws => {
-                let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
+                let store = open_aws_store().await?;
                 let audit: Arc<dyn AuditLog> = Arc::new(
-                    DynamoAuditLog::from_env()
-                        .await
+                    DynamoAuditLog::from_sdk_config(sdk_config().await)
                         .map_err(|e| e.to_string())?,
                 );
                 Ok(OpsStores {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use einmal::adapters::aws::{config_source_from_env, AwsStore};
+use einmal::adapters::aws::{config_source_from_env, AwsNames, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::audit::{AuditLog, DynamoAuditLog, AUDIT_TABLE_ENV};
 use einmal::pipeline::ingest::Ingestor;
@@ -14,15 +14,18 @@ use serde_json::Value;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
-    let store = Arc::new(AwsStore::from_env().await?);
-    let state = Arc::new(DynamoStateStore::from_env().await?);
+    // Check the names first: a missing variable should fail before any AWS lookup.
+    let names = AwsNames::from_env()?;
+    // One SDK config, one connection pool per service, for every client.
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
+    let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let source = config_source_from_env(&sdk_config).await?;
     let ingestor = Arc::new(Ingestor::from_source(source, store.clone(), store.clone()));
     // Audited when the audit table is configured.
     let audit: Option<Arc<dyn AuditLog>> =
         if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
-            Some(Arc::new(DynamoAuditLog::from_env().await?))
+            Some(Arc::new(DynamoAuditLog::from_sdk_config(&sdk_config)?))
         } else {
             None
         };

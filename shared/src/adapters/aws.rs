@@ -23,7 +23,6 @@ mod waiting;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
@@ -83,15 +82,6 @@ impl AwsStore {
             aws_sdk_sqs::Client::new(sdk_config),
             names,
         )
-    }
-
-    /// Names from `EINMAL_INBOX_TABLE`, `EINMAL_QUEUE_URL`, `EINMAL_DLQ_URL`; clients
-    /// from the default provider chain (which honours `AWS_ENDPOINT_URL`, e.g. for moto).
-    pub async fn from_env() -> Result<Self, AwsSetupError> {
-        // Check the names first: a missing variable should fail before any AWS lookup.
-        let names = AwsNames::from_env()?;
-        let sdk_config = aws_config::load_defaults(BehaviorVersion::latest()).await;
-        Ok(Self::from_sdk_config(&sdk_config, names))
     }
 
     pub fn names(&self) -> AwsNames {
