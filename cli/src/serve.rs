@@ -22,6 +22,7 @@ use clap::Args;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
+use einmal::config_source::ConfigSource;
 use einmal::domain::reference::ReferenceDomain;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
@@ -87,21 +88,15 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let config = Arc::new(config);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) are fetched from the provider.
     let lookup = HttpLookup::new();
-    let processor = Processor::new(
-        store.clone(),
-        store.clone(),
-        store.clone(),
-        state,
-        Arc::new(ReferenceDomain::new()),
-    )
-    .with_settings(settings)
-    .with_sli_threshold_ms(
-        einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
-    )
-    .with_lookup(Arc::new(lookup), config.clone());
+    let processor = Processor::from_store(store.clone(), state, Arc::new(ReferenceDomain::new()))
+        .with_settings(settings)
+        .with_sli_threshold_ms(
+            einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
+        )
+        .with_lookup(Arc::new(lookup), config.clone());
     let worker_metrics = processor.metrics().clone();
-    let sweeper = Sweeper::new(store.clone(), store.clone(), store.clone(), store.clone());
-    let ingestor = Arc::new(Ingestor::new(config, store.clone(), store));
+    let sweeper = Sweeper::from_store(store.clone());
+    let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;

@@ -9,7 +9,7 @@ use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::domain::state::StateStore;
-use einmal::ports::{Inbox, InboxHints, Queue};
+use einmal::ports::InboxStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -27,14 +27,6 @@ pub struct StoreArgs {
     /// Directory of the embedded store.
     #[arg(long, default_value = ".einmal")]
     pub data_dir: PathBuf,
-}
-
-pub struct Stores {
-    pub inbox: Arc<dyn Inbox>,
-    /// The hint index GoPay / Klarna push reconciliation reads.
-    pub hints: Arc<dyn InboxHints>,
-    #[allow(dead_code)]
-    pub queue: Arc<dyn Queue>,
 }
 
 /// The process's one AWS SDK config: every client shares it (and its connection pools),
@@ -75,7 +67,8 @@ impl StoreArgs {
         }
     }
 
-    pub async fn open(&self) -> Result<Stores, String> {
+    /// The inbox store: every inbox port of the chosen backend in one.
+    pub async fn open(&self) -> Result<Arc<dyn InboxStore>, String> {
         match self.backend {
             Backend::Embedded => {
                 let store = Arc::new(
@@ -83,19 +76,11 @@ impl StoreArgs {
                         |e| format!("cannot open the store in {}: {e}", self.data_dir.display()),
                     )?,
                 );
-                Ok(Stores {
-                    inbox: store.clone(),
-                    hints: store.clone(),
-                    queue: store,
-                })
+                Ok(store)
             }
             Backend::Aws => {
                 let store = open_aws_store().await?;
-                Ok(Stores {
-                    inbox: store.clone(),
-                    hints: store.clone(),
-                    queue: store,
-                })
+                Ok(store)
             }
         }
     }
@@ -153,13 +138,7 @@ impl StoreArgs {
                         )
                     })?);
                 Ok(OpsStores {
-                    replayer: Replayer::new(
-                        store.clone(),
-                        store.clone(),
-                        store.clone(),
-                        store,
-                        audit.clone(),
-                    ),
+                    replayer: Replayer::from_store(store, audit.clone()),
                     audit,
                 })
             }
@@ -170,13 +149,7 @@ impl StoreArgs {
                         .map_err(|e| e.to_string())?,
                 );
                 Ok(OpsStores {
-                    replayer: Replayer::new(
-                        store.clone(),
-                        store.clone(),
-                        store.clone(),
-                        store,
-                        audit.clone(),
-                    ),
+                    replayer: Replayer::from_store(store, audit.clone()),
                     audit,
                 })
             }

@@ -23,7 +23,7 @@ async fn main() -> Result<(), Error> {
     let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
     let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let domain = Arc::new(ReferenceDomain::new());
-    let mut engine = Processor::new(store.clone(), store.clone(), store, state, domain)
+    let mut engine = Processor::from_store(store, state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API

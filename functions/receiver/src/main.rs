@@ -15,7 +15,7 @@ async fn main() -> Result<(), Error> {
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = config_source_from_env(&sdk_config).await?;
     let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
-    let ingestor = Ingestor::from_source(source, store.clone(), store);
+    let ingestor = Ingestor::from_store(source, store);
     let deployment = einmal::telemetry::emf::deployment_from_env();
     run(service_fn(|req| {
         receiver::handle_and_emit(&ingestor, &deployment, req)

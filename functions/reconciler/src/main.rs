@@ -21,7 +21,7 @@ async fn main() -> Result<(), Error> {
     let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
     let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let source = config_source_from_env(&sdk_config).await?;
-    let ingestor = Arc::new(Ingestor::from_source(source, store.clone(), store.clone()));
+    let ingestor = Arc::new(Ingestor::from_store(source, store.clone()));
     // Audited when the audit table is configured.
     let audit: Option<Arc<dyn AuditLog>> =
         if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {

@@ -16,8 +16,7 @@ async fn main() -> Result<(), Error> {
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
     let settings = SweepSettings::from_env()?;
-    let sweeper =
-        Sweeper::new(store.clone(), store.clone(), store.clone(), store).with_settings(settings);
+    let sweeper = Sweeper::from_store(store).with_settings(settings);
     let sweeper = &sweeper;
     let deployment = &einmal::telemetry::emf::deployment_from_env();
     run(service_fn(|_event: LambdaEvent<Value>| async move {
