@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::Args;
 use einmal::config::Config;
 use einmal::config_source::ConfigSource;
+use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
@@ -57,7 +58,7 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
         store.clone(),
     ));
     let audit = args.store.open_audit().await?;
-    let reconciler = Reconciler::new(ingestor, state.clone()).with_hints(store);
+    let reconciler = Reconciler::new(ingestor, state.clone(), HttpsClient::new()).with_hints(store);
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,

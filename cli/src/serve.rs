@@ -24,10 +24,12 @@ use einmal::adapters::embedded_state::EmbeddedStateStore;
 use einmal::config::Config;
 use einmal::config_source::ConfigSource;
 use einmal::domain::reference::ReferenceDomain;
+use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::pipeline::sweep::Sweeper;
+use einmal::providers::paypal::{self, PayPalVerifier};
 use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{Samples, WorkerTally};
 use einmal::telemetry::IngestCounts;
@@ -86,8 +88,13 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         ..ProcessSettings::default()
     };
     let config = Arc::new(config);
-    // Thin webhooks (Mollie classic, GoPay, Klarna push) are fetched from the provider.
-    let lookup = HttpLookup::new();
+    // One HTTPS client (one pool) for PayPal's certificates and the thin webhooks'
+    // lookups (Mollie classic, GoPay, Klarna push fetch from the provider).
+    let https = HttpsClient::new();
+    if paypal::install(PayPalVerifier::production(https.clone())).is_err() {
+        tracing::debug!("the PayPal verifier was already in use: it keeps its own client");
+    }
+    let lookup = HttpLookup::with_client(https);
     let processor = Processor::from_store(store.clone(), state, Arc::new(ReferenceDomain::new()))
         .with_settings(settings)
         .with_sli_threshold_ms(

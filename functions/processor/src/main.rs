@@ -6,6 +6,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use einmal::adapters::aws::{config_source_from_env, AwsNames, AwsSetupError, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::domain::reference::ReferenceDomain;
+use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
@@ -33,7 +34,10 @@ async fn main() -> Result<(), Error> {
         Ok(source) => {
             // The log redaction masks the tenants' secrets and API credentials.
             einmal::telemetry::redact::register_config(&source.snapshot());
-            engine = engine.with_lookup_source(Arc::new(HttpLookup::new()), source)
+            engine = engine.with_lookup_source(
+                Arc::new(HttpLookup::with_client(HttpsClient::new())),
+                source,
+            )
         }
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
