@@ -61,9 +61,9 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
             json,
             store,
         } => {
-            let stores = store.open().await?;
+            let inbox = store.open().await?;
             let key = InboxKey::new(&provider, &tenant, &event_id);
-            let item = stores.inbox.get(&key).await.map_err(|e| e.to_string())?;
+            let item = inbox.get(&key).await.map_err(|e| e.to_string())?;
             let Some(item) = item else {
                 eprintln!("einmal: no event {key}");
                 return Ok(ExitCode::from(1));
@@ -93,18 +93,14 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
             json,
             store,
         } => {
-            let stores = store.open().await?;
+            let inbox = store.open().await?;
             let filter = InboxFilter {
                 state,
                 provider,
                 tenant,
                 limit,
             };
-            let items = stores
-                .inbox
-                .list(&filter)
-                .await
-                .map_err(|e| e.to_string())?;
+            let items = inbox.list(&filter).await.map_err(|e| e.to_string())?;
             if json {
                 let values: Vec<_> = items.iter().map(item_json).collect();
                 println!(

@@ -157,9 +157,8 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, String> {
             json,
             store,
         } => {
-            let stores = store.open().await?;
-            let items = stores
-                .inbox
+            let inbox = store.open().await?;
+            let items = inbox
                 .list(&InboxFilter {
                     state: Some(InboxState::DeadLetter),
                     provider,
@@ -185,9 +184,9 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         DlqCommand::Show { id, json, store } => {
-            let stores = store.open().await?;
+            let inbox = store.open().await?;
             let key = InboxKey::from_stored(id);
-            let Some(item) = stores.inbox.get(&key).await.map_err(|e| e.to_string())? else {
+            let Some(item) = inbox.get(&key).await.map_err(|e| e.to_string())? else {
                 eprintln!("einmal: no event {key}");
                 return Ok(ExitCode::from(1));
             };

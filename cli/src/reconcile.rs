@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use einmal::config::Config;
+use einmal::config_source::ConfigSource;
+use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
@@ -49,12 +51,14 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
         None => None,
     };
     let config = Arc::new(Config::load(&args.config).map_err(|e| e.to_string())?);
-    let stores = args.store.open().await?;
+    let store = args.store.open().await?;
     let state = args.store.open_state().await?;
-    let hints = stores.hints.clone();
-    let ingestor = Arc::new(Ingestor::new(config, stores.inbox, stores.queue));
+    let ingestor = Arc::new(Ingestor::from_store(
+        ConfigSource::fixed(config),
+        store.clone(),
+    ));
     let audit = args.store.open_audit().await?;
-    let reconciler = Reconciler::new(ingestor, state.clone()).with_hints(hints);
+    let reconciler = Reconciler::new(ingestor, state.clone(), HttpsClient::new()).with_hints(store);
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,

@@ -22,11 +22,14 @@ use clap::Args;
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::config::Config;
+use einmal::config_source::ConfigSource;
 use einmal::domain::reference::ReferenceDomain;
+use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal::pipeline::sweep::Sweeper;
+use einmal::providers::paypal::{self, PayPalVerifier};
 use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{Samples, WorkerTally};
 use einmal::telemetry::IngestCounts;
@@ -85,23 +88,22 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
         ..ProcessSettings::default()
     };
     let config = Arc::new(config);
-    // Thin webhooks (Mollie classic, GoPay, Klarna push) are fetched from the provider.
-    let lookup = HttpLookup::new();
-    let processor = Processor::new(
-        store.clone(),
-        store.clone(),
-        store.clone(),
-        state,
-        Arc::new(ReferenceDomain::new()),
-    )
-    .with_settings(settings)
-    .with_sli_threshold_ms(
-        einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
-    )
-    .with_lookup(Arc::new(lookup), config.clone());
+    // One HTTPS client (one pool) for PayPal's certificates and the thin webhooks'
+    // lookups (Mollie classic, GoPay, Klarna push fetch from the provider).
+    let https = HttpsClient::new();
+    if paypal::install(PayPalVerifier::production(https.clone())).is_err() {
+        tracing::debug!("the PayPal verifier was already in use: it keeps its own client");
+    }
+    let lookup = HttpLookup::with_client(https);
+    let processor = Processor::from_store(store.clone(), state, Arc::new(ReferenceDomain::new()))
+        .with_settings(settings)
+        .with_sli_threshold_ms(
+            einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
+        )
+        .with_lookup(Arc::new(lookup), config.clone());
     let worker_metrics = processor.metrics().clone();
-    let sweeper = Sweeper::new(store.clone(), store.clone(), store.clone(), store.clone());
-    let ingestor = Arc::new(Ingestor::new(config, store.clone(), store));
+    let sweeper = Sweeper::from_store(store.clone());
+    let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;

@@ -4,12 +4,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use einmal::adapters::aws::AwsStore;
-use einmal::adapters::aws::DynamoStateStore;
+use einmal::adapters::aws::{AwsNames, AwsStore, DynamoStateStore};
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::domain::state::StateStore;
-use einmal::ports::{Inbox, InboxHints, Queue};
+use einmal::ports::InboxStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -29,12 +28,24 @@ pub struct StoreArgs {
     pub data_dir: PathBuf,
 }
 
-pub struct Stores {
-    pub inbox: Arc<dyn Inbox>,
-    /// The hint index GoPay / Klarna push reconciliation reads.
-    pub hints: Arc<dyn InboxHints>,
-    #[allow(dead_code)]
-    pub queue: Arc<dyn Queue>,
+/// The process's one AWS SDK config: every client shares it (and its connection pools),
+/// whichever of the `open_*` calls a command makes.
+async fn sdk_config() -> &'static aws_config::SdkConfig {
+    static SDK_CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> =
+        tokio::sync::OnceCell::const_new();
+    SDK_CONFIG
+        .get_or_init(|| aws_config::load_defaults(aws_config::BehaviorVersion::latest()))
+        .await
+}
+
+/// The inbox on AWS; the names are checked first, so a missing variable fails before
+/// any AWS lookup.
+async fn open_aws_store() -> Result<Arc<AwsStore>, String> {
+    let names = AwsNames::from_env().map_err(|e| e.to_string())?;
+    Ok(Arc::new(AwsStore::from_sdk_config(
+        sdk_config().await,
+        names,
+    )))
 }
 
 impl StoreArgs {
@@ -50,14 +61,13 @@ impl StoreArgs {
                 },
             )?)),
             Backend::Aws => Ok(Arc::new(
-                DynamoStateStore::from_env()
-                    .await
-                    .map_err(|e| e.to_string())?,
+                DynamoStateStore::from_sdk_config(sdk_config().await).map_err(|e| e.to_string())?,
             )),
         }
     }
 
-    pub async fn open(&self) -> Result<Stores, String> {
+    /// The inbox store: every inbox port of the chosen backend in one.
+    pub async fn open(&self) -> Result<Arc<dyn InboxStore>, String> {
         match self.backend {
             Backend::Embedded => {
                 let store = Arc::new(
@@ -65,19 +75,11 @@ impl StoreArgs {
                         |e| format!("cannot open the store in {}: {e}", self.data_dir.display()),
                     )?,
                 );
-                Ok(Stores {
-                    inbox: store.clone(),
-                    hints: store.clone(),
-                    queue: store,
-                })
+                Ok(store)
             }
             Backend::Aws => {
-                let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
-                Ok(Stores {
-                    inbox: store.clone(),
-                    hints: store.clone(),
-                    queue: store,
-                })
+                let store = open_aws_store().await?;
+                Ok(store)
             }
         }
     }
@@ -109,8 +111,7 @@ impl StoreArgs {
                 if !std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
                     return Ok(None);
                 }
-                let audit = DynamoAuditLog::from_env()
-                    .await
+                let audit = DynamoAuditLog::from_sdk_config(sdk_config().await)
                     .map_err(|e| e.to_string())?;
                 Ok(Some(Arc::new(audit)))
             }
@@ -139,31 +140,18 @@ impl StoreArgs {
                         )
                     })?);
                 Ok(OpsStores {
-                    replayer: Replayer::new(
-                        store.clone(),
-                        store.clone(),
-                        store.clone(),
-                        store,
-                        audit.clone(),
-                    ),
+                    replayer: Replayer::from_store(store, audit.clone()),
                     audit,
                 })
             }
             Backend::Aws => {
-                let store = Arc::new(AwsStore::from_env().await.map_err(|e| e.to_string())?);
+                let store = open_aws_store().await?;
                 let audit: Arc<dyn AuditLog> = Arc::new(
-                    DynamoAuditLog::from_env()
-                        .await
+                    DynamoAuditLog::from_sdk_config(sdk_config().await)
                         .map_err(|e| e.to_string())?,
                 );
                 Ok(OpsStores {
-                    replayer: Replayer::new(
-                        store.clone(),
-                        store.clone(),
-                        store.clone(),
-                        store,
-                        audit.clone(),
-                    ),
+                    replayer: Replayer::from_store(store, audit.clone()),
                     audit,
                 })
             }

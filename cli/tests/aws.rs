@@ -153,9 +153,7 @@ impl Aws {
     }
 
     fn processor(&self) -> Processor {
-        Processor::new(
-            self.store.clone(),
-            self.store.clone(),
+        Processor::from_store(
             self.store.clone(),
             self.state.clone(),
             Arc::new(ReferenceDomain),

@@ -13,6 +13,7 @@ pub mod config;
 pub mod config_source;
 pub mod domain;
 pub mod envelope;
+pub mod https;
 pub mod lookup;
 pub mod lookup_guard;
 pub mod pipeline;

@@ -45,12 +45,10 @@ use async_trait::async_trait;
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use thiserror::Error;
 
 use crate::config::TenantConfig;
+use crate::https::HttpsClient;
 use crate::providers::thin;
 
 /// Timeout of one lookup (connect, request and body).
@@ -198,39 +196,23 @@ pub fn classify_status(status: http::StatusCode) -> LookupError {
     }
 }
 
-type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
-
-/// The HTTP adapter: one pooled client (HTTP/1.1, rustls with the system roots).
+/// The HTTP adapter over the process's shared [`HttpsClient`]. Without root
+/// certificates every HTTPS lookup fails (transient, so it retries and then
+/// dead-letters) until the certificates are installed.
 #[derive(Clone)]
 pub struct HttpLookup {
-    client: Client<HttpsConnector, Empty<Bytes>>,
+    client: HttpsClient,
     timeout: Duration,
 }
 
 impl HttpLookup {
-    /// HTTPS with the system's root certificates, and plain HTTP. When no root
-    /// certificate can be loaded (a minimal container), the client still starts, logs a
-    /// warning, and every HTTPS lookup fails (transient, so it retries and then
-    /// dead-letters) until the certificates are installed.
+    /// A client of its own (tests, one-off tools); wiring shares one via [`Self::with_client`].
     pub fn new() -> Self {
-        let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        let builder = match builder.with_provider_and_native_roots(provider.clone()) {
-            Ok(builder) => builder,
-            Err(e) => {
-                tracing::warn!(error = %e, "no root certificates: HTTPS resource lookups will fail");
-                let tls = rustls::ClientConfig::builder_with_provider(provider.into())
-                    .with_safe_default_protocol_versions()
-                    .expect("the default provider supports the default protocol versions")
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
-            }
-        };
-        let https = builder.https_or_http().enable_http1().build();
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(https);
+        Self::with_client(HttpsClient::new())
+    }
+
+    /// Lookups over `client` (a clone of the process's one client).
+    pub fn with_client(client: HttpsClient) -> Self {
         HttpLookup {
             client,
             timeout: LOOKUP_TIMEOUT,

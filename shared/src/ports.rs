@@ -470,3 +470,23 @@ pub trait DeadLetterQueue: Send + Sync {
     /// Make a received dead letter visible again at once.
     async fn release_dead_letter(&self, receipt: &str) -> Result<(), QueueError>;
 }
+
+/// Every inbox port at once: what one backend's store (DynamoDB + SQS, or SQLite)
+/// implements, so wiring passes one store instead of the same one once per port. The
+/// fine-grained ports stay for code (and fault-injecting tests) that needs only one.
+pub trait InboxStore:
+    Inbox + InboxHints + InboxProcessing + Queue + InboxSweep + InboxReplay + DeadLetterQueue
+{
+}
+
+impl<T> InboxStore for T where
+    T: Inbox
+        + InboxHints
+        + InboxProcessing
+        + Queue
+        + InboxSweep
+        + InboxReplay
+        + DeadLetterQueue
+        + ?Sized
+{
+}

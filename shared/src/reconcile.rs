@@ -117,9 +117,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -258,13 +255,12 @@ struct Observed {
 
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 type EnvLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
-type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// Reads provider APIs and feeds the ingestor; checkpoints live in the state store.
 pub struct Reconciler {
     ingestor: Arc<Ingestor>,
     state: Arc<dyn StateStore>,
-    client: Client<HttpsConnector, Empty<Bytes>>,
+    client: crate::https::HttpsClient,
     env: EnvLookup,
     now_secs: Clock,
     overlap_secs: i64,
@@ -288,31 +284,20 @@ struct Fetched {
 }
 
 impl Reconciler {
-    pub fn new(ingestor: Arc<Ingestor>, state: Arc<dyn StateStore>) -> Self {
-        let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider.clone())
-        {
-            Ok(builder) => builder,
-            Err(e) => {
-                tracing::warn!(error = %e, "no root certificates: HTTPS reconciliation will fail");
-                let tls = rustls::ClientConfig::builder_with_provider(provider.into())
-                    .with_safe_default_protocol_versions()
-                    .expect("the default provider supports the default protocol versions")
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
-            }
-        };
-        let https = builder.https_or_http().enable_http1().build();
+    /// Pages and thin-provider lookups over `http` (a clone of the process's one client).
+    pub fn new(
+        ingestor: Arc<Ingestor>,
+        state: Arc<dyn StateStore>,
+        http: crate::https::HttpsClient,
+    ) -> Self {
         Reconciler {
             ingestor,
             state,
-            client: Client::builder(TokioExecutor::new()).build(https),
+            lookup: Arc::new(HttpLookup::with_client(http.clone())),
+            client: http,
             env: Arc::new(|var| std::env::var(var).ok()),
             now_secs: Arc::new(time::now_secs),
             overlap_secs: DEFAULT_OVERLAP_SECS,
-            lookup: Arc::new(HttpLookup::new()),
             hints: None,
             request_timeout: REQUEST_TIMEOUT,
             retry_base: PAGE_RETRY_BASE,

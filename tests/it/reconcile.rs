@@ -326,8 +326,12 @@ async fn setup_on(kind: Kind, page_size: usize) -> Setup {
         b.queue.clone(),
     ));
     // Short page timing: a hung page times out after 1 s, retries pause 20 ms, 40 ms, ...
-    let reconciler = Reconciler::new(ingestor.clone(), b.state.clone())
-        .with_page_timing(Duration::from_secs(1), Duration::from_millis(20));
+    let reconciler = Reconciler::new(
+        ingestor.clone(),
+        b.state.clone(),
+        einmal::https::HttpsClient::new(),
+    )
+    .with_page_timing(Duration::from_secs(1), Duration::from_millis(20));
     Setup {
         b,
         api,

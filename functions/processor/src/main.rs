@@ -3,9 +3,11 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use einmal::adapters::aws::DynamoStateStore;
-use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore};
+use einmal::adapters::aws::{
+    config_source_from_env, AwsNames, AwsSetupError, AwsStore, DynamoStateStore,
+};
 use einmal::domain::reference::ReferenceDomain;
+use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{ProcessSettings, Processor};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
@@ -16,21 +18,27 @@ async fn main() -> Result<(), Error> {
     let settings = ProcessSettings::from_env()?;
     let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
     let deployment = &einmal::telemetry::emf::deployment_from_env();
-    let store = Arc::new(AwsStore::from_env().await?);
-    let state = Arc::new(DynamoStateStore::from_env().await?);
+    // Check the names first: a missing variable should fail before any AWS lookup.
+    let names = AwsNames::from_env()?;
+    // One SDK config, one connection pool per service, for every client.
+    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
+    let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let domain = Arc::new(ReferenceDomain::new());
-    let mut engine = Processor::new(store.clone(), store.clone(), store, state, domain)
+    let mut engine = Processor::from_store(store, state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
     // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
     // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
-    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     match config_source_from_env(&sdk_config).await {
         Ok(source) => {
             // The log redaction masks the tenants' secrets and API credentials.
             einmal::telemetry::redact::register_config(&source.snapshot());
-            engine = engine.with_lookup_source(Arc::new(HttpLookup::new()), source)
+            engine = engine.with_lookup_source(
+                Arc::new(HttpLookup::with_client(HttpsClient::new())),
+                source,
+            )
         }
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")

@@ -172,7 +172,7 @@ mod tests {
         )
         .expect("config");
         let ingestor = Arc::new(Ingestor::new(Arc::new(config), store.clone(), store));
-        let reconciler = Reconciler::new(ingestor, state);
+        let reconciler = Reconciler::new(ingestor, state, einmal::https::HttpsClient::new());
 
         let (result, figures) =
             handle_observed(&reconciler, None, None, &json!({"source": "aws.scheduler"})).await;

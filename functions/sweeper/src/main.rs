@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use einmal::adapters::aws::AwsStore;
+use einmal::adapters::aws::{AwsNames, AwsStore};
 use einmal::pipeline::sweep::{SweepSettings, Sweeper};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
@@ -11,10 +11,12 @@ use serde_json::Value;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
-    let store = Arc::new(AwsStore::from_env().await?);
+    // Check the names first: a missing variable should fail before any AWS lookup.
+    let names = AwsNames::from_env()?;
+    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
     let settings = SweepSettings::from_env()?;
-    let sweeper =
-        Sweeper::new(store.clone(), store.clone(), store.clone(), store).with_settings(settings);
+    let sweeper = Sweeper::from_store(store).with_settings(settings);
     let sweeper = &sweeper;
     let deployment = &einmal::telemetry::emf::deployment_from_env();
     run(service_fn(|_event: LambdaEvent<Value>| async move {

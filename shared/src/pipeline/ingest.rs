@@ -224,6 +224,12 @@ impl Ingestor {
         Self::from_source(ConfigSource::fixed(config), inbox, queue)
     }
 
+    /// Tenants from a source that may refresh itself (AWS: SSM with a TTL); the inbox and
+    /// the queue from one backend store.
+    pub fn from_store(config: ConfigSource, store: Arc<dyn crate::ports::InboxStore>) -> Self {
+        Self::from_source(config, store.clone(), store)
+    }
+
     /// Tenants from a source that may refresh itself (AWS: SSM with a TTL).
     pub fn from_source(config: ConfigSource, inbox: Arc<dyn Inbox>, queue: Arc<dyn Queue>) -> Self {
         Ingestor {

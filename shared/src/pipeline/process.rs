@@ -394,6 +394,15 @@ pub struct Processor {
 }
 
 impl Processor {
+    /// Every inbox port from one backend store.
+    pub fn from_store(
+        store: Arc<dyn crate::ports::InboxStore>,
+        state: Arc<dyn StateStore>,
+        domain: Arc<dyn Domain>,
+    ) -> Self {
+        Self::new(store.clone(), store.clone(), store, state, domain)
+    }
+
     pub fn new(
         inbox: Arc<dyn Inbox>,
         processing: Arc<dyn InboxProcessing>,

@@ -162,6 +162,11 @@ pub struct Replayer {
 }
 
 impl Replayer {
+    /// Every inbox port from one backend store.
+    pub fn from_store(store: Arc<dyn crate::ports::InboxStore>, audit: Arc<dyn AuditLog>) -> Self {
+        Self::new(store.clone(), store.clone(), store.clone(), store, audit)
+    }
+
     pub fn new(
         inbox: Arc<dyn Inbox>,
         replay: Arc<dyn InboxReplay>,

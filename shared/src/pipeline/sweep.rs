@@ -157,6 +157,11 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
+    /// Every inbox port from one backend store.
+    pub fn from_store(store: Arc<dyn crate::ports::InboxStore>) -> Self {
+        Self::new(store.clone(), store.clone(), store.clone(), store)
+    }
+
     pub fn new(
         inbox: Arc<dyn Inbox>,
         sweep: Arc<dyn InboxSweep>,

@@ -67,7 +67,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -85,6 +84,7 @@ use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
+use crate::https::HttpsClient;
 use crate::request::WebhookRequest;
 
 pub struct PayPal;
@@ -306,10 +306,11 @@ impl PayPalVerifier {
         }
     }
 
-    /// HTTPS fetching and the embedded DigiCert roots. With `EINMAL_PAYPAL_CERT_ADDR`
-    /// set (`ip:port`; benchmarks and tests only), every fetch connects there instead of
-    /// resolving the host; TLS still checks the PayPal host name.
-    pub fn production() -> Self {
+    /// HTTPS fetching over `client` (a clone of the process's one client) and the
+    /// embedded DigiCert roots. With `EINMAL_PAYPAL_CERT_ADDR` set (`ip:port`; benchmarks
+    /// and tests only), every fetch connects there instead of resolving the host, over a
+    /// dedicated client; TLS still checks the PayPal host name.
+    pub fn production(client: HttpsClient) -> Self {
         let anchors =
             Anchors::from_pem(DEFAULT_ROOTS_PEM.as_bytes()).expect("embedded DigiCert roots parse");
         let source = match std::env::var(CERT_ADDR_ENV).ok().map(|a| a.parse()) {
@@ -319,9 +320,9 @@ impl PayPalVerifier {
                     variable = CERT_ADDR_ENV,
                     "not an ip:port; certificates are fetched from PayPal"
                 );
-                HttpsCertSource::new()
+                HttpsCertSource::with_client(client)
             }
-            None => HttpsCertSource::new(),
+            None => HttpsCertSource::with_client(client),
         };
         Self::new(Arc::new(source), anchors)
     }
@@ -550,9 +551,9 @@ fn cert_host(url: &str) -> &str {
 }
 
 /// The process-wide verifier used by [`PayPal`]: [`install`]ed, or else
-/// [`PayPalVerifier::production`] on first use.
+/// [`PayPalVerifier::production`] with a client of its own on first use.
 pub fn verifier() -> &'static PayPalVerifier {
-    VERIFIER.get_or_init(PayPalVerifier::production)
+    VERIFIER.get_or_init(|| PayPalVerifier::production(HttpsClient::new()))
 }
 
 static VERIFIER: OnceLock<PayPalVerifier> = OnceLock::new();
@@ -785,46 +786,27 @@ fn extract(body: &[u8], tenant: &TenantConfig, delivery: &str) -> Result<Envelop
 /// this `ip:port` instead of the resolved host.
 pub const CERT_ADDR_ENV: &str = "EINMAL_PAYPAL_CERT_ADDR";
 
-type HttpsClient = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector<CertResolver>>,
-    http_body_util::Empty<bytes::Bytes>,
->;
-
-/// Fetches certificates over HTTPS (system roots, HTTP/1.1, no redirects) with one
-/// shared async client. The caller bounds each fetch by [`FETCH_TIMEOUT`].
+/// Fetches certificates over HTTPS only (system roots, HTTP/1.1, no redirects) with the
+/// process's shared client. The caller bounds each fetch by [`FETCH_TIMEOUT`].
 pub struct HttpsCertSource {
-    client: Result<HttpsClient, String>,
+    client: HttpsClient,
 }
 
 impl HttpsCertSource {
-    /// Resolve PayPal's hosts by DNS (off the runtime's workers, in the blocking pool).
+    /// A client of its own, resolving PayPal's hosts by DNS.
     pub fn new() -> Self {
-        Self::build(CertResolver(None))
+        Self::with_client(HttpsClient::new())
+    }
+
+    /// Fetches over `client` (a clone of the process's one client).
+    pub fn with_client(client: HttpsClient) -> Self {
+        HttpsCertSource { client }
     }
 
     /// Connect every fetch to `addr` (whatever the host), e.g. an address that never
-    /// answers in a benchmark. TLS still checks the certificate host name.
+    /// answers in a benchmark: a dedicated client. TLS still checks the host name.
     pub fn connecting_to(addr: SocketAddr) -> Self {
-        Self::build(CertResolver(Some(addr)))
-    }
-
-    fn build(resolver: CertResolver) -> Self {
-        let client = (|| {
-            let mut http =
-                hyper_util::client::legacy::connect::HttpConnector::new_with_resolver(resolver);
-            http.enforce_http(false);
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
-                .map_err(|e| e.to_string())?
-                .https_only()
-                .enable_http1()
-                .wrap_connector(http);
-            Ok(
-                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                    .build(https),
-            )
-        })();
-        HttpsCertSource { client }
+        Self::with_client(HttpsClient::connecting_to(addr))
     }
 }
 
@@ -842,8 +824,11 @@ impl CertSource for HttpsCertSource {
             .header(http::header::ACCEPT, "*/*")
             .body(Empty::new());
         async move {
-            let client = client.map_err(FetchError::Unreachable)?;
             let request = request.map_err(|e| FetchError::Refused(e.to_string()))?;
+            // The shared client also speaks plain HTTP; a certificate never comes over it.
+            if request.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
+                return Err(FetchError::Refused("not an https URL".into()));
+            }
             let response = client
                 .request(request)
                 .await
@@ -856,32 +841,6 @@ impl CertSource for HttpsCertSource {
                 .await
                 .map_err(|e| FetchError::Refused(e.to_string()))?;
             Ok(body.to_bytes().to_vec())
-        }
-        .boxed()
-    }
-}
-
-/// DNS for the certificate client: the system resolver, or one fixed address.
-#[derive(Clone)]
-pub struct CertResolver(Option<SocketAddr>);
-
-impl tower_service::Service<hyper_util::client::legacy::connect::dns::Name> for CertResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = std::io::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
-        if let Some(addr) = self.0 {
-            return futures::future::ready(Ok(vec![addr].into_iter())).boxed();
-        }
-        let host = name.as_str().to_owned();
-        async move {
-            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            Ok(addrs.collect::<Vec<_>>().into_iter())
         }
         .boxed()
     }

@@ -37,14 +37,13 @@ impl DynamoAuditLog {
         }
     }
 
-    /// Table from `EINMAL_AUDIT_TABLE`, client from the default provider chain.
-    pub async fn from_env() -> Result<Self, AwsSetupError> {
+    /// Table from `EINMAL_AUDIT_TABLE`; the client from the process's one SDK config.
+    pub fn from_sdk_config(sdk_config: &aws_config::SdkConfig) -> Result<Self, AwsSetupError> {
         let table = std::env::var(AUDIT_TABLE_ENV)
             .ok()
             .filter(|t| !t.is_empty())
             .ok_or(AwsSetupError::MissingEnv(AUDIT_TABLE_ENV))?;
-        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        Ok(Self::new(aws_sdk_dynamodb::Client::new(&sdk), table))
+        Ok(Self::new(aws_sdk_dynamodb::Client::new(sdk_config), table))
     }
 }
 

@@ -31,7 +31,6 @@ mod state;
 mod sweep;
 mod waiting;
 
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 pub use audit::{create_audit_table, DynamoAuditLog, AUDIT_TABLE_ENV};
@@ -79,15 +78,6 @@ impl AwsStore {
             aws_sdk_sqs::Client::new(sdk_config),
             names,
         )
-    }
-
-    /// Names from `EINMAL_INBOX_TABLE`, `EINMAL_QUEUE_URL`, `EINMAL_DLQ_URL`; clients
-    /// from the default provider chain (which honours `AWS_ENDPOINT_URL`, e.g. for moto).
-    pub async fn from_env() -> Result<Self, AwsSetupError> {
-        // Check the names first: a missing variable should fail before any AWS lookup.
-        let names = AwsNames::from_env()?;
-        let sdk_config = aws_config::load_defaults(BehaviorVersion::latest()).await;
-        Ok(Self::from_sdk_config(&sdk_config, names))
     }
 
     pub fn names(&self) -> AwsNames {

@@ -58,7 +58,6 @@ use crate::domain::state::{
 use crate::ports::StoreError;
 use crate::time::now_millis;
 use async_trait::async_trait;
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
@@ -113,17 +112,14 @@ impl DynamoStateStore {
         }
     }
 
-    /// Table from `EINMAL_STATE_TABLE`; client from the default provider chain (which
-    /// honours `AWS_ENDPOINT_URL`, e.g. for moto).
-    pub async fn from_env() -> Result<Self, AwsSetupError> {
-        // Check the name first: a missing variable should fail before any AWS lookup.
+    /// Table from `EINMAL_STATE_TABLE`; the client from the process's one SDK config.
+    pub fn from_sdk_config(sdk_config: &aws_config::SdkConfig) -> Result<Self, AwsSetupError> {
         let table = std::env::var(STATE_TABLE_ENV)
             .ok()
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
             .ok_or(AwsSetupError::MissingEnv(STATE_TABLE_ENV))?;
-        let sdk_config = aws_config::load_defaults(BehaviorVersion::latest()).await;
-        Ok(Self::new(aws_sdk_dynamodb::Client::new(&sdk_config), table))
+        Ok(Self::new(aws_sdk_dynamodb::Client::new(sdk_config), table))
     }
 
     pub fn table(&self) -> &str {
