@@ -9,8 +9,8 @@ use std::sync::Arc;
 use clap::Args;
 use einmal::config::Config;
 use einmal::pipeline::ingest::Ingestor;
-use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
+use einmal::time::parse_rfc3339;
 
 use crate::store::StoreArgs;
 

@@ -16,7 +16,8 @@
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -78,7 +79,7 @@ fn verify(
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, occurred, subject] = sig::json_fields(
+    let [id, kind, occurred, subject] = json::json_fields(
         body,
         [
             &["metadata", "event_id"],

@@ -32,7 +32,8 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::thin;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -46,7 +47,7 @@ static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
     let [id, kind, created, entity] =
-        sig::json_fields(body, [&["id"], &["type"], &["createdAt"], &["entityId"]])?;
+        json::json_fields(body, [&["id"], &["type"], &["createdAt"], &["entityId"]])?;
     let id = id.ok_or_else(|| sig::payload_error("missing event `id`"))?;
     let id = id
         .str()

@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use base64::Engine as _;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -115,7 +116,7 @@ impl Provider for StandardWebhooks {
 
         sig::check_event_id(id)?;
         let [kind, timestamp, object_id] =
-            sig::json_fields(body, [&["type"], &["timestamp"], &["data", "id"]])?;
+            json::json_fields(body, [&["type"], &["timestamp"], &["data", "id"]])?;
         let envelope = Envelope {
             provider: "standard-webhooks".into(),
             tenant: tenant.tenant.clone(),
