@@ -405,6 +405,11 @@ impl Provider for Adyen {
         &["merchant_account"]
     }
 
+    /// 3 quick retries, then a queue for up to 30 days.
+    fn retry_window_days(&self) -> u32 {
+        30
+    }
+
     /// Adyen's notification contract: answer `[accepted]` once every item is stored.
     fn accepted_body(&self) -> Option<&'static str> {
         Some("[accepted]")

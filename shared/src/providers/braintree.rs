@@ -226,6 +226,11 @@ impl Provider for Braintree {
         &["public_key", "source_merchant_id"]
     }
 
+    /// Unconfirmed; counted as one day.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

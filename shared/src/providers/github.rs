@@ -98,6 +98,11 @@ impl Provider for GitHub {
         &["event"]
     }
 
+    /// No automatic retry.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

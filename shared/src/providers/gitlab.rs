@@ -213,6 +213,11 @@ impl Provider for GitLab {
         ]
     }
 
+    /// No automatic re-send.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -121,6 +121,11 @@ impl Provider for Klarna {
         &["subject_account_id"]
     }
 
+    /// Retries over about 21 h (10 s to 12 h).
+    fn retry_window_days(&self) -> u32 {
+        2
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

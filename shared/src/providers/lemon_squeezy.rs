@@ -86,6 +86,11 @@ impl Provider for LemonSqueezy {
         &["store_id"]
     }
 
+    /// 3 retries within about 3 minutes.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

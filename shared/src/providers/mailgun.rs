@@ -164,6 +164,11 @@ impl Provider for Mailgun {
         &[]
     }
 
+    /// About 8 h (unconfirmed).
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -116,6 +116,11 @@ impl Provider for Paddle {
         &[]
     }
 
+    /// Up to 60 retries over 3 days (live accounts).
+    fn retry_window_days(&self) -> u32 {
+        3
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -906,6 +906,11 @@ impl Provider for PayPal {
         &["webhook_id", "paypal_ca_pem", "cert_url"]
     }
 
+    /// Up to 25 retries over 3 days.
+    fn retry_window_days(&self) -> u32 {
+        3
+    }
+
     /// Verified with PayPal's certificate; a secret (a private key PEM) only signs
     /// test requests (`sign`).
     fn needs_secret(&self, _tenant: &TenantConfig) -> bool {

@@ -96,6 +96,11 @@ impl Provider for Shopify {
         &["shop_domain", "topic", "access_token", "api_base"]
     }
 
+    /// 8 retries over 4 h.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

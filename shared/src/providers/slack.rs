@@ -123,6 +123,11 @@ impl Provider for Slack {
         &["team_id"]
     }
 
+    /// 3 retries within minutes.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn handshake(
         &self,
         request: &WebhookRequest,

@@ -98,6 +98,11 @@ impl Provider for Square {
         &["notification_url", "merchant_id"]
     }
 
+    /// Up to 72 h (one page of the docs says 24 h).
+    fn retry_window_days(&self) -> u32 {
+        3
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -92,6 +92,11 @@ impl Provider for StandardWebhooks {
         &[]
     }
 
+    /// The Svix schedule spans about 28 h.
+    fn retry_window_days(&self) -> u32 {
+        2
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -143,6 +143,11 @@ impl Provider for Stripe {
         &["account", "api_key", "api_base"]
     }
 
+    /// Resends undelivered events for up to three days.
+    fn retry_window_days(&self) -> u32 {
+        3
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

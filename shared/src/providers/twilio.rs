@@ -324,6 +324,11 @@ impl Provider for Twilio {
         &["url", "account_sid", "shared_key_secret"]
     }
 
+    /// No retries by default for most products (unconfirmed).
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,

@@ -177,6 +177,11 @@ impl Provider for WooCommerce {
         &["topic", "source", "webhook_id"]
     }
 
+    /// No retry.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
