@@ -9,8 +9,8 @@ use einmal::audit::AuditRecord;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::replay::{BulkSelector, ItemOutcome, Operator, ReplayReport};
 use einmal::ports::{InboxFilter, InboxItem, InboxState};
-use einmal::providers::sig::parse_rfc3339;
 use einmal::time::now_millis;
+use einmal::time::parse_rfc3339;
 use serde_json::json;
 
 use crate::store::StoreArgs;
@@ -329,7 +329,7 @@ fn audit_line(r: &AuditRecord) -> String {
     format!(
         "{}  {}  {:<12} by {}  events={}  result={}  reason={:?}",
         r.id,
-        einmal::providers::sig::format_rfc3339(r.at_ms / 1000),
+        einmal::time::format_rfc3339(r.at_ms / 1000),
         r.action,
         r.actor,
         r.events.len(),

@@ -11,8 +11,8 @@ use einmal::config::Config;
 use einmal::config_source::ConfigSource;
 use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
-use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
+use einmal::time::parse_rfc3339;
 
 use crate::store::StoreArgs;
 

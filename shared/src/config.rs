@@ -361,9 +361,9 @@ impl Config {
             if t.secrets.is_empty() && provider.needs_secret(&tenant) {
                 problem("no secrets: `secrets` must list at least one".into());
             }
-            if provider_name == "generic" && !t.secrets.is_empty() {
-                if let Err(reason) = providers::generic::validate(&tenant) {
-                    problem(reason.to_string());
+            if !t.secrets.is_empty() {
+                if let Err(reason) = provider.validate_tenant(&tenant) {
+                    problem(reason);
                 }
             }
             let key = (tenant.provider.clone(), tenant.tenant.clone());

@@ -8,14 +8,10 @@
 //!
 //! # Requests per provider
 //!
-//! | provider      | kind      | request                                              | auth |
-//! |---------------|-----------|------------------------------------------------------|------|
-//! | `mollie`      | `payment` | `GET {api_base}/v2/payments/{id}`                    | `Bearer {api_key}` |
-//! | `gopay`       | `payment` | `GET {api_base}/api/payments/payment/{id}`           | `Bearer {access_token}` |
-//! | `klarna-push` | `order`   | `GET {api_base}/ordermanagement/v1/orders/{id}`      | Basic `{api_username}:{api_password}` |
-//!
-//! `api_base` defaults to `https://api.mollie.com`, `https://gate.gopay.cz` and
-//! `https://api.klarna.com` (Klarna EU; set it for the NA/OC regions and for
+//! Each thin provider states its request in its [`thin::HintSpec`] (`providers/mollie.rs`,
+//! `gopay.rs`, `klarna_push.rs`): `GET {api_base}{path}{id}` with a Bearer token or
+//! Basic credentials from tenant options. `api_base` defaults to the provider's public
+//! API (Mollie, GoPay, Klarna EU; set it for the Klarna NA/OC regions and for
 //! playgrounds). Both `https://` (rustls, the system's root certificates) and `http://`
 //! are accepted.
 //!
@@ -49,7 +45,8 @@ use thiserror::Error;
 
 use crate::config::TenantConfig;
 use crate::https::HttpsClient;
-use crate::providers::thin;
+use crate::providers;
+use crate::providers::thin::{self, ApiAuth};
 
 /// Timeout of one lookup (connect, request and body).
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -149,38 +146,26 @@ pub fn api_request(
     // The id goes into a URL path: the ingest rules again, as a second line of defence.
     thin::check_resource_id(resource_id)
         .map_err(|e| permanent(format!("invalid resource id: {e}")))?;
-    match (provider, event_type) {
-        ("mollie", "payment") => Ok(ApiRequest {
-            url: format!(
-                "{}/v2/payments/{resource_id}",
-                api_base(tenant, "https://api.mollie.com")?
-            ),
-            authorization: format!("Bearer {}", credential(tenant, "api_key", &env)?),
-        }),
-        ("gopay", "payment") => Ok(ApiRequest {
-            url: format!(
-                "{}/api/payments/payment/{resource_id}",
-                api_base(tenant, "https://gate.gopay.cz")?
-            ),
-            authorization: format!("Bearer {}", credential(tenant, "access_token", &env)?),
-        }),
-        ("klarna-push", "order") => {
-            let user = credential(tenant, "api_username", &env)?;
-            let password = credential(tenant, "api_password", &env)?;
+    let spec = providers::lookup(provider)
+        .and_then(|p| p.hint())
+        .filter(|hint| hint.kind == event_type)
+        .ok_or_else(|| permanent(format!("no resource lookup for {provider} {event_type}")))?
+        .lookup;
+    let base = api_base(tenant, spec.default_base)?;
+    let authorization = match spec.auth {
+        ApiAuth::Bearer { token } => format!("Bearer {}", credential(tenant, token, &env)?),
+        ApiAuth::Basic { username, password } => {
+            let user = credential(tenant, username, &env)?;
+            let password = credential(tenant, password, &env)?;
             let basic =
                 base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-            Ok(ApiRequest {
-                url: format!(
-                    "{}/ordermanagement/v1/orders/{resource_id}",
-                    api_base(tenant, "https://api.klarna.com")?
-                ),
-                authorization: format!("Basic {basic}"),
-            })
+            format!("Basic {basic}")
         }
-        _ => Err(permanent(format!(
-            "no resource lookup for {provider} {event_type}"
-        ))),
-    }
+    };
+    Ok(ApiRequest {
+        url: format!("{base}{}{resource_id}", spec.path),
+        authorization,
+    })
 }
 
 /// The class of a non-2xx answer.

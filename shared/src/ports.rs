@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::envelope::{Envelope, InboxKey};
+use crate::providers::{self, Provider};
 
 /// Where an inbox item is in the pipeline.
 ///
@@ -223,17 +224,28 @@ pub trait Inbox: Send + Sync {
     async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError>;
 }
 
-/// Providers whose hints [`InboxHints`] finds: the thin-event providers without a
-/// list API (GoPay, Klarna push), whose reconciliation can only look up the payments
-/// their hints named. Mollie lists its payments, so its hints are not indexed.
-pub const INDEXED_HINT_PROVIDERS: [&str; 2] = ["gopay", "klarna-push"];
+/// Whether [`InboxHints`] finds the hints of `provider`: the thin-event providers
+/// without a list API (GoPay, Klarna push; [`HintSpec::indexed`]).
+///
+/// [`HintSpec::indexed`]: crate::providers::thin::HintSpec::indexed
+pub fn has_indexed_hints(provider: &dyn Provider) -> bool {
+    provider.hint().is_some_and(|hint| hint.indexed)
+}
 
-/// The hint scope of an item: `{provider}#{tenant}` for a hint
-/// (`hint.*` event type, see `providers::thin`) of an [`INDEXED_HINT_PROVIDERS`]
-/// provider, `None` for every other item. Fixed at put time (provider, tenant and
-/// event type never change), so only the put writes the index.
+/// The names of the providers whose hints [`InboxHints`] finds.
+pub fn indexed_hint_providers() -> impl Iterator<Item = &'static str> {
+    providers::all()
+        .iter()
+        .filter(|p| has_indexed_hints(**p))
+        .map(|p| p.name())
+}
+
+/// The hint scope of an item: `{provider}#{tenant}` for a hint (`hint.*` event type,
+/// see `providers::thin`) of a provider with indexed hints, `None` for every other
+/// item. Fixed at put time (provider, tenant and event type never change), so only
+/// the put writes the index.
 pub fn hint_scope(envelope: &Envelope) -> Option<String> {
-    (INDEXED_HINT_PROVIDERS.contains(&envelope.provider.as_str())
+    (providers::lookup(&envelope.provider).is_some_and(has_indexed_hints)
         && envelope
             .event_type
             .starts_with(crate::providers::thin::HINT_PREFIX))
@@ -261,8 +273,8 @@ pub struct InboxHint {
 #[async_trait]
 pub trait InboxHints: Send + Sync {
     /// Up to `limit` hints of `provider` + `tenant` received at or after `since_ms`,
-    /// oldest first (ties by key). Empty for a provider not in
-    /// [`INDEXED_HINT_PROVIDERS`]: its items are not indexed. A result of exactly
+    /// oldest first (ties by key). Empty for a provider without indexed hints
+    /// ([`indexed_hint_providers`]): its items are not indexed. A result of exactly
     /// `limit` hints may have more behind it.
     async fn hints_since(
         &self,

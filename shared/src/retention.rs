@@ -3,22 +3,17 @@
 //!
 //! A deduplication record that expires while the provider still retries would let a
 //! late retry in as a new event, so the configured value is only ever raised, never
-//! lowered, by this table. Windows are from `../shared/providers.md` (§1, §2).
+//! lowered, by the provider's retry window ([`Provider::retry_window_days`]).
+
+use crate::providers::{self, Provider};
 
 /// Days an operator has, after the provider's last retry, to inspect and replay.
 pub const REPLAY_MARGIN_DAYS: u32 = 7;
 
-/// The provider's documented retry window in whole days, rounded up. Providers that do
-/// not retry automatically (GitHub, Twilio, WooCommerce, GitLab) or retry for minutes
-/// (Slack, Lemon Squeezy) count as one day; unconfirmed schedules use the longest
-/// reported value.
+/// The retry window of the provider named `provider` in whole days; one day for a name
+/// no provider has.
 pub fn retry_window_days(provider: &str) -> u32 {
-    match provider {
-        "adyen" => 30,                                  // queue retries for up to 30 days
-        "stripe" | "paypal" | "paddle" | "square" => 3, // 3 days; Square up to 72 h
-        "mollie" | "standard-webhooks" | "klarna" | "klarna-push" | "gopay" => 2, // ≈ 26–28 h
-        _ => 1, // Shopify 4 h, Mailgun ≈ 8 h, Braintree, Slack, Lemon Squeezy, no-retry senders
-    }
+    providers::lookup(provider).map_or(1, Provider::retry_window_days)
 }
 
 /// Retention for `provider`: the configured days, raised to window + margin if shorter.

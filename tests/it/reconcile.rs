@@ -19,11 +19,11 @@ use einmal::domain::state::StateKey;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::ports::Source;
-use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{
     audit_record, shopify_create_event_id, shopify_event_id, Difference, ReconcileError,
     ReconcileOptions, Reconciler, DEFAULT_OVERLAP_SECS, PAGE_ATTEMPTS, PENDING_PROCESSING,
 };
+use einmal::time::parse_rfc3339;
 use einmal_tests::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};
 use einmal_tests::scenario::{
     self, drain, order_body, orders_create, pi_succeeded, shop_time, utc, Backend, Event, Kind,

@@ -20,13 +20,13 @@ use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::Processor;
 use einmal::ports::{Inbox, InboxHints, InboxItem, InboxState, PutOutcome, Source};
-use einmal::providers::sig::format_rfc3339;
 use einmal::providers::thin::hint_event_id;
 use einmal::reconcile::{
     audit_record, Difference, ReconcileOptions, Reconciler, TenantReport, DEFAULT_OVERLAP_SECS,
     MAX_WATCHED_ITEMS, PENDING_PROCESSING,
 };
 use einmal::request::WebhookRequest;
+use einmal::time::format_rfc3339;
 use einmal_tests::fake_thin_api::{query_param, Credentials, FakeThinApi, Options};
 use einmal_tests::fixtures::gopay_hint;
 use einmal_tests::moto::{self, OperationLog};

@@ -82,7 +82,7 @@ fn paypal_request(i: usize) -> WebhookRequest {
     put(
         &mut h,
         "paypal-transmission-time",
-        einmal::providers::sig::format_rfc3339(now),
+        einmal::time::format_rfc3339(now),
     );
     put(&mut h, "paypal-transmission-sig", "c2lnbmF0dXJl".into());
     put(

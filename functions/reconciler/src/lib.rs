@@ -7,9 +7,9 @@
 
 use einmal::audit::AuditLog;
 use einmal::domain::state::StateStore;
-use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler, TenantReport};
 use einmal::telemetry::emf::{self, ReconcileFigures};
+use einmal::time::parse_rfc3339;
 use serde_json::{json, Value};
 
 /// The options named by the invocation payload.

@@ -110,9 +110,6 @@ pub const PAYMENT_STATUS_FIELD: &str = "payment_status";
 /// A record created with this payment status is not a payment event.
 const INITIAL_PAYMENT_STATUS: &str = "pending";
 
-/// Providers whose `hint.*` envelopes are enriched by a resource lookup.
-const THIN: &[&str] = &["mollie", "gopay", "klarna-push"];
-
 /// Lease length (`EINMAL_LEASE_MS`).
 pub const LEASE_MS_ENV: &str = "EINMAL_LEASE_MS";
 /// Must equal the queue's redrive `maxReceiveCount` (`EINMAL_MAX_RECEIVE_COUNT`).
@@ -1066,11 +1063,10 @@ impl Processor {
     }
 }
 
-/// The kind of a hint envelope (`hint.payment` → `payment`) of a thin provider.
+/// The kind of a hint envelope (`hint.payment` → `payment`) of a thin provider (one
+/// with a [`crate::providers::Provider::hint`]).
 fn hint_kind(envelope: &Envelope) -> Option<&str> {
-    if !THIN.contains(&envelope.provider.as_str()) {
-        return None;
-    }
+    crate::providers::lookup(&envelope.provider)?.hint()?;
     envelope
         .event_type
         .strip_prefix(HINT_PREFIX)

@@ -48,6 +48,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::json::{self, Raw};
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -283,7 +284,7 @@ fn envelope(
         occurred_at: item
             .event_date
             .as_ref()
-            .and_then(|d| sig::parse_rfc3339(&d.0)),
+            .and_then(|d| crate::time::parse_rfc3339(&d.0)),
         delivery_id: None,
     })
 }
@@ -358,7 +359,7 @@ fn verify_platform(
     {
         return Err(ProviderError::SignatureMismatch);
     }
-    let [kind, id, merchant, company, created, timestamp] = sig::json_fields(
+    let [kind, id, merchant, company, created, timestamp] = json::json_fields(
         body,
         [
             &["type"],
@@ -370,15 +371,15 @@ fn verify_platform(
         ],
     )?;
     let kind = kind
-        .and_then(sig::Raw::str)
+        .and_then(Raw::str)
         .ok_or_else(|| sig::payload_error("platform webhook has no `type`"))?;
     let object = [id, merchant, company]
         .into_iter()
-        .find_map(|v| v.and_then(sig::Raw::text))
+        .find_map(|v| v.and_then(Raw::text))
         .ok_or_else(|| sig::payload_error("platform webhook has no data id"))?;
     let created = [created, timestamp]
         .into_iter()
-        .find_map(|v| v.and_then(sig::Raw::text))
+        .find_map(|v| v.and_then(Raw::text))
         .ok_or_else(|| sig::payload_error("platform webhook has no createdAt/timestamp"))?;
     let event_id = format!("platform:{kind}:{object}:{created}");
     sig::check_event_id(&event_id)?;
@@ -389,7 +390,7 @@ fn verify_platform(
         event_type: kind.into_owned(),
         object_id: Some(object.into_owned()),
         object_version: None,
-        occurred_at: sig::parse_rfc3339(&created),
+        occurred_at: crate::time::parse_rfc3339(&created),
         delivery_id: None,
     };
     Ok(VerifiedEvent::whole(envelope, request))
@@ -402,6 +403,11 @@ impl Provider for Adyen {
 
     fn options(&self) -> &'static [&'static str] {
         &["merchant_account"]
+    }
+
+    /// 3 quick retries, then a queue for up to 30 days.
+    fn retry_window_days(&self) -> u32 {
+        30
     }
 
     /// Adyen's notification contract: answer `[accepted]` once every item is stored.

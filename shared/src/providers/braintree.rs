@@ -212,7 +212,7 @@ fn extract(tenant: &TenantConfig, payload: &str) -> Result<Envelope, ProviderErr
         event_type: kind,
         object_id: n.subject_id,
         object_version: None,
-        occurred_at: sig::parse_rfc3339(&timestamp),
+        occurred_at: crate::time::parse_rfc3339(&timestamp),
         delivery_id: None,
     })
 }
@@ -224,6 +224,11 @@ impl Provider for Braintree {
 
     fn options(&self) -> &'static [&'static str] {
         &["public_key", "source_merchant_id"]
+    }
+
+    /// Unconfirmed; counted as one day.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(

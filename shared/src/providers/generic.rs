@@ -122,7 +122,7 @@ fn problem(msg: impl Into<String>) -> ConfigProblem {
 }
 
 /// Check a tenant's options (and that it has a secret) without a request.
-pub fn validate(tenant: &TenantConfig) -> Result<(), ConfigProblem> {
+fn validate(tenant: &TenantConfig) -> Result<(), ConfigProblem> {
     if tenant.secrets.is_empty() {
         return Err(problem("no secret is configured"));
     }
@@ -538,6 +538,15 @@ impl Provider for GenericHmac {
             "object_id_pointer",
             "event",
         ]
+    }
+
+    /// Unknown sender: one day, raised by `retention_days` if needed.
+    fn retry_window_days(&self) -> u32 {
+        1
+    }
+
+    fn validate_tenant(&self, tenant: &TenantConfig) -> Result<(), String> {
+        validate(tenant).map_err(|problem| problem.to_string())
     }
 
     fn verify_and_extract(

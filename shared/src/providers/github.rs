@@ -4,7 +4,8 @@
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -61,7 +62,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
     sig::check_event_id(delivery)?;
     let event = sig::single_header(request, &EVENT)?
         .ok_or_else(|| sig::payload_error("missing X-GitHub-Event header"))?;
-    let [action, repo, installation] = sig::json_fields(
+    let [action, repo, installation] = json::json_fields(
         &request.body,
         [
             &["action"],
@@ -95,6 +96,11 @@ impl Provider for GitHub {
 
     fn options(&self) -> &'static [&'static str] {
         &["event"]
+    }
+
+    /// No automatic retry.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(

@@ -20,7 +20,8 @@ use std::borrow::Cow;
 use base64::Engine as _;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -154,7 +155,7 @@ fn extract(
             return Err(ProviderError::TenantMismatch("X-Gitlab-Instance"));
         }
     }
-    let [kind, project_id, project_id_flat, attr_id, updated] = sig::json_fields(
+    let [kind, project_id, project_id_flat, attr_id, updated] = json::json_fields(
         &request.body,
         [
             &["object_kind"],
@@ -210,6 +211,11 @@ impl Provider for GitLab {
             "sign_mode",
             "event",
         ]
+    }
+
+    /// No automatic re-send.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(

@@ -24,6 +24,19 @@ pub struct GoPay;
 
 pub const NAME: &str = "gopay";
 
+/// Hints name payments; no list API, so reconciliation finds them through the index.
+static HINT: thin::HintSpec = thin::HintSpec {
+    kind: "payment",
+    indexed: true,
+    lookup: thin::LookupSpec {
+        default_base: "https://gate.gopay.cz",
+        path: "/api/payments/payment/",
+        auth: thin::ApiAuth::Bearer {
+            token: "access_token",
+        },
+    },
+};
+
 impl Provider for GoPay {
     fn name(&self) -> &'static str {
         NAME
@@ -36,6 +49,15 @@ impl Provider for GoPay {
             "api_base",
             "max_hints_per_minute",
         ]
+    }
+
+    /// Up to 20 attempts; schedule unconfirmed, counted as two days.
+    fn retry_window_days(&self) -> u32 {
+        2
+    }
+
+    fn hint(&self) -> Option<&'static thin::HintSpec> {
+        Some(&HINT)
     }
 
     /// A hint is guarded by the path token; nothing is signed.
@@ -58,7 +80,7 @@ impl Provider for GoPay {
         let id = thin::single_param(query.as_bytes(), "id")?.ok_or_else(|| {
             ProviderError::MalformedPayload("missing query parameter `id`".into())
         })?;
-        thin::bodiless_hint(NAME, tenant, "payment", &id, now_secs)
+        thin::bodiless_hint(NAME, tenant, HINT.kind, &id, now_secs)
     }
 
     fn sign(

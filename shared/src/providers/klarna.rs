@@ -16,7 +16,8 @@
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -78,7 +79,7 @@ fn verify(
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, occurred, subject] = sig::json_fields(
+    let [id, kind, occurred, subject] = json::json_fields(
         body,
         [
             &["metadata", "event_id"],
@@ -118,6 +119,11 @@ impl Provider for Klarna {
 
     fn options(&self) -> &'static [&'static str] {
         &["subject_account_id"]
+    }
+
+    /// Retries over about 21 h (10 s to 12 h).
+    fn retry_window_days(&self) -> u32 {
+        2
     }
 
     fn verify_and_extract(

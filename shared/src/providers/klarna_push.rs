@@ -52,6 +52,21 @@ fn order_id(query: &str) -> Result<String, ProviderError> {
     })
 }
 
+/// Pushes name orders (Order Management API, Klarna EU by default); no list API, so
+/// reconciliation finds them through the index.
+static HINT: thin::HintSpec = thin::HintSpec {
+    kind: "order",
+    indexed: true,
+    lookup: thin::LookupSpec {
+        default_base: "https://api.klarna.com",
+        path: "/ordermanagement/v1/orders/",
+        auth: thin::ApiAuth::Basic {
+            username: "api_username",
+            password: "api_password",
+        },
+    },
+};
+
 impl Provider for KlarnaPush {
     fn name(&self) -> &'static str {
         NAME
@@ -67,6 +82,15 @@ impl Provider for KlarnaPush {
         ]
     }
 
+    /// Pushes repeat until acknowledged; schedule unconfirmed, counted as two days.
+    fn retry_window_days(&self) -> u32 {
+        2
+    }
+
+    fn hint(&self) -> Option<&'static thin::HintSpec> {
+        Some(&HINT)
+    }
+
     /// A hint is guarded by the path token; nothing is signed.
     fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
         false
@@ -80,7 +104,7 @@ impl Provider for KlarnaPush {
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
         thin::check_path_token(request, tenant)?;
         let id = order_id(request.query.as_deref().unwrap_or_default())?;
-        thin::bodiless_hint(NAME, tenant, "order", &id, now_secs)
+        thin::bodiless_hint(NAME, tenant, HINT.kind, &id, now_secs)
     }
 
     fn sign(

@@ -13,7 +13,8 @@ use std::borrow::Cow;
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -33,7 +34,7 @@ fn required<'a>(raw: Option<Raw<'a>>, what: &str) -> Result<Cow<'a, str>, Provid
 
 fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
     let header_name = sig::single_header(request, &EVENT_NAME)?;
-    let [meta_name, data_type, data_id, updated_at, store] = sig::json_fields(
+    let [meta_name, data_type, data_id, updated_at, store] = json::json_fields(
         &request.body,
         [
             &["meta", "event_name"],
@@ -70,7 +71,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
         event_id,
         event_type: name.into_owned(),
         object_id: Some(data_id.into_owned()),
-        occurred_at: sig::parse_rfc3339(&updated_at),
+        occurred_at: crate::time::parse_rfc3339(&updated_at),
         object_version: Some(updated_at.into_owned()),
         delivery_id: None,
     })
@@ -83,6 +84,11 @@ impl Provider for LemonSqueezy {
 
     fn options(&self) -> &'static [&'static str] {
         &["store_id"]
+    }
+
+    /// 3 retries within about 3 minutes.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(
@@ -110,7 +116,7 @@ impl Provider for LemonSqueezy {
         let mac = hex::encode(sig::hmac_sha256(key.as_bytes(), &[body]));
         sig::put(&mut h, &SIGNATURE, &mac)?;
         // Lemon Squeezy sends the event name in a header too; mirror the body's.
-        let name = sig::json_fields(body, [&["meta", "event_name"]])
+        let name = json::json_fields(body, [&["meta", "event_name"]])
             .ok()
             .and_then(|[n]| n.and_then(Raw::str));
         if let Some(name) = name.filter(|n| !n.is_empty()) {

@@ -20,7 +20,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -68,7 +69,7 @@ fn remember_token(tenant: &str, token: &str, expires: i64, now: i64) -> bool {
 fn signature_fields(body: &[u8]) -> Result<(String, String, Vec<u8>), ProviderError> {
     let missing = || ProviderError::MissingHeader(SIG_NAME);
     // An unparsable body cannot carry a signature: that is an authentication failure.
-    let [ts, token, signature] = sig::json_fields(
+    let [ts, token, signature] = json::json_fields(
         body,
         [
             &["signature", "timestamp"],
@@ -107,7 +108,7 @@ fn float_secs(raw: Raw<'_>) -> Option<i64> {
 }
 
 fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, event, timestamp, message_id] = sig::json_fields(
+    let [id, event, timestamp, message_id] = json::json_fields(
         &request.body,
         [
             &["event-data", "id"],
@@ -161,6 +162,11 @@ impl Provider for Mailgun {
 
     fn options(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// About 8 h (unconfirmed).
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(

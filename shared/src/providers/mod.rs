@@ -112,6 +112,27 @@ pub trait Provider: Send + Sync {
         true
     }
 
+    // ---- Provider facts: retry window, hints, tenant checks ------------------------
+
+    /// The documented retry window in whole days, rounded up: inbox items outlive it by
+    /// a replay margin (`crate::retention`), and events wait at most this long for a
+    /// prerequisite (`pipeline::process`). Providers that do not retry automatically,
+    /// or only for minutes or hours, say 1; unconfirmed schedules take the longest
+    /// reported value (`../shared/providers.md` §1, §2).
+    fn retry_window_days(&self) -> u32;
+
+    /// For a thin-event provider, what its hints name and how the processor fetches
+    /// it; `None` (the default) for providers whose events carry their own state.
+    fn hint(&self) -> Option<&'static thin::HintSpec> {
+        None
+    }
+
+    /// Checks of a signing tenant's configuration (one that lists secrets) beyond its
+    /// option names, run at load time; the error is the reason shown to the operator.
+    fn validate_tenant(&self, _tenant: &TenantConfig) -> Result<(), String> {
+        Ok(())
+    }
+
     /// The HTTP methods this provider delivers with (POST for almost all; GoPay GETs).
     fn accepts_method(&self, method: &http::Method) -> bool {
         method == http::Method::POST

@@ -13,7 +13,8 @@ use std::borrow::Cow;
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -77,7 +78,7 @@ fn parse_header(request: &WebhookRequest) -> Result<Vec<Group>, ProviderError> {
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, object_id, occurred, notification] = sig::json_fields(
+    let [id, kind, object_id, occurred, notification] = json::json_fields(
         body,
         [
             &["event_id"],
@@ -113,6 +114,11 @@ impl Provider for Paddle {
 
     fn options(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Up to 60 retries over 3 days (live accounts).
+    fn retry_window_days(&self) -> u32 {
+        3
     }
 
     fn verify_and_extract(

@@ -80,7 +80,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, TrustAnchor, UnixTime};
 use sha2::{Digest, Sha256};
 use webpki::{EndEntityCert, KeyUsage};
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -615,7 +616,7 @@ impl<'a> Headers<'a> {
         if id.contains('|') {
             return Err(ProviderError::MalformedHeader(ID, "contains '|'"));
         }
-        let ts = sig::parse_rfc3339(time)
+        let ts = crate::time::parse_rfc3339(time)
             .ok_or(ProviderError::MalformedHeader(TIME, "not an RFC 3339 time"))?;
         sig::check_timestamp(ts, now, tenant.tolerance_secs, false)?;
         Ok(Headers {
@@ -754,7 +755,7 @@ fn common_names(mut name: &[u8]) -> Option<Vec<String>> {
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig, delivery: &str) -> Result<Envelope, ProviderError> {
-    let [id, kind, object_id, created] = sig::json_fields(
+    let [id, kind, object_id, created] = json::json_fields(
         body,
         [
             &["id"],
@@ -864,6 +865,11 @@ impl Provider for PayPal {
         &["webhook_id", "paypal_ca_pem", "cert_url"]
     }
 
+    /// Up to 25 retries over 3 days.
+    fn retry_window_days(&self) -> u32 {
+        3
+    }
+
     /// Verified with PayPal's certificate; a secret (a private key PEM) only signs
     /// test requests (`sign`).
     fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
@@ -912,7 +918,7 @@ impl Provider for PayPal {
             &h[16..20],
             &h[20..]
         );
-        let time = sig::format_rfc3339(now_secs);
+        let time = crate::time::format_rfc3339(now_secs);
         let message = signed_string(&id, &time, webhook_id, body);
         let mut signature = vec![0; key.public_modulus_len()];
         key.sign(

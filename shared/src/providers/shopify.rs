@@ -5,7 +5,8 @@
 use base64::Engine as _;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -72,7 +73,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
         event_id.push_str(part);
     }
     sig::check_event_id(&event_id)?;
-    let [id, updated_at] = sig::json_fields(&request.body, [&["id"], &["updated_at"]])?;
+    let [id, updated_at] = json::json_fields(&request.body, [&["id"], &["updated_at"]])?;
     let triggered = sig::single_header_of(request, &TRIGGERED_AT)?;
     Ok(Envelope {
         provider: "shopify".into(),
@@ -81,7 +82,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
         event_type: topic.to_owned(),
         object_id: id.and_then(Raw::text).map(String::from),
         object_version: updated_at.and_then(Raw::text).map(String::from),
-        occurred_at: triggered.and_then(sig::parse_rfc3339),
+        occurred_at: triggered.and_then(crate::time::parse_rfc3339),
         delivery_id: sig::single_header_of(request, &WEBHOOK_ID)?.map(str::to_owned),
     })
 }
@@ -93,6 +94,11 @@ impl Provider for Shopify {
 
     fn options(&self) -> &'static [&'static str] {
         &["shop_domain", "topic", "access_token", "api_base"]
+    }
+
+    /// 8 retries over 4 h.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(
@@ -131,7 +137,11 @@ impl Provider for Shopify {
         sig::put(&mut h, &SHOP[0], &shop)?;
         sig::put(&mut h, &EVENT_ID[0], event_id)?;
         sig::put(&mut h, &WEBHOOK_ID[0], &format!("{event_id}-{now_secs}"))?;
-        sig::put(&mut h, &TRIGGERED_AT[0], &sig::format_rfc3339(now_secs))?;
+        sig::put(
+            &mut h,
+            &TRIGGERED_AT[0],
+            &crate::time::format_rfc3339(now_secs),
+        )?;
         sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
     }

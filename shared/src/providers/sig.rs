@@ -291,9 +291,8 @@ pub fn payload_error(msg: impl Into<String>) -> ProviderError {
     ProviderError::MalformedPayload(msg.into())
 }
 
-// ---- JSON and time, re-exported for the provider modules -------------------------
-
-pub use super::json::{json_fields, Raw};
+// Only `reconcile.rs` still imports these from here; it moves to `crate::time` with
+// the reconcile split.
 pub use crate::time::{format_rfc3339, parse_rfc3339};
 
 // ---- Hex signature headers (Mollie, Lemon Squeezy, Klarna, Slack) -------------------

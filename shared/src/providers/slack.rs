@@ -13,7 +13,8 @@
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Handshake, Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -36,7 +37,7 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
             "only Events API JSON is supported (slash commands and interactivity are form-encoded)",
         ));
     }
-    let [id, top_type, event_type, team, time] = sig::json_fields(
+    let [id, top_type, event_type, team, time] = json::json_fields(
         body,
         [
             &["event_id"],
@@ -79,7 +80,7 @@ const MAX_CHALLENGE_LEN: usize = 256;
 
 /// The challenge of an authentic `url_verification` body, `None` for other bodies.
 fn challenge(body: &[u8]) -> Result<Option<String>, ProviderError> {
-    let [kind, challenge] = sig::json_fields(body, [&["type"], &["challenge"]])?;
+    let [kind, challenge] = json::json_fields(body, [&["type"], &["challenge"]])?;
     if kind.and_then(Raw::str).as_deref() != Some("url_verification") {
         return Ok(None);
     }
@@ -120,6 +121,11 @@ impl Provider for Slack {
 
     fn options(&self) -> &'static [&'static str] {
         &["team_id"]
+    }
+
+    /// 3 retries within minutes.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn handshake(

@@ -13,7 +13,8 @@ use std::borrow::Cow;
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -54,7 +55,7 @@ fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, object_id, created, merchant] = sig::json_fields(
+    let [id, kind, object_id, created, merchant] = json::json_fields(
         body,
         [
             &["event_id"],
@@ -95,6 +96,11 @@ impl Provider for Square {
 
     fn options(&self) -> &'static [&'static str] {
         &["notification_url", "merchant_id"]
+    }
+
+    /// Up to 72 h (one page of the docs says 24 h).
+    fn retry_window_days(&self) -> u32 {
+        3
     }
 
     fn verify_and_extract(

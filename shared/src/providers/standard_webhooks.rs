@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use base64::Engine as _;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -91,6 +92,11 @@ impl Provider for StandardWebhooks {
         &[]
     }
 
+    /// The Svix schedule spans about 28 h.
+    fn retry_window_days(&self) -> u32 {
+        2
+    }
+
     fn verify_and_extract(
         &self,
         request: &WebhookRequest,
@@ -115,7 +121,7 @@ impl Provider for StandardWebhooks {
 
         sig::check_event_id(id)?;
         let [kind, timestamp, object_id] =
-            sig::json_fields(body, [&["type"], &["timestamp"], &["data", "id"]])?;
+            json::json_fields(body, [&["type"], &["timestamp"], &["data", "id"]])?;
         let envelope = Envelope {
             provider: "standard-webhooks".into(),
             tenant: tenant.tenant.clone(),

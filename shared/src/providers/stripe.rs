@@ -5,7 +5,8 @@ use std::borrow::Cow;
 
 use http::HeaderName;
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -87,7 +88,7 @@ fn parse_header(request: &WebhookRequest) -> Result<Vec<Group>, ProviderError> {
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, created, account, object_id, related_id] = sig::json_fields(
+    let [id, kind, created, account, object_id, related_id] = json::json_fields(
         body,
         [
             &["id"],
@@ -140,6 +141,11 @@ impl Provider for Stripe {
 
     fn options(&self) -> &'static [&'static str] {
         &["account", "api_key", "api_base"]
+    }
+
+    /// Resends undelivered events for up to three days.
+    fn retry_window_days(&self) -> u32 {
+        3
     }
 
     fn verify_and_extract(

@@ -43,6 +43,43 @@ pub const HINT_WINDOW_SECS: i64 = 60;
 /// Longest accepted resource id.
 pub const MAX_RESOURCE_ID_LEN: usize = 64;
 
+/// What a thin-event provider's hints name and how the processor fetches it: the
+/// provider states it ([`super::Provider::hint`]); `crate::lookup` does the HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HintSpec {
+    /// The resource kind a hint names: event type `hint.{kind}`, fetched JSON shown to
+    /// the domain under `{kind}`.
+    pub kind: &'static str,
+    /// Whether the hints are indexed for reconciliation ([`crate::ports::InboxHints`]):
+    /// true for providers without a list API, whose reconciliation can only look up the
+    /// resources their hints named.
+    pub indexed: bool,
+    /// The API request that fetches the resource.
+    pub lookup: LookupSpec,
+}
+
+/// One API lookup: `GET {api_base}{path}{resource_id}` with the tenant's credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LookupSpec {
+    /// Used when the tenant sets no `api_base` option.
+    pub default_base: &'static str,
+    /// The path up to the resource id, starting with `/`.
+    pub path: &'static str,
+    pub auth: ApiAuth,
+}
+
+/// How a lookup authenticates; each field names the tenant option holding the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiAuth {
+    /// `Authorization: Bearer {option}`.
+    Bearer { token: &'static str },
+    /// `Authorization: Basic base64({username}:{password})`.
+    Basic {
+        username: &'static str,
+        password: &'static str,
+    },
+}
+
 /// Check the request's path token against the tenant's `path_token` option, in
 /// constant time. No configured token refuses the endpoint (`NoSecret`): an unsigned
 /// endpoint is never open.

@@ -39,7 +39,8 @@ use base64::Engine as _;
 use http::HeaderName;
 use sha2::{Digest, Sha256};
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -311,7 +312,7 @@ fn parse_rfc2822(s: &str) -> Option<i64> {
         z if z.len() == 5 => format!("{}:{}", &z[..3], &z[3..]),
         _ => return None,
     };
-    sig::parse_rfc3339(&format!("{year:04}-{month:02}-{day:02}T{time}{zone}"))
+    crate::time::parse_rfc3339(&format!("{year:04}-{month:02}-{day:02}T{time}{zone}"))
 }
 
 impl Provider for Twilio {
@@ -321,6 +322,11 @@ impl Provider for Twilio {
 
     fn options(&self) -> &'static [&'static str] {
         &["url", "account_sid", "shared_key_secret"]
+    }
+
+    /// No retries by default for most products (unconfirmed).
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(
@@ -433,7 +439,7 @@ fn json_params(body: &[u8]) -> Result<Params<'_>, ProviderError> {
         "SmsStatus",
         "CallSid",
     ];
-    let [a, b, c, d, e, f, g, h, i, j, k, l, m, n] = sig::json_fields(
+    let [a, b, c, d, e, f, g, h, i, j, k, l, m, n] = json::json_fields(
         body,
         [
             &[NAMES[0]],

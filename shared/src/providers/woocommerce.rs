@@ -24,7 +24,8 @@ use base64::Engine as _;
 use http::HeaderName;
 use sha2::{Digest, Sha256};
 
-use super::sig::{self, Raw};
+use super::json::{self, Raw};
+use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -144,7 +145,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
     check_webhook_id(tenant, sig::single_header(request, &WEBHOOK_ID)?)?;
     let topic = sig::single_header(request, &TOPIC)?
         .ok_or_else(|| sig::payload_error("missing X-WC-Webhook-Topic header"))?;
-    let [id, modified] = sig::json_fields(&request.body, [&["id"], &["date_modified_gmt"]])?;
+    let [id, modified] = json::json_fields(&request.body, [&["id"], &["date_modified_gmt"]])?;
     let id = id.and_then(Raw::text);
     let modified = modified.and_then(Raw::str).filter(|m| !m.is_empty());
     let event_id = match (&id, &modified) {
@@ -160,7 +161,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
     // `date_modified_gmt` is UTC without an offset, e.g. "2017-03-22T16:28:02".
     env.occurred_at = modified
         .as_deref()
-        .and_then(|m| sig::parse_rfc3339(&format!("{m}Z")));
+        .and_then(|m| crate::time::parse_rfc3339(&format!("{m}Z")));
     env.object_id = id.map(Cow::into_owned);
     env.object_version = modified.map(Cow::into_owned);
     env.delivery_id = sig::single_header(request, &DELIVERY)?.map(str::to_owned);
@@ -174,6 +175,11 @@ impl Provider for WooCommerce {
 
     fn options(&self) -> &'static [&'static str] {
         &["topic", "source", "webhook_id"]
+    }
+
+    /// No retry.
+    fn retry_window_days(&self) -> u32 {
+        1
     }
 
     fn verify_and_extract(

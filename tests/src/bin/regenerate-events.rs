@@ -25,6 +25,7 @@ use base64::Engine as _;
 use einmal::config::{Config, TenantConfig};
 use einmal::providers::{self, sig, Provider};
 use einmal::request::WebhookRequest;
+use einmal::time::format_rfc3339;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -490,7 +491,7 @@ fn scheduled_event(rule: &str, at: i64, detail: Value) -> Value {
         "detail-type": "Scheduled Event",
         "source": "aws.events",
         "account": ACCOUNT,
-        "time": sig::format_rfc3339(at),
+        "time": format_rfc3339(at),
         "region": REGION,
         "resources": [format!("arn:aws:events:{REGION}:{ACCOUNT}:rule/{rule}")],
         "detail": detail,
@@ -553,7 +554,7 @@ fn id_like(seed: &str) -> String {
 
 /// `29/Nov/2026:10:00:00 +0000`, as in `requestContext.time`.
 fn clf_time(at: i64) -> String {
-    let iso = sig::format_rfc3339(at); // 2026-11-29T10:00:00Z
+    let iso = format_rfc3339(at); // 2026-11-29T10:00:00Z
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];

@@ -28,8 +28,8 @@ use einmal::ports::{
     StoreError,
 };
 use einmal::providers;
-use einmal::providers::sig::format_rfc3339;
 use einmal::request::WebhookRequest;
+use einmal::time::format_rfc3339;
 use serde_json::{json, Value};
 
 use crate::fixtures::{SHOPIFY_SECRET, STRIPE_SECRET};

@@ -7,16 +7,13 @@ use rusqlite::{params, Connection};
 
 use super::{DbError, EmbeddedStore};
 use crate::envelope::InboxKey;
-use crate::ports::{InboxHint, InboxHints, InboxState, StoreError, INDEXED_HINT_PROVIDERS};
+use crate::ports::{indexed_hint_providers, InboxHint, InboxHints, InboxState, StoreError};
 use crate::providers::thin::HINT_PREFIX;
 
 /// The partial index's condition, written the same way in the index and the query
 /// (SQLite uses a partial index only when the query's WHERE repeats its terms).
 fn hint_condition() -> String {
-    let providers: Vec<String> = INDEXED_HINT_PROVIDERS
-        .iter()
-        .map(|p| format!("'{p}'"))
-        .collect();
+    let providers: Vec<String> = indexed_hint_providers().map(|p| format!("'{p}'")).collect();
     format!(
         "provider IN ({}) AND substr(event_type, 1, {}) = '{HINT_PREFIX}'",
         providers.join(", "),
@@ -77,7 +74,7 @@ impl InboxHints for EmbeddedStore {
         since_ms: i64,
         limit: usize,
     ) -> Result<Vec<InboxHint>, StoreError> {
-        if limit == 0 || !INDEXED_HINT_PROVIDERS.contains(&provider) {
+        if limit == 0 || !indexed_hint_providers().any(|p| p == provider) {
             return Ok(Vec::new());
         }
         let (provider, tenant) = (provider.to_string(), tenant.to_string());

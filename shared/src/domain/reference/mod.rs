@@ -380,5 +380,5 @@ pub(crate) fn minor_decimal(v: Option<&Value>) -> Option<i64> {
 
 /// An RFC 3339 timestamp in Unix seconds.
 pub(crate) fn time_of(v: Option<&Value>) -> Option<i64> {
-    crate::providers::sig::parse_rfc3339(v?.as_str()?)
+    crate::time::parse_rfc3339(v?.as_str()?)
 }

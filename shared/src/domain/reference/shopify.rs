@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::model::{check_id, parse_minor, LineItem, StockLine};
 use super::{currency, get, id_text, missing, text, Event, Mapped, RefundFact, Snapshot};
 use crate::domain::DomainError;
-use crate::providers::sig::{format_rfc3339, parse_rfc3339};
+use crate::time::{format_rfc3339, parse_rfc3339};
 
 pub(super) fn parse(topic: &str, body: &Value) -> Result<Mapped, DomainError> {
     if let Some(reason) = contradiction(topic, body) {
