@@ -15,6 +15,7 @@ mod hint_limits;
 mod infra;
 mod lambda_events;
 mod lambda_watch;
+mod layout;
 mod log_redaction;
 mod processing;
 mod reconcile;
