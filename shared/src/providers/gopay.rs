@@ -15,7 +15,8 @@
 
 use bytes::Bytes;
 
-use super::thin;
+use super::thin::{self, ThinResource};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::request::WebhookRequest;
@@ -23,6 +24,16 @@ use crate::request::WebhookRequest;
 pub struct GoPay;
 
 pub const NAME: &str = "gopay";
+
+/// A payment as `GET /api/payments/payment/{id}` returns it.
+pub static RESOURCE: ThinResource = ThinResource {
+    kind: "payment",
+    id: &["id"],
+    status: &["state"],
+    order_id: &["order_number"],
+    paid: &["PAID"],
+    failed: &["CANCELED", "TIMEOUTED"],
+};
 
 impl Provider for GoPay {
     fn name(&self) -> &'static str {
@@ -80,6 +91,13 @@ impl Provider for GoPay {
         now_secs: i64,
     ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
         Ok((self.sign(body, tenant, event_id, now_secs)?, Bytes::new()))
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "access_token",
+            method: ReconcileMethod::WatchedHints(&RESOURCE),
+        })
     }
 }
 

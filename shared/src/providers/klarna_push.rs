@@ -20,7 +20,8 @@
 
 use bytes::Bytes;
 
-use super::thin;
+use super::thin::{self, ThinResource};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::request::WebhookRequest;
@@ -28,6 +29,17 @@ use crate::request::WebhookRequest;
 pub struct KlarnaPush;
 
 pub const NAME: &str = "klarna-push";
+
+/// An order as the Order Management API's `GET /ordermanagement/v1/orders/{id}`
+/// returns it.
+pub static RESOURCE: ThinResource = ThinResource {
+    kind: "order",
+    id: &["order_id"],
+    status: &["status"],
+    order_id: &["merchant_reference1"],
+    paid: &["AUTHORIZED", "PART_CAPTURED", "CAPTURED"],
+    failed: &["CANCELLED"],
+};
 
 const PARAMS: [&str; 2] = ["klarna_order_id", "checkout_order_id"];
 
@@ -102,6 +114,13 @@ impl Provider for KlarnaPush {
         now_secs: i64,
     ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
         Ok((self.sign(body, tenant, event_id, now_secs)?, Bytes::new()))
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "api_username",
+            method: ReconcileMethod::WatchedHints(&RESOURCE),
+        })
     }
 }
 

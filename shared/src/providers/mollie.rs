@@ -33,13 +33,24 @@ use bytes::Bytes;
 use http::HeaderName;
 
 use super::sig::{self, Raw};
-use super::thin;
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
+use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
 
 pub struct Mollie;
+
+/// A classic webhook's payment as `GET /v2/payments/{id}` returns it.
+pub static RESOURCE: ThinResource = ThinResource {
+    kind: "payment",
+    id: &["id"],
+    status: &["status"],
+    order_id: &["metadata", "order_id"],
+    paid: &["paid"],
+    failed: &["failed", "canceled", "expired"],
+};
 
 const HEADER: &str = "x-mollie-signature";
 static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
@@ -160,6 +171,13 @@ impl Provider for Mollie {
             .append_pair("id", event_id)
             .finish();
         Ok((headers, Bytes::from(form)))
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "api_key",
+            method: ReconcileMethod::MolliePayments(&RESOURCE),
+        })
     }
 }
 

@@ -6,6 +6,7 @@ use base64::Engine as _;
 use http::HeaderName;
 
 use super::sig::{self, Raw};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -134,6 +135,13 @@ impl Provider for Shopify {
         sig::put(&mut h, &TRIGGERED_AT[0], &sig::format_rfc3339(now_secs))?;
         sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "access_token",
+            method: ReconcileMethod::ShopifyOrders,
+        })
     }
 }
 

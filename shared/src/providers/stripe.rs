@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use http::HeaderName;
 
 use super::sig::{self, Raw};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -185,6 +186,13 @@ impl Provider for Stripe {
             "application/json",
         )?;
         Ok(headers)
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "api_key",
+            method: ReconcileMethod::StripeEvents,
+        })
     }
 }
 

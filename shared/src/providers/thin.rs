@@ -156,6 +156,58 @@ pub fn hint_event_id(resource_id: &str, now_secs: i64) -> String {
     )
 }
 
+/// What a fetched thin resource's status means: only final states are facts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentState {
+    Paid,
+    /// Finally failed (failed, canceled, expired, …).
+    Failed,
+    /// Not final (open, authorized, refunded, …): nothing to apply yet.
+    Open,
+}
+
+/// The provider's own facts about the resource a hint names and the processor fetches:
+/// where its id, status and order reference are, and which statuses are final. The
+/// reference domain and reconciliation both read them from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinResource {
+    /// The hint kind (`hint.{kind}`) and lookup kind: `payment`, `order`.
+    pub kind: &'static str,
+    /// Path of the resource id in the fetched JSON.
+    pub id: &'static [&'static str],
+    /// Path of the status.
+    pub status: &'static [&'static str],
+    /// Path of our order id (the merchant's reference).
+    pub order_id: &'static [&'static str],
+    /// Statuses that mean paid.
+    pub paid: &'static [&'static str],
+    /// Statuses that mean finally failed.
+    pub failed: &'static [&'static str],
+}
+
+impl ThinResource {
+    /// What `status` means.
+    pub fn state(&self, status: &str) -> PaymentState {
+        if self.paid.contains(&status) {
+            PaymentState::Paid
+        } else if self.failed.contains(&status) {
+            PaymentState::Failed
+        } else {
+            PaymentState::Open
+        }
+    }
+
+    /// The value at `path` in `body` (`None` when absent or null).
+    pub fn field<'v>(
+        body: &'v serde_json::Value,
+        path: &[&str],
+    ) -> Option<&'v serde_json::Value> {
+        path.iter()
+            .try_fold(body, |v, k| v.get(k))
+            .filter(|v| !v.is_null())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
