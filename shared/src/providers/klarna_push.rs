@@ -20,8 +20,8 @@
 
 use bytes::Bytes;
 
-use super::thin::{self, ThinResource};
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
+use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::request::WebhookRequest;

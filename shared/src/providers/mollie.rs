@@ -32,8 +32,8 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
+use super::sig::{self, Raw};
 use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;

@@ -5,8 +5,8 @@
 use base64::Engine as _;
 use http::HeaderName;
 
-use super::sig::{self, Raw};
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
+use super::sig::{self, Raw};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;

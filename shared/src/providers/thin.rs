@@ -198,10 +198,7 @@ impl ThinResource {
     }
 
     /// The value at `path` in `body` (`None` when absent or null).
-    pub fn field<'v>(
-        body: &'v serde_json::Value,
-        path: &[&str],
-    ) -> Option<&'v serde_json::Value> {
+    pub fn field<'v>(body: &'v serde_json::Value, path: &[&str]) -> Option<&'v serde_json::Value> {
         path.iter()
             .try_fold(body, |v, k| v.get(k))
             .filter(|v| !v.is_null())

@@ -125,8 +125,7 @@ fn gopay(body: &Value) -> Result<Mapped, DomainError> {
         "id",
         "GoPay payment id",
     )?;
-    let status =
-        text(get(body, facts.status)).ok_or_else(|| missing("gopay payment", "state"))?;
+    let status = text(get(body, facts.status)).ok_or_else(|| missing("gopay payment", "state"))?;
     let state = facts.state(&status);
     let f = Fetched {
         what: "gopay payment",
@@ -148,8 +147,7 @@ fn klarna(body: &Value) -> Result<Mapped, DomainError> {
         "order_id",
         "Klarna order id",
     )?;
-    let status =
-        text(get(body, facts.status)).ok_or_else(|| missing("klarna order", "status"))?;
+    let status = text(get(body, facts.status)).ok_or_else(|| missing("klarna order", "status"))?;
     let state = facts.state(&status);
     let f = Fetched {
         what: "klarna order",
