@@ -1,7 +1,7 @@
 //! The payment view: what the business believes about its orders' payments. The port
 //! reconciliation (`crate::reconcile`) compares the providers' word with, so that it
 //! never reads a domain's records itself; a domain implements it next to
-//! [`super::Domain`] (the reference domain: `domain::reference::view`).
+//! [`super::Domain`] (the reference domain does so in its `view.rs`).
 //!
 //! Pure, like the domain: the caller loads the records (in batches, from the store
 //! it chooses) and the view only names and reads them.

@@ -286,6 +286,32 @@ mod tests {
     }
 
     #[test]
+    fn thin_resources_name_their_final_states() {
+        for provider in super::super::all() {
+            let Some(facts) = provider.reconcile().and_then(|s| s.thin()) else {
+                continue;
+            };
+            let name = provider.name();
+            assert!(!facts.paid.is_empty(), "{name}");
+            for status in facts.paid {
+                assert_eq!(facts.state(status), PaymentState::Paid, "{name} {status}");
+            }
+            for status in facts.failed {
+                assert_eq!(facts.state(status), PaymentState::Failed, "{name} {status}");
+            }
+            assert_eq!(facts.state("no such status"), PaymentState::Open, "{name}");
+            assert!(["payment", "order"].contains(&facts.kind), "{name}");
+        }
+        let body = serde_json::json!({"a": {"b": 1}, "n": null});
+        assert_eq!(
+            ThinResource::field(&body, &["a", "b"]),
+            Some(&serde_json::json!(1))
+        );
+        assert_eq!(ThinResource::field(&body, &["n"]), None);
+        assert_eq!(ThinResource::field(&body, &["a", "c"]), None);
+    }
+
+    #[test]
     fn params() {
         assert_eq!(
             single_param(b"id=tr_1&x=2", "id"),

@@ -36,3 +36,68 @@ impl PaymentView for ReferenceDomain {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::reference::Invoice;
+
+    fn record(data: Option<serde_json::Value>) -> StateRecord {
+        let mut record = StateRecord::missing(order_key("acme", "o-1"));
+        if let Some(data) = data {
+            record.version = 1;
+            record.data = data;
+        }
+        record
+    }
+
+    fn belief(order: Option<Order>) -> OrderBelief {
+        ReferenceDomain.belief(&record(order.map(|o| serde_json::to_value(o).unwrap())))
+    }
+
+    #[test]
+    fn orders_read_as_beliefs() {
+        assert_eq!(
+            ReferenceDomain.order_key("acme", "o-1"),
+            order_key("acme", "o-1")
+        );
+        let missing = belief(None);
+        assert_eq!(missing.payment, PaymentBelief::Missing);
+        assert!(!missing.created_from_shop);
+
+        let mut order = Order::new("o-1");
+        let pending = PaymentBelief::Known {
+            paid: false,
+            failed: false,
+            status: "pending".into(),
+        };
+        assert_eq!(belief(Some(order.clone())).payment, pending);
+
+        order.payment_status = PaymentStatus::Failed;
+        let failed = belief(Some(order.clone())).payment;
+        assert!(
+            matches!(failed, PaymentBelief::Known { paid: false, failed: true, ref status } if status == "failed")
+        );
+
+        // Past the payment: refunded orders are paid too.
+        order.payment_status = PaymentStatus::Refunded;
+        order.invoices.push(Invoice {
+            invoice_id: "i-1".into(),
+            amount_minor: 100,
+            source_effect: "x#paid".into(),
+        });
+        order.shopify_created = true;
+        let refunded = belief(Some(order));
+        assert!(
+            matches!(refunded.payment, PaymentBelief::Known { paid: true, failed: false, ref status } if status == "refunded")
+        );
+        assert!(refunded.created_from_shop);
+
+        // Unreadable, yet the shop's creation still counts.
+        let odd = ReferenceDomain.belief(&record(Some(
+            serde_json::json!({"shopify_created": true, "unknown": 1}),
+        )));
+        assert_eq!(odd.payment, PaymentBelief::Unreadable);
+        assert!(odd.created_from_shop);
+    }
+}
