@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use einmal::config::Config;
+use einmal::domain::reference::ReferenceDomain;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::providers::sig::parse_rfc3339;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
@@ -54,7 +55,9 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
     let hints = stores.hints.clone();
     let ingestor = Arc::new(Ingestor::new(config, stores.inbox, stores.queue));
     let audit = args.store.open_audit().await?;
-    let reconciler = Reconciler::new(ingestor, state.clone()).with_hints(hints);
+    // The business's view of its orders: the reference domain's.
+    let reconciler =
+        Reconciler::new(ingestor, state.clone(), Arc::new(ReferenceDomain)).with_hints(hints);
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,

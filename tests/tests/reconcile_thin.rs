@@ -142,9 +142,10 @@ impl Harness {
         .with_settings(scenario::settings(5_000, b.max_receive_count))
         .with_jitter(|| 1.0)
         .with_lookup(Arc::new(HttpLookup::new()), config);
-        let reconciler = Reconciler::new(ingestor.clone(), b.state.clone())
-            .with_hints(b.hints.clone())
-            .with_clock(|| einmal::time::now_secs() + RECONCILE_AHEAD_SECS);
+        let reconciler =
+            Reconciler::new(ingestor.clone(), b.state.clone(), Arc::new(ReferenceDomain))
+                .with_hints(b.hints.clone())
+                .with_clock(|| einmal::time::now_secs() + RECONCILE_AHEAD_SECS);
         Harness {
             b,
             api,
@@ -613,7 +614,11 @@ async fn every_thin_tenant_is_reconciled_in_one_run() {
     assert!(reports.iter().all(|r| r.error.is_none()), "{reports:?}");
     assert!(reports.iter().all(|r| r.ingested == 0));
     // Without the inbox GoPay and Klarna push cannot know their payments: a clear error.
-    let bare = Reconciler::new(h.ingestor.clone(), h.b.state.clone());
+    let bare = Reconciler::new(
+        h.ingestor.clone(),
+        h.b.state.clone(),
+        Arc::new(ReferenceDomain),
+    );
     let reports = bare.run(&only("gopay")).await.expect("run");
     let error = reports[0].error.as_deref().expect("error");
     assert!(error.contains("inbox"), "{error}");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use einmal::adapters::aws::{config_source_from_env, AwsStore};
 use einmal::adapters::aws_state::DynamoStateStore;
 use einmal::audit::{AuditLog, DynamoAuditLog, AUDIT_TABLE_ENV};
+use einmal::domain::reference::ReferenceDomain;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::Reconciler;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
@@ -29,7 +30,8 @@ async fn main() -> Result<(), Error> {
     let business = state.clone();
     // GoPay and Klarna push reconcile the payments their hints named: the inbox's
     // hint index (a Query on its sparse GSI).
-    let reconciler = &Reconciler::new(ingestor, state).with_hints(store);
+    // The business's orders are the reference domain's.
+    let reconciler = &Reconciler::new(ingestor, state, Arc::new(ReferenceDomain)).with_hints(store);
     let business = &business;
     let audit = &audit;
     let deployment = &einmal::telemetry::emf::deployment_from_env();

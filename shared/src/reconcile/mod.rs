@@ -4,6 +4,15 @@
 //! `source = reconcile`). A missed webhook is found here; an event the inbox already
 //! holds is a duplicate of the put and changes nothing (design invariant 8).
 //!
+//! A provider is reconciled when it declares a reconcile source
+//! ([`crate::providers::Provider::reconcile`]: the credential option and the method).
+//! One file per method: `stripe.rs` (event list), `shopify.rs` (order list),
+//! `mollie.rs` (payment list), `watched.rs` (GoPay, Klarna push: the hints' payments),
+//! with `thin.rs` (payment status of the thin providers), `page.rs` (one page request,
+//! retried) and `report.rs` (reports, differences, the audit record). What the
+//! business believes about its orders comes from the domain's [`PaymentView`];
+//! reconciliation knows no domain's records.
+//!
 //! # Requests per provider
 //!
 //! | provider  | request | auth |
@@ -56,7 +65,8 @@
 //!
 //! Their webhooks are hints without state, so what can be missed is a *status change*.
 //! A run finds the payments whose final state at the provider (paid; failed, canceled,
-//! expired; read as the reference domain reads them) our business state does not show,
+//! expired; the provider's own table, `providers::thin::ThinResource`, which the
+//! reference domain reads too) our business state does not show,
 //! and ingests a hint for each through the normal path (`source = reconcile`): the
 //! same `hint.{kind}` envelope and `{id}:hint:{minute}` event id as a webhook
 //! (`providers::thin`), so a real hint of the same minute is a duplicate, and a later
@@ -96,7 +106,8 @@
 //! # Differences
 //!
 //! Given the business [`StateStore`] ([`Reconciler::run_with`]), a run also compares
-//! what the provider says with our `order` records for the objects it saw: the newest
+//! what the provider says with what the business believes about its orders (the
+//! domain's [`PaymentView`], given to [`Reconciler::new`]) for the objects it saw: the newest
 //! state of each Stripe `payment_intent` (order from `metadata.order_id`) and each
 //! Shopify order. When the provider says paid (`status = succeeded` /
 //! `financial_status = paid`) and our order is missing or not paid, the report lists a
@@ -309,7 +320,7 @@ impl Reconciler {
     }
 
     /// [`Self::run`], and with `business` the differences between provider state and
-    /// our `order` records (`None`: none computed).
+    /// the business's orders, read through its [`PaymentView`] (`None`: none computed).
     pub async fn run_with(
         &self,
         options: &ReconcileOptions,
