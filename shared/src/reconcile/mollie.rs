@@ -2,9 +2,8 @@
 
 use serde::Deserialize;
 
-use super::page::foreign_next;
 use super::thin::{thin_payment, ThinPayment};
-use super::{api_base, ReconcileError, Reconciler, MAX_PAGES};
+use super::{api_base, foreign_next, ReconcileError, Reconciler, MAX_PAGES};
 use crate::config::TenantConfig;
 use crate::providers::sig::parse_rfc3339;
 use crate::providers::thin::ThinResource;

@@ -5,8 +5,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::page::foreign_next;
-use super::{api_base, Fetched, ReconcileError, Reconciler, MAX_PAGES};
+use super::{api_base, foreign_next, Fetched, ReconcileError, Reconciler, MAX_PAGES};
 use crate::config::TenantConfig;
 use crate::domain::payment_view::PaymentView;
 use crate::domain::state::{StateKey, StateStore};
