@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::Args;
 use einmal::config::Config;
 use einmal::config_source::ConfigSource;
+use einmal::domain::reference::ReferenceDomain;
 use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
@@ -58,7 +59,10 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
         store.clone(),
     ));
     let audit = args.store.open_audit().await?;
-    let reconciler = Reconciler::new(ingestor, state.clone(), HttpsClient::new()).with_hints(store);
+    // The business's view of its orders: the reference domain's.
+    let view = Arc::new(ReferenceDomain);
+    let reconciler =
+        Reconciler::new(ingestor, state.clone(), view, HttpsClient::new()).with_hints(store);
     let options = ReconcileOptions {
         provider: args.provider,
         tenant: args.tenant,

@@ -148,7 +148,7 @@ pub fn api_request(
         .map_err(|e| permanent(format!("invalid resource id: {e}")))?;
     let spec = providers::lookup(provider)
         .and_then(|p| p.hint())
-        .filter(|hint| hint.kind == event_type)
+        .filter(|hint| hint.resource.kind == event_type)
         .ok_or_else(|| permanent(format!("no resource lookup for {provider} {event_type}")))?
         .lookup;
     let base = api_base(tenant, spec.default_base)?;

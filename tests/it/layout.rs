@@ -40,10 +40,12 @@ fn rust_files(dir: &str) -> Vec<String> {
     names
 }
 
-/// The file's code with `//` comments removed (doc links may name anything).
+/// The file's production code: `//` comments removed (doc links may name anything), and
+/// its unit tests (from `#[cfg(test)]` on), which wire what they test like a binary does.
 fn code(path: &str) -> String {
     let text = std::fs::read_to_string(workspace().join(path)).expect("source is readable");
     text.lines()
+        .take_while(|line| line.trim() != "#[cfg(test)]")
         .map(|line| match line.find("//") {
             Some(at) => &line[..at],
             None => line,

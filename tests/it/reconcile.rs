@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use einmal::config::Config;
+use einmal::domain::reference::ReferenceDomain;
 use einmal::domain::state::StateKey;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
@@ -329,6 +330,7 @@ async fn setup_on(kind: Kind, page_size: usize) -> Setup {
     let reconciler = Reconciler::new(
         ingestor.clone(),
         b.state.clone(),
+        Arc::new(ReferenceDomain),
         einmal::https::HttpsClient::new(),
     )
     .with_page_timing(Duration::from_secs(1), Duration::from_millis(20));

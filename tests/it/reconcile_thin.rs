@@ -145,6 +145,7 @@ impl Harness {
         let reconciler = Reconciler::new(
             ingestor.clone(),
             b.state.clone(),
+            Arc::new(ReferenceDomain),
             einmal::https::HttpsClient::new(),
         )
         .with_hints(b.hints.clone())
@@ -620,6 +621,7 @@ async fn every_thin_tenant_is_reconciled_in_one_run() {
     let bare = Reconciler::new(
         h.ingestor.clone(),
         h.b.state.clone(),
+        Arc::new(ReferenceDomain),
         einmal::https::HttpsClient::new(),
     );
     let reports = bare.run(&only("gopay")).await.expect("run");

@@ -150,6 +150,7 @@ mod tests {
     use einmal::adapters::embedded::EmbeddedStateStore;
     use einmal::adapters::embedded::EmbeddedStore;
     use einmal::config::Config;
+    use einmal::domain::reference::ReferenceDomain;
     use einmal::pipeline::ingest::Ingestor;
 
     use super::*;
@@ -172,7 +173,12 @@ mod tests {
         )
         .expect("config");
         let ingestor = Arc::new(Ingestor::new(Arc::new(config), store.clone(), store));
-        let reconciler = Reconciler::new(ingestor, state, einmal::https::HttpsClient::new());
+        let reconciler = Reconciler::new(
+            ingestor,
+            state,
+            Arc::new(ReferenceDomain),
+            einmal::https::HttpsClient::new(),
+        );
 
         let (result, figures) =
             handle_observed(&reconciler, None, None, &json!({"source": "aws.scheduler"})).await;

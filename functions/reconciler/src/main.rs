@@ -6,6 +6,7 @@ use std::sync::Arc;
 use einmal::adapters::aws::{config_source_from_env, AwsNames, AwsStore, DynamoStateStore};
 use einmal::adapters::aws::{DynamoAuditLog, AUDIT_TABLE_ENV};
 use einmal::audit::AuditLog;
+use einmal::domain::reference::ReferenceDomain;
 use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::Reconciler;
@@ -33,8 +34,10 @@ async fn main() -> Result<(), Error> {
     let business = state.clone();
     // GoPay and Klarna push reconcile the payments their hints named: the inbox's
     // hint index (a Query on its sparse GSI).
-    // One HTTPS client (one pool) for the pages and the thin-provider lookups.
-    let reconciler = &Reconciler::new(ingestor, state, HttpsClient::new()).with_hints(store);
+    // The business's orders are the reference domain's; one HTTPS client (one pool) for
+    // the pages and the thin-provider lookups.
+    let view = Arc::new(ReferenceDomain);
+    let reconciler = &Reconciler::new(ingestor, state, view, HttpsClient::new()).with_hints(store);
     let business = &business;
     let audit = &audit;
     let deployment = &einmal::telemetry::emf::deployment_from_env();

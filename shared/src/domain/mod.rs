@@ -28,6 +28,7 @@
 //! record staying unchanged (the reference domain's SKU reads: a SKU is written under
 //! its version whenever the decision uses it).
 
+pub mod payment_view;
 pub mod reference;
 pub mod state;
 

@@ -15,7 +15,8 @@
 
 use bytes::Bytes;
 
-use super::thin;
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
+use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::request::WebhookRequest;
@@ -26,7 +27,7 @@ pub const NAME: &str = "gopay";
 
 /// Hints name payments; no list API, so reconciliation finds them through the index.
 static HINT: thin::HintSpec = thin::HintSpec {
-    kind: "payment",
+    resource: &RESOURCE,
     indexed: true,
     lookup: thin::LookupSpec {
         default_base: "https://gate.gopay.cz",
@@ -35,6 +36,16 @@ static HINT: thin::HintSpec = thin::HintSpec {
             token: "access_token",
         },
     },
+};
+
+/// A payment as `GET /api/payments/payment/{id}` returns it.
+pub static RESOURCE: ThinResource = ThinResource {
+    kind: "payment",
+    id: &["id"],
+    status: &["state"],
+    order_id: &["order_number"],
+    paid: &["PAID"],
+    failed: &["CANCELED", "TIMEOUTED"],
 };
 
 impl Provider for GoPay {
@@ -80,7 +91,7 @@ impl Provider for GoPay {
         let id = thin::single_param(query.as_bytes(), "id")?.ok_or_else(|| {
             ProviderError::MalformedPayload("missing query parameter `id`".into())
         })?;
-        thin::bodiless_hint(NAME, tenant, HINT.kind, &id, now_secs)
+        thin::bodiless_hint(NAME, tenant, HINT.resource.kind, &id, now_secs)
     }
 
     fn sign(
@@ -102,6 +113,13 @@ impl Provider for GoPay {
         now_secs: i64,
     ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
         Ok((self.sign(body, tenant, event_id, now_secs)?, Bytes::new()))
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "access_token",
+            method: ReconcileMethod::WatchedHints(&RESOURCE),
+        })
     }
 }
 

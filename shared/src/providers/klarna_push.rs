@@ -20,7 +20,8 @@
 
 use bytes::Bytes;
 
-use super::thin;
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
+use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::request::WebhookRequest;
@@ -28,6 +29,17 @@ use crate::request::WebhookRequest;
 pub struct KlarnaPush;
 
 pub const NAME: &str = "klarna-push";
+
+/// An order as the Order Management API's `GET /ordermanagement/v1/orders/{id}`
+/// returns it.
+pub static RESOURCE: ThinResource = ThinResource {
+    kind: "order",
+    id: &["order_id"],
+    status: &["status"],
+    order_id: &["merchant_reference1"],
+    paid: &["AUTHORIZED", "PART_CAPTURED", "CAPTURED"],
+    failed: &["CANCELLED"],
+};
 
 const PARAMS: [&str; 2] = ["klarna_order_id", "checkout_order_id"];
 
@@ -55,7 +67,7 @@ fn order_id(query: &str) -> Result<String, ProviderError> {
 /// Pushes name orders (Order Management API, Klarna EU by default); no list API, so
 /// reconciliation finds them through the index.
 static HINT: thin::HintSpec = thin::HintSpec {
-    kind: "order",
+    resource: &RESOURCE,
     indexed: true,
     lookup: thin::LookupSpec {
         default_base: "https://api.klarna.com",
@@ -104,7 +116,7 @@ impl Provider for KlarnaPush {
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
         thin::check_path_token(request, tenant)?;
         let id = order_id(request.query.as_deref().unwrap_or_default())?;
-        thin::bodiless_hint(NAME, tenant, HINT.kind, &id, now_secs)
+        thin::bodiless_hint(NAME, tenant, HINT.resource.kind, &id, now_secs)
     }
 
     fn sign(
@@ -126,6 +138,13 @@ impl Provider for KlarnaPush {
         now_secs: i64,
     ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
         Ok((self.sign(body, tenant, event_id, now_secs)?, Bytes::new()))
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "api_username",
+            method: ReconcileMethod::WatchedHints(&RESOURCE),
+        })
     }
 }
 

@@ -11,6 +11,7 @@ use thiserror::Error;
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
+use reconcile_source::ReconcileSource;
 
 pub mod adyen;
 pub mod braintree;
@@ -26,6 +27,7 @@ pub mod mailgun;
 pub mod mollie;
 pub mod paddle;
 pub mod paypal;
+pub mod reconcile_source;
 pub mod shopify;
 pub mod sig;
 pub mod slack;
@@ -201,6 +203,21 @@ pub trait Provider: Send + Sync {
         let headers = self.sign(body, tenant, event_id, now_secs)?;
         Ok((headers, Bytes::copy_from_slice(body)))
     }
+
+    // Reconciliation.
+
+    /// How `einmal reconcile` reads what this provider may not have told us; `None`
+    /// (the default): the provider is not reconciled.
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        None
+    }
+}
+
+/// The providers reconciliation knows, in registry order.
+pub fn reconciled() -> impl Iterator<Item = (&'static dyn Provider, ReconcileSource)> {
+    all()
+        .iter()
+        .filter_map(|p| p.reconcile().map(|source| (*p, source)))
 }
 
 /// All providers einmal knows; the path segment is each one's `name()`.

@@ -33,14 +33,25 @@ use bytes::Bytes;
 use http::HeaderName;
 
 use super::json::{self, Raw};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::sig;
-use super::thin;
+use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::request::WebhookRequest;
 
 pub struct Mollie;
+
+/// A classic webhook's payment as `GET /v2/payments/{id}` returns it.
+pub static RESOURCE: ThinResource = ThinResource {
+    kind: "payment",
+    id: &["id"],
+    status: &["status"],
+    order_id: &["metadata", "order_id"],
+    paid: &["paid"],
+    failed: &["failed", "canceled", "expired"],
+};
 
 const HEADER: &str = "x-mollie-signature";
 static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
@@ -82,7 +93,7 @@ fn classic(
             "only payment ids (tr_…) are supported in classic webhooks",
         ));
     }
-    let envelope = thin::hint_envelope("mollie", tenant, HINT.kind, &id, now_secs);
+    let envelope = thin::hint_envelope("mollie", tenant, HINT.resource.kind, &id, now_secs);
     Ok(VerifiedEvent::whole(envelope, request))
 }
 
@@ -93,7 +104,7 @@ fn is_classic(tenant: &TenantConfig) -> bool {
 
 /// Classic hints name payments; Mollie lists its payments, so they are not indexed.
 static HINT: thin::HintSpec = thin::HintSpec {
-    kind: "payment",
+    resource: &RESOURCE,
     indexed: false,
     lookup: thin::LookupSpec {
         default_base: "https://api.mollie.com",
@@ -181,6 +192,13 @@ impl Provider for Mollie {
             .append_pair("id", event_id)
             .finish();
         Ok((headers, Bytes::from(form)))
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "api_key",
+            method: ReconcileMethod::MolliePayments(&RESOURCE),
+        })
     }
 }
 

@@ -6,6 +6,7 @@ use base64::Engine as _;
 use http::HeaderName;
 
 use super::json::{self, Raw};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -144,6 +145,13 @@ impl Provider for Shopify {
         )?;
         sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
         Ok(h)
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "access_token",
+            method: ReconcileMethod::ShopifyOrders,
+        })
     }
 }
 

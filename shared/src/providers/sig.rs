@@ -291,10 +291,6 @@ pub fn payload_error(msg: impl Into<String>) -> ProviderError {
     ProviderError::MalformedPayload(msg.into())
 }
 
-// Only `reconcile.rs` still imports these from here; it moves to `crate::time` with
-// the reconcile split.
-pub use crate::time::{format_rfc3339, parse_rfc3339};
-
 // ---- Hex signature headers (Mollie, Lemon Squeezy, Klarna, Slack) -------------------
 
 /// Every hex signature in every value of the header `name`. Repeated headers (Mollie

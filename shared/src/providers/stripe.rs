@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use http::HeaderName;
 
 use super::json::{self, Raw};
+use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -191,6 +192,13 @@ impl Provider for Stripe {
             "application/json",
         )?;
         Ok(headers)
+    }
+
+    fn reconcile(&self) -> Option<ReconcileSource> {
+        Some(ReconcileSource {
+            credential_option: "api_key",
+            method: ReconcileMethod::StripeEvents,
+        })
     }
 }
 

@@ -47,9 +47,9 @@ pub const MAX_RESOURCE_ID_LEN: usize = 64;
 /// provider states it ([`super::Provider::hint`]); `crate::lookup` does the HTTP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HintSpec {
-    /// The resource kind a hint names: event type `hint.{kind}`, fetched JSON shown to
-    /// the domain under `{kind}`.
-    pub kind: &'static str,
+    /// The resource a hint names (its `kind`: event type `hint.{kind}`, fetched JSON shown
+    /// to the domain under `{kind}`), the one table reconciliation reads too.
+    pub resource: &'static ThinResource,
     /// Whether the hints are indexed for reconciliation ([`crate::ports::InboxHints`]):
     /// true for providers without a list API, whose reconciliation can only look up the
     /// resources their hints named.
@@ -193,6 +193,55 @@ pub fn hint_event_id(resource_id: &str, now_secs: i64) -> String {
     )
 }
 
+/// What a fetched thin resource's status means: only final states are facts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentState {
+    Paid,
+    /// Finally failed (failed, canceled, expired, …).
+    Failed,
+    /// Not final (open, authorized, refunded, …): nothing to apply yet.
+    Open,
+}
+
+/// The provider's own facts about the resource a hint names and the processor fetches:
+/// where its id, status and order reference are, and which statuses are final. The
+/// reference domain and reconciliation both read them from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinResource {
+    /// The hint kind (`hint.{kind}`) and lookup kind: `payment`, `order`.
+    pub kind: &'static str,
+    /// Path of the resource id in the fetched JSON.
+    pub id: &'static [&'static str],
+    /// Path of the status.
+    pub status: &'static [&'static str],
+    /// Path of our order id (the merchant's reference).
+    pub order_id: &'static [&'static str],
+    /// Statuses that mean paid.
+    pub paid: &'static [&'static str],
+    /// Statuses that mean finally failed.
+    pub failed: &'static [&'static str],
+}
+
+impl ThinResource {
+    /// What `status` means.
+    pub fn state(&self, status: &str) -> PaymentState {
+        if self.paid.contains(&status) {
+            PaymentState::Paid
+        } else if self.failed.contains(&status) {
+            PaymentState::Failed
+        } else {
+            PaymentState::Open
+        }
+    }
+
+    /// The value at `path` in `body` (`None` when absent or null).
+    pub fn field<'v>(body: &'v serde_json::Value, path: &[&str]) -> Option<&'v serde_json::Value> {
+        path.iter()
+            .try_fold(body, |v, k| v.get(k))
+            .filter(|v| !v.is_null())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +320,32 @@ mod tests {
         assert_eq!(env.event_type, "hint.payment");
         assert_eq!(env.object_id.as_deref(), Some("tr_1"));
         assert_eq!(env.key().as_str(), "mollie#acme#tr_1:hint:10");
+    }
+
+    #[test]
+    fn thin_resources_name_their_final_states() {
+        for provider in super::super::all() {
+            let Some(facts) = provider.reconcile().and_then(|s| s.thin()) else {
+                continue;
+            };
+            let name = provider.name();
+            assert!(!facts.paid.is_empty(), "{name}");
+            for status in facts.paid {
+                assert_eq!(facts.state(status), PaymentState::Paid, "{name} {status}");
+            }
+            for status in facts.failed {
+                assert_eq!(facts.state(status), PaymentState::Failed, "{name} {status}");
+            }
+            assert_eq!(facts.state("no such status"), PaymentState::Open, "{name}");
+            assert!(["payment", "order"].contains(&facts.kind), "{name}");
+        }
+        let body = serde_json::json!({"a": {"b": 1}, "n": null});
+        assert_eq!(
+            ThinResource::field(&body, &["a", "b"]),
+            Some(&serde_json::json!(1))
+        );
+        assert_eq!(ThinResource::field(&body, &["n"]), None);
+        assert_eq!(ThinResource::field(&body, &["a", "c"]), None);
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod stripe;
 #[cfg(test)]
 mod tests;
 mod thin;
+mod view;
 
 use serde_json::Value;
 

@@ -10,6 +10,10 @@
 //! - `klarna-push` `order`: a Klarna order-management order `{order_id, status,
 //!   merchant_reference1, order_amount (minor), purchase_currency}`.
 //!
+//! Where each body keeps its id, status and order reference, and which statuses are
+//! final, are the provider's own facts (`providers::{mollie, gopay, klarna_push}::
+//! RESOURCE`), which reconciliation reads too.
+//!
 //! A failure's time is the body's own timestamp (Mollie `failedAt`/`canceledAt`/
 //! `expiredAt`), else 0: the fetched state has no other business time, and the
 //! arrival or fetch time must not become part of an effect key.
@@ -21,6 +25,8 @@ use super::{
     Event, Mapped, PaymentRef,
 };
 use crate::domain::DomainError;
+use crate::providers::thin::PaymentState;
+use crate::providers::{gopay, klarna_push, mollie};
 
 pub(super) fn parse(provider: &str, event_type: &str, body: &Value) -> Result<Mapped, DomainError> {
     match (provider, event_type) {
@@ -29,13 +35,6 @@ pub(super) fn parse(provider: &str, event_type: &str, body: &Value) -> Result<Ma
         ("klarna-push", "order") => klarna(body),
         (p, t) => Err(DomainError::Permanent(format!("{p} {t}: not mapped"))),
     }
-}
-
-/// What a fetched state means.
-enum State {
-    Paid,
-    Failed,
-    NotFinal,
 }
 
 /// The fetched state, provider-neutral.
@@ -50,7 +49,7 @@ struct Fetched {
     at: i64,
 }
 
-fn fact(state: State, f: Fetched) -> Result<Mapped, DomainError> {
+fn fact(state: PaymentState, f: Fetched) -> Result<Mapped, DomainError> {
     let Fetched {
         what,
         status,
@@ -60,7 +59,7 @@ fn fact(state: State, f: Fetched) -> Result<Mapped, DomainError> {
         currency,
         at,
     } = f;
-    if let State::NotFinal = state {
+    if let PaymentState::Open = state {
         return Ok(Mapped::Ignore(format!(
             "{what} {payment_id} not final or not mapped: {status}"
         )));
@@ -68,7 +67,7 @@ fn fact(state: State, f: Fetched) -> Result<Mapped, DomainError> {
     let order_id = order_id
         .ok_or_else(|| DomainError::Permanent(format!("{what} {payment_id}: names no order")))?;
     Ok(Mapped::Event(match state {
-        State::Paid => Event::PaymentSucceeded {
+        PaymentState::Paid => Event::PaymentSucceeded {
             order_id,
             payment: PaymentRef::new(what.split(' ').next().unwrap_or(what), &payment_id),
             amount: amount.ok_or_else(|| missing(what, "amount"))?,
@@ -85,7 +84,8 @@ fn fact(state: State, f: Fetched) -> Result<Mapped, DomainError> {
 }
 
 fn mollie(body: &Value) -> Result<Mapped, DomainError> {
-    let status = text(get(body, &["status"]));
+    let facts = &mollie::RESOURCE;
+    let status = text(get(body, facts.status));
     let (true, Some(status)) = (
         get(body, &["resource"]).and_then(Value::as_str) == Some("payment"),
         status,
@@ -96,15 +96,11 @@ fn mollie(body: &Value) -> Result<Mapped, DomainError> {
     };
     let id = required_id(
         "mollie payment",
-        get(body, &["id"]),
+        get(body, facts.id),
         "id",
         "Mollie payment id",
     )?;
-    let state = match status.as_str() {
-        "paid" => State::Paid,
-        "failed" | "canceled" | "expired" => State::Failed,
-        _ => State::NotFinal,
-    };
+    let state = facts.state(&status);
     let at = ["failedAt", "canceledAt", "expiredAt"]
         .iter()
         .find_map(|f| time_of(get(body, &[f])))
@@ -112,7 +108,7 @@ fn mollie(body: &Value) -> Result<Mapped, DomainError> {
     let f = Fetched {
         what: "mollie payment",
         status,
-        order_id: order_id_of(get(body, &["metadata", "order_id"]))?,
+        order_id: order_id_of(get(body, facts.order_id))?,
         payment_id: id,
         amount: minor_decimal(get(body, &["amount", "value"])),
         currency: currency(get(body, &["amount", "currency"])),
@@ -122,22 +118,19 @@ fn mollie(body: &Value) -> Result<Mapped, DomainError> {
 }
 
 fn gopay(body: &Value) -> Result<Mapped, DomainError> {
+    let facts = &gopay::RESOURCE;
     let id = required_id(
         "gopay payment",
-        get(body, &["id"]),
+        get(body, facts.id),
         "id",
         "GoPay payment id",
     )?;
-    let status = text(get(body, &["state"])).ok_or_else(|| missing("gopay payment", "state"))?;
-    let state = match status.as_str() {
-        "PAID" => State::Paid,
-        "CANCELED" | "TIMEOUTED" => State::Failed,
-        _ => State::NotFinal,
-    };
+    let status = text(get(body, facts.status)).ok_or_else(|| missing("gopay payment", "state"))?;
+    let state = facts.state(&status);
     let f = Fetched {
         what: "gopay payment",
         status,
-        order_id: order_id_of(get(body, &["order_number"]))?,
+        order_id: order_id_of(get(body, facts.order_id))?,
         payment_id: id,
         amount: minor_int(get(body, &["amount"])),
         currency: currency(get(body, &["currency"])),
@@ -147,22 +140,19 @@ fn gopay(body: &Value) -> Result<Mapped, DomainError> {
 }
 
 fn klarna(body: &Value) -> Result<Mapped, DomainError> {
+    let facts = &klarna_push::RESOURCE;
     let id = required_id(
         "klarna order",
-        get(body, &["order_id"]),
+        get(body, facts.id),
         "order_id",
         "Klarna order id",
     )?;
-    let status = text(get(body, &["status"])).ok_or_else(|| missing("klarna order", "status"))?;
-    let state = match status.as_str() {
-        "AUTHORIZED" | "PART_CAPTURED" | "CAPTURED" => State::Paid,
-        "CANCELLED" => State::Failed,
-        _ => State::NotFinal,
-    };
+    let status = text(get(body, facts.status)).ok_or_else(|| missing("klarna order", "status"))?;
+    let state = facts.state(&status);
     let f = Fetched {
         what: "klarna order",
         status,
-        order_id: order_id_of(get(body, &["merchant_reference1"]))?,
+        order_id: order_id_of(get(body, facts.order_id))?,
         payment_id: id,
         amount: minor_int(get(body, &["order_amount"])),
         currency: currency(get(body, &["purchase_currency"])),

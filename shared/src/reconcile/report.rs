@@ -1,0 +1,203 @@
+//! What a run reports: the per-tenant counts, the differences between the provider's
+//! word and our orders, and the audit record of a run.
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Fetched, ReconcileError, ReconcileOptions};
+use crate::audit::AuditRecord;
+use crate::config::TenantConfig;
+use crate::domain::payment_view::{PaymentBelief, PaymentView};
+use crate::domain::state::{StateKey, StateStore};
+use crate::time::format_rfc3339;
+
+/// The result for one provider/tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantReport {
+    pub provider: String,
+    pub tenant: String,
+    /// The start of the window read (RFC 3339).
+    pub since: String,
+    /// Events (Stripe), order versions (Shopify: plus one `orders/create` per listed
+    /// order the business has not created) or payments (thin providers) read from the
+    /// API.
+    pub fetched: usize,
+    /// Of those, already in the inbox (a webhook or an earlier run brought them);
+    /// thin providers: already in sync with our order (see the module docs).
+    pub already_present: usize,
+    /// Of those, missing from the inbox and ingested now (`source = reconcile`); thin
+    /// providers: the hints ingested now.
+    pub ingested: usize,
+    /// The checkpoint stored after the run (RFC 3339); `None` when the run failed.
+    pub checkpoint: Option<String>,
+    /// Why the run failed; the checkpoint was not advanced.
+    pub error: Option<String>,
+    /// Inbox keys of the events ingested now.
+    #[serde(default)]
+    pub ingested_events: Vec<String>,
+    /// Provider says paid, our order is not (Stripe/Shopify: computed only with a
+    /// business state store, see [`Reconciler::run_with`]; thin providers: always, one
+    /// per payment a hint was ingested or is due for).
+    #[serde(default)]
+    pub differences: Vec<Difference>,
+}
+
+/// `our_status` of an object whose event this run just ingested.
+pub const PENDING_PROCESSING: &str = "pending processing";
+/// `our_status` of an order we have no record of.
+pub const MISSING: &str = "missing";
+/// `our_status` of an order record the business's view cannot read.
+pub const UNREADABLE: &str = "unreadable";
+
+/// The provider says an object is paid (thin providers: or finally failed); our order
+/// says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difference {
+    pub provider: String,
+    pub tenant: String,
+    /// Payment intent id (Stripe), order id (Shopify), payment / order id (thin).
+    pub object_id: String,
+    pub order_id: String,
+    /// `succeeded` (Stripe) / `paid` (Shopify) / the thin provider's status.
+    pub provider_status: String,
+    /// [`MISSING`], [`PENDING_PROCESSING`] or the order's `payment_status`.
+    pub our_status: String,
+}
+
+/// The newest provider state of one object seen by a run.
+pub(super) struct Observed {
+    pub(super) order_id: String,
+    pub(super) status: String,
+    pub(super) paid: bool,
+    pub(super) ingested_now: bool,
+}
+
+/// The object id and provider state of a fetched event the differences look at:
+/// Stripe `payment_intent.*` events with `metadata.order_id`, and Shopify orders.
+pub(super) fn observe(event: &Fetched) -> Option<(String, Observed)> {
+    let body: serde_json::Value = serde_json::from_slice(&event.body).ok()?;
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    match event.envelope.provider.as_str() {
+        "stripe" if event.envelope.event_type.starts_with("payment_intent.") => {
+            let object = body.pointer("/data/object")?;
+            let status = object.get("status").and_then(text).unwrap_or_default();
+            Some((
+                object.get("id").and_then(text)?,
+                Observed {
+                    order_id: object.pointer("/metadata/order_id").and_then(text)?,
+                    paid: status == "succeeded",
+                    status,
+                    ingested_now: false,
+                },
+            ))
+        }
+        "shopify" => {
+            let id = body.get("id").and_then(text)?;
+            let status = body
+                .get("financial_status")
+                .and_then(text)
+                .unwrap_or_default();
+            Some((
+                id.clone(),
+                Observed {
+                    order_id: id,
+                    paid: status == "paid",
+                    status,
+                    ingested_now: false,
+                },
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The observed objects the provider says are paid and our order does not.
+pub(super) async fn differences(
+    business: &dyn StateStore,
+    view: &dyn PaymentView,
+    tenant: &TenantConfig,
+    observed: std::collections::BTreeMap<String, Observed>,
+) -> Result<Vec<Difference>, ReconcileError> {
+    let paid: Vec<(String, Observed)> = observed.into_iter().filter(|(_, o)| o.paid).collect();
+    if paid.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<StateKey> = paid
+        .iter()
+        .map(|(_, o)| view.order_key(&tenant.tenant, &o.order_id))
+        .collect();
+    let records = business.load(&keys).await?;
+    let mut out = Vec::new();
+    for ((object_id, seen), record) in paid.into_iter().zip(records) {
+        let ours = match view.belief(&record).payment {
+            PaymentBelief::Known { paid: true, .. } => continue,
+            PaymentBelief::Known { status, .. } => status,
+            PaymentBelief::Unreadable => UNREADABLE.to_owned(),
+            PaymentBelief::Missing => MISSING.to_owned(),
+        };
+        let our_status = if seen.ingested_now {
+            PENDING_PROCESSING.to_owned()
+        } else {
+            ours
+        };
+        out.push(Difference {
+            provider: tenant.provider.clone(),
+            tenant: tenant.tenant.clone(),
+            object_id,
+            order_id: seen.order_id,
+            provider_status: seen.status,
+            our_status,
+        });
+    }
+    Ok(out)
+}
+
+/// The audit record of one reconciliation run (`action = reconcile`): the selector is
+/// provider/tenant/since, the events are the inbox keys ingested, the result the
+/// per-tenant counts.
+pub fn audit_record(
+    actor: &str,
+    reason: &str,
+    options: &ReconcileOptions,
+    reports: &[TenantReport],
+    at_ms: i64,
+) -> AuditRecord {
+    AuditRecord {
+        id: AuditRecord::new_id(at_ms),
+        at_ms,
+        actor: actor.to_owned(),
+        action: "reconcile".to_owned(),
+        reason: reason.to_owned(),
+        selector: json!({
+            "provider": options.provider,
+            "tenant": options.tenant,
+            "since": options.since.map(format_rfc3339),
+        }),
+        events: reports
+            .iter()
+            .flat_map(|r| r.ingested_events.iter().cloned())
+            .collect(),
+        result: json!({
+            "tenants": reports.iter().map(|r| json!({
+                "provider": r.provider,
+                "tenant": r.tenant,
+                "since": r.since,
+                "fetched": r.fetched,
+                "already_present": r.already_present,
+                "ingested": r.ingested,
+                "differences": r.differences.len(),
+                "checkpoint": r.checkpoint,
+                "error": r.error,
+            })).collect::<Vec<_>>(),
+            "fetched": reports.iter().map(|r| r.fetched).sum::<usize>(),
+            "already_present": reports.iter().map(|r| r.already_present).sum::<usize>(),
+            "ingested": reports.iter().map(|r| r.ingested).sum::<usize>(),
+            "differences": reports.iter().map(|r| r.differences.len()).sum::<usize>(),
+            "failed": reports.iter().filter(|r| r.error.is_some()).count(),
+        }),
+    }
+}
