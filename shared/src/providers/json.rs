@@ -57,6 +57,31 @@ impl<'a> Raw<'a> {
     }
 }
 
+/// The event id field: present, a JSON string, and valid as an inbox key. The two
+/// messages name the provider's own field.
+pub fn required_event_id<'a>(
+    field: Option<Raw<'a>>,
+    missing: &'static str,
+    not_string: &'static str,
+) -> Result<Cow<'a, str>, ProviderError> {
+    let id = field.ok_or_else(|| payload_error(missing))?;
+    let id = id.str().ok_or_else(|| payload_error(not_string))?;
+    super::sig::check_event_id(&id)?;
+    Ok(id)
+}
+
+/// A required non-empty JSON string (event types); absent, empty or not a string is
+/// `missing`.
+pub fn required_str<'a>(
+    field: Option<Raw<'a>>,
+    missing: &'static str,
+) -> Result<Cow<'a, str>, ProviderError> {
+    field
+        .and_then(Raw::str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| payload_error(missing))
+}
+
 /// Check that `body` is one strict JSON object (see the module docs) without reading
 /// any field: for providers that deserialize into their own structures.
 pub fn check_object(body: &[u8]) -> Result<(), ProviderError> {

@@ -88,13 +88,8 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
             &["metadata", "subject_account_id"],
         ],
     )?;
-    let id = id.ok_or_else(|| sig::payload_error("missing `metadata.event_id`"))?;
-    let id = id
-        .str()
-        .ok_or_else(|| sig::payload_error("`metadata.event_id` is not a string"))?;
-    sig::check_event_id(&id)?;
-    let kind = kind.and_then(Raw::str).filter(|k| !k.is_empty());
-    let kind = kind.ok_or_else(|| sig::payload_error("missing `metadata.event_type`"))?;
+    let id = json::required_event_id(id, "missing `metadata.event_id`", "`metadata.event_id` is not a string")?;
+    let kind = json::required_str(kind, "missing `metadata.event_type`")?;
     if let Some(want) = tenant.option("subject_account_id") {
         if subject.and_then(Raw::str).as_deref() != Some(want) {
             return Err(ProviderError::TenantMismatch("subject_account_id"));

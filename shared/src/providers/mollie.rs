@@ -59,13 +59,8 @@ static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
     let [id, kind, created, entity] =
         json::json_fields(body, [&["id"], &["type"], &["createdAt"], &["entityId"]])?;
-    let id = id.ok_or_else(|| sig::payload_error("missing event `id`"))?;
-    let id = id
-        .str()
-        .ok_or_else(|| sig::payload_error("event `id` is not a string"))?;
-    sig::check_event_id(&id)?;
-    let kind = kind.and_then(Raw::str).filter(|k| !k.is_empty());
-    let kind = kind.ok_or_else(|| sig::payload_error("missing event `type`"))?;
+    let id = json::required_event_id(id, "missing event `id`", "event `id` is not a string")?;
+    let kind = json::required_str(kind, "missing event `type`")?;
     Ok(Envelope {
         provider: "mollie".into(),
         tenant: tenant.tenant.clone(),

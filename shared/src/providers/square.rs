@@ -65,13 +65,8 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
             &["merchant_id"],
         ],
     )?;
-    let id = id.ok_or_else(|| sig::payload_error("missing `event_id`"))?;
-    let id = id
-        .str()
-        .ok_or_else(|| sig::payload_error("`event_id` is not a string"))?;
-    sig::check_event_id(&id)?;
-    let kind = kind.and_then(Raw::str).filter(|k| !k.is_empty());
-    let kind = kind.ok_or_else(|| sig::payload_error("missing event `type`"))?;
+    let id = json::required_event_id(id, "missing `event_id`", "`event_id` is not a string")?;
+    let kind = json::required_str(kind, "missing event `type`")?;
     if let Some(want) = tenant.option("merchant_id") {
         if merchant.and_then(Raw::str).as_deref() != Some(want) {
             return Err(ProviderError::TenantMismatch("merchant_id"));

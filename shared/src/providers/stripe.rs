@@ -101,13 +101,8 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
             &["related_object", "id"],
         ],
     )?;
-    let id = id.ok_or_else(|| sig::payload_error("missing event `id`"))?;
-    let id = id
-        .str()
-        .ok_or_else(|| sig::payload_error("event `id` is not a string"))?;
-    sig::check_event_id(&id)?;
-    let kind = kind.and_then(Raw::str).filter(|k| !k.is_empty());
-    let kind = kind.ok_or_else(|| sig::payload_error("missing event `type`"))?;
+    let id = json::required_event_id(id, "missing event `id`", "event `id` is not a string")?;
+    let kind = json::required_str(kind, "missing event `type`")?;
     // Connect: an event from another connected account must not land in this tenant.
     if let (Some(want), Some(got)) = (tenant.option("account"), account.and_then(Raw::str)) {
         if want != got {
