@@ -88,7 +88,11 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
             &["metadata", "subject_account_id"],
         ],
     )?;
-    let id = json::required_event_id(id, "missing `metadata.event_id`", "`metadata.event_id` is not a string")?;
+    let id = json::required_event_id(
+        id,
+        "missing `metadata.event_id`",
+        "`metadata.event_id` is not a string",
+    )?;
     let kind = json::required_str(kind, "missing `metadata.event_type`")?;
     if let Some(want) = tenant.option("subject_account_id") {
         if subject.and_then(Raw::str).as_deref() != Some(want) {
@@ -144,12 +148,8 @@ impl Provider for Klarna {
         _now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
         let (kid, key) = split(&sig::secrets(tenant)?[0]);
-        let mut h = http::HeaderMap::new();
         let mac = hex::encode(sig::hmac_sha256(key.as_bytes(), &[body]));
-        sig::put(&mut h, &SIGNATURE, &mac)?;
-        sig::put(&mut h, &KEY_ID, kid.unwrap_or(DEFAULT_KEY_ID))?;
-        sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
-        Ok(h)
+        sig::json_headers(&[(&SIGNATURE, &mac), (&KEY_ID, kid.unwrap_or(DEFAULT_KEY_ID))])
     }
 }
 

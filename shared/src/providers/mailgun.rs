@@ -121,10 +121,7 @@ fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, 
         .and_then(Raw::str)
         .ok_or_else(|| sig::payload_error("missing event-data.id"))?;
     sig::check_event_id(&id)?;
-    let event = event
-        .and_then(Raw::str)
-        .filter(|e| !e.is_empty())
-        .ok_or_else(|| sig::payload_error("missing event-data.event"))?;
+    let event = json::required_str(event, "missing event-data.event")?;
     Ok(Envelope {
         provider: "mailgun".into(),
         tenant: tenant.tenant.clone(),
@@ -205,9 +202,7 @@ impl Provider for Mailgun {
         _now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
         sig::secrets(tenant)?;
-        let mut h = http::HeaderMap::new();
-        sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
-        Ok(h)
+        sig::json_headers(&[])
     }
 
     /// Mailgun signs inside the body: `body` is the `event-data` object to wrap.

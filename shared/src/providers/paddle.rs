@@ -147,18 +147,7 @@ impl Provider for Paddle {
         let secret = sig::secrets(tenant)?[0].expose();
         let ts = now_secs.to_string();
         let mac = sig::hmac_sha256(secret.as_bytes(), &[ts.as_bytes(), b":", body]);
-        let mut headers = http::HeaderMap::new();
-        sig::put(
-            &mut headers,
-            &SIGNATURE,
-            &format!("ts={ts};h1={}", hex::encode(mac)),
-        )?;
-        sig::put(
-            &mut headers,
-            &http::header::CONTENT_TYPE,
-            "application/json",
-        )?;
-        Ok(headers)
+        sig::json_headers(&[(&SIGNATURE, &format!("ts={ts};h1={}", hex::encode(mac)))])
     }
 }
 

@@ -246,6 +246,21 @@ pub fn put(headers: &mut http::HeaderMap, name: Name, value: &str) -> Result<(),
     Ok(())
 }
 
+/// The headers of a generated JSON delivery: each `(name, value)` in order, then
+/// `Content-Type: application/json`.
+pub fn json_headers(pairs: &[(Name, &str)]) -> Result<http::HeaderMap, ProviderError> {
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in pairs {
+        put(&mut headers, name, value)?;
+    }
+    put(
+        &mut headers,
+        &http::header::CONTENT_TYPE,
+        "application/json",
+    )?;
+    Ok(headers)
+}
+
 /// `n` in decimal on the stack: signed content embeds timestamps on every request.
 pub struct Decimal {
     buf: [u8; 20],

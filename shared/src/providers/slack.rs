@@ -48,11 +48,7 @@ fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError
         ],
     )?;
     let top_type = top_type.and_then(Raw::str);
-    let id = id.ok_or_else(|| sig::payload_error("missing `event_id`"))?;
-    let id = id
-        .str()
-        .ok_or_else(|| sig::payload_error("`event_id` is not a string"))?;
-    sig::check_event_id(&id)?;
+    let id = json::required_event_id(id, "missing `event_id`", "`event_id` is not a string")?;
     let kind = event_type
         .and_then(Raw::str)
         .filter(|k| !k.is_empty())
@@ -163,16 +159,8 @@ impl Provider for Slack {
     ) -> Result<http::HeaderMap, ProviderError> {
         let secret = sig::secrets(tenant)?[0].expose();
         let ts = now_secs.to_string();
-        let mut headers = http::HeaderMap::new();
         let signature = hex::encode(mac(secret, ts.as_bytes(), body));
-        sig::put(&mut headers, &SIGNATURE, &format!("v0={signature}"))?;
-        sig::put(&mut headers, &TIMESTAMP, &ts)?;
-        sig::put(
-            &mut headers,
-            &http::header::CONTENT_TYPE,
-            "application/json",
-        )?;
-        Ok(headers)
+        sig::json_headers(&[(&SIGNATURE, &format!("v0={signature}")), (&TIMESTAMP, &ts)])
     }
 }
 

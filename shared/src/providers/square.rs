@@ -128,18 +128,7 @@ impl Provider for Square {
         let key = sig::secrets(tenant)?[0].expose();
         let url = notification_url(tenant)?;
         let mac = sig::hmac_sha256(key.as_bytes(), &[url.as_bytes(), body]);
-        let mut headers = http::HeaderMap::new();
-        sig::put(
-            &mut headers,
-            &SIGNATURE,
-            &base64::Engine::encode(&sig::B64, mac),
-        )?;
-        sig::put(
-            &mut headers,
-            &http::header::CONTENT_TYPE,
-            "application/json",
-        )?;
-        Ok(headers)
+        sig::json_headers(&[(&SIGNATURE, &base64::Engine::encode(&sig::B64, mac))])
     }
 }
 

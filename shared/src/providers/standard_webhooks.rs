@@ -151,16 +151,11 @@ impl Provider for StandardWebhooks {
             &key,
             &[event_id.as_bytes(), b".", ts.as_bytes(), b".", body],
         );
-        let mut h = http::HeaderMap::new();
-        sig::put(&mut h, &ID[0], event_id)?;
-        sig::put(&mut h, &TIMESTAMP[0], &ts)?;
-        sig::put(
-            &mut h,
-            &SIGNATURE[0],
-            &format!("v1,{}", sig::B64.encode(mac)),
-        )?;
-        sig::put(&mut h, &http::header::CONTENT_TYPE, "application/json")?;
-        Ok(h)
+        sig::json_headers(&[
+            (&ID[0], event_id),
+            (&TIMESTAMP[0], &ts),
+            (&SIGNATURE[0], &format!("v1,{}", sig::B64.encode(mac))),
+        ])
     }
 }
 

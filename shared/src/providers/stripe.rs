@@ -175,18 +175,7 @@ impl Provider for Stripe {
         let secret = sig::secrets(tenant)?[0].expose();
         let t = now_secs.to_string();
         let mac = sig::hmac_sha256(secret.as_bytes(), &[t.as_bytes(), b".", body]);
-        let mut headers = http::HeaderMap::new();
-        sig::put(
-            &mut headers,
-            &SIGNATURE,
-            &format!("t={t},v1={}", hex::encode(mac)),
-        )?;
-        sig::put(
-            &mut headers,
-            &http::header::CONTENT_TYPE,
-            "application/json",
-        )?;
-        Ok(headers)
+        sig::json_headers(&[(&SIGNATURE, &format!("t={t},v1={}", hex::encode(mac)))])
     }
 
     fn reconcile(&self) -> Option<ReconcileSource> {
