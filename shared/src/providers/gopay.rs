@@ -13,8 +13,6 @@
 //! provider: call the endpoint directly, e.g.
 //! `curl "http://127.0.0.1:8080/webhooks/gopay/T/TOKEN?id=3000006529"`.
 
-use bytes::Bytes;
-
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
@@ -94,26 +92,7 @@ impl Provider for GoPay {
         thin::bodiless_hint(NAME, tenant, HINT.resource.kind, &id, now_secs)
     }
 
-    fn sign(
-        &self,
-        _body: &[u8],
-        tenant: &TenantConfig,
-        _event_id: &str,
-        _now_secs: i64,
-    ) -> Result<http::HeaderMap, ProviderError> {
-        thin::configured_token(tenant)?;
-        Ok(http::HeaderMap::new())
-    }
-
-    fn signed_request(
-        &self,
-        body: &[u8],
-        tenant: &TenantConfig,
-        event_id: &str,
-        now_secs: i64,
-    ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
-        Ok((self.sign(body, tenant, event_id, now_secs)?, Bytes::new()))
-    }
+    thin::bodiless_signing!();
 
     fn reconcile(&self) -> Option<ReconcileSource> {
         Some(ReconcileSource {
@@ -127,6 +106,7 @@ impl Provider for GoPay {
 mod tests {
     use super::*;
     use crate::envelope::Envelope;
+    use bytes::Bytes;
     use http::{HeaderMap, Method};
 
     fn tenant(token: Option<&str>) -> TenantConfig {

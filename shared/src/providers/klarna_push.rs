@@ -18,8 +18,6 @@
 //! body); the token and the order id live in the URL, which `einmal send` does not
 //! build for this provider.
 
-use bytes::Bytes;
-
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::thin::{self, ThinResource};
 use super::{Provider, ProviderError, VerifiedEvent};
@@ -119,26 +117,7 @@ impl Provider for KlarnaPush {
         thin::bodiless_hint(NAME, tenant, HINT.resource.kind, &id, now_secs)
     }
 
-    fn sign(
-        &self,
-        _body: &[u8],
-        tenant: &TenantConfig,
-        _event_id: &str,
-        _now_secs: i64,
-    ) -> Result<http::HeaderMap, ProviderError> {
-        thin::configured_token(tenant)?;
-        Ok(http::HeaderMap::new())
-    }
-
-    fn signed_request(
-        &self,
-        body: &[u8],
-        tenant: &TenantConfig,
-        event_id: &str,
-        now_secs: i64,
-    ) -> Result<(http::HeaderMap, Bytes), ProviderError> {
-        Ok((self.sign(body, tenant, event_id, now_secs)?, Bytes::new()))
-    }
+    thin::bodiless_signing!();
 
     fn reconcile(&self) -> Option<ReconcileSource> {
         Some(ReconcileSource {

@@ -185,6 +185,39 @@ pub fn bodiless_hint(
     }])
 }
 
+/// `sign` and `signed_request` of the bodiless query hints (GoPay, Klarna push): what
+/// the provider sends is no headers and an empty body, the token and the id live in
+/// the URL. A macro because these are trait methods; signing still refuses a tenant
+/// without a configured path token.
+macro_rules! bodiless_signing {
+    () => {
+        fn sign(
+            &self,
+            _body: &[u8],
+            tenant: &$crate::config::TenantConfig,
+            _event_id: &str,
+            _now_secs: i64,
+        ) -> Result<http::HeaderMap, $crate::providers::ProviderError> {
+            $crate::providers::thin::configured_token(tenant)?;
+            Ok(http::HeaderMap::new())
+        }
+
+        fn signed_request(
+            &self,
+            body: &[u8],
+            tenant: &$crate::config::TenantConfig,
+            event_id: &str,
+            now_secs: i64,
+        ) -> Result<(http::HeaderMap, bytes::Bytes), $crate::providers::ProviderError> {
+            Ok((
+                self.sign(body, tenant, event_id, now_secs)?,
+                bytes::Bytes::new(),
+            ))
+        }
+    };
+}
+pub(crate) use bodiless_signing;
+
 /// `{resource_id}:hint:{now_secs / 60}`.
 pub fn hint_event_id(resource_id: &str, now_secs: i64) -> String {
     format!(
