@@ -15,9 +15,7 @@
 
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::thin::{self, ThinResource};
-use super::{Provider, ProviderError, VerifiedEvent};
-use crate::config::TenantConfig;
-use crate::request::WebhookRequest;
+use super::{Provider, ProviderError};
 
 pub struct GoPay;
 
@@ -46,6 +44,12 @@ pub static RESOURCE: ThinResource = ThinResource {
     failed: &["CANCELED", "TIMEOUTED"],
 };
 
+/// The payment id of `?id=…`.
+fn payment_id(query: &str) -> Result<String, ProviderError> {
+    thin::single_param(query.as_bytes(), "id")?
+        .ok_or_else(|| ProviderError::MalformedPayload("missing query parameter `id`".into()))
+}
+
 impl Provider for GoPay {
     fn name(&self) -> &'static str {
         NAME
@@ -65,34 +69,11 @@ impl Provider for GoPay {
         2
     }
 
-    fn hint(&self) -> Option<&'static thin::HintSpec> {
-        Some(&HINT)
-    }
-
-    /// A hint is guarded by the path token; nothing is signed.
-    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
-        false
-    }
-
     fn accepts_method(&self, method: &http::Method) -> bool {
         method == http::Method::GET
     }
 
-    fn verify_and_extract(
-        &self,
-        request: &WebhookRequest,
-        tenant: &TenantConfig,
-        now_secs: i64,
-    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
-        thin::check_path_token(request, tenant)?;
-        let query = request.query.as_deref().unwrap_or_default();
-        let id = thin::single_param(query.as_bytes(), "id")?.ok_or_else(|| {
-            ProviderError::MalformedPayload("missing query parameter `id`".into())
-        })?;
-        thin::bodiless_hint(NAME, tenant, HINT.resource.kind, &id, now_secs)
-    }
-
-    thin::bodiless_signing!();
+    thin::query_hint_methods!(NAME, HINT, payment_id);
 
     fn reconcile(&self) -> Option<ReconcileSource> {
         Some(ReconcileSource {
@@ -105,7 +86,9 @@ impl Provider for GoPay {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TenantConfig;
     use crate::envelope::Envelope;
+    use crate::request::WebhookRequest;
     use bytes::Bytes;
     use http::{HeaderMap, Method};
 

@@ -20,9 +20,7 @@
 
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::thin::{self, ThinResource};
-use super::{Provider, ProviderError, VerifiedEvent};
-use crate::config::TenantConfig;
-use crate::request::WebhookRequest;
+use super::{Provider, ProviderError};
 
 pub struct KlarnaPush;
 
@@ -97,27 +95,7 @@ impl Provider for KlarnaPush {
         2
     }
 
-    fn hint(&self) -> Option<&'static thin::HintSpec> {
-        Some(&HINT)
-    }
-
-    /// A hint is guarded by the path token; nothing is signed.
-    fn needs_secret(&self, _tenant: &TenantConfig) -> bool {
-        false
-    }
-
-    fn verify_and_extract(
-        &self,
-        request: &WebhookRequest,
-        tenant: &TenantConfig,
-        now_secs: i64,
-    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
-        thin::check_path_token(request, tenant)?;
-        let id = order_id(request.query.as_deref().unwrap_or_default())?;
-        thin::bodiless_hint(NAME, tenant, HINT.resource.kind, &id, now_secs)
-    }
-
-    thin::bodiless_signing!();
+    thin::query_hint_methods!(NAME, HINT, order_id);
 
     fn reconcile(&self) -> Option<ReconcileSource> {
         Some(ReconcileSource {
@@ -130,6 +108,8 @@ impl Provider for KlarnaPush {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TenantConfig;
+    use crate::request::WebhookRequest;
     use http::{HeaderMap, Method};
 
     const ORDER: &str = "f3392f8b-6116-4073-ab96-e330819e2c07";

@@ -185,12 +185,38 @@ pub fn bodiless_hint(
     }])
 }
 
-/// `sign` and `signed_request` of the bodiless query hints (GoPay, Klarna push): what
-/// the provider sends is no headers and an empty body, the token and the id live in
-/// the URL. A macro because these are trait methods; signing still refuses a tenant
-/// without a configured path token.
-macro_rules! bodiless_signing {
-    () => {
+/// The `Provider` methods of the bodiless query hints (GoPay, Klarna push), which differ
+/// only in how the resource id is read from the query: `$id_of(query)`. A hint is
+/// guarded by the path token, so no secret is needed; what the provider sends is no
+/// headers and an empty body (token and id live in the URL), and signing still refuses
+/// a tenant without a configured path token. A macro because these are trait methods.
+macro_rules! query_hint_methods {
+    ($name:expr, $hint:expr, $id_of:expr) => {
+        fn hint(&self) -> Option<&'static $crate::providers::thin::HintSpec> {
+            Some(&$hint)
+        }
+
+        fn needs_secret(&self, _tenant: &$crate::config::TenantConfig) -> bool {
+            false
+        }
+
+        fn verify_and_extract(
+            &self,
+            request: &$crate::request::WebhookRequest,
+            tenant: &$crate::config::TenantConfig,
+            now_secs: i64,
+        ) -> Result<Vec<$crate::providers::VerifiedEvent>, $crate::providers::ProviderError> {
+            $crate::providers::thin::check_path_token(request, tenant)?;
+            let id = $id_of(request.query.as_deref().unwrap_or_default())?;
+            $crate::providers::thin::bodiless_hint(
+                $name,
+                tenant,
+                $hint.resource.kind,
+                &id,
+                now_secs,
+            )
+        }
+
         fn sign(
             &self,
             _body: &[u8],
@@ -216,7 +242,7 @@ macro_rules! bodiless_signing {
         }
     };
 }
-pub(crate) use bodiless_signing;
+pub(crate) use query_hint_methods;
 
 /// `{resource_id}:hint:{now_secs / 60}`.
 pub fn hint_event_id(resource_id: &str, now_secs: i64) -> String {
