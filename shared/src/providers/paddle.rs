@@ -27,10 +27,7 @@ static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
 
 /// One `ts` with its `h1` signatures. Normally one; API Gateway comma-joins a
 /// repeated header, and each joined value is its own group.
-struct Group {
-    ts: i64,
-    sigs: Vec<Vec<u8>>,
-}
+type Group = sig::StampedSigs;
 
 fn parse_group(text: &str) -> Result<Group, ProviderError> {
     let mut ts = None;
@@ -122,17 +119,7 @@ impl Provider for Paddle {
         tenant: &TenantConfig,
         now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
-        let secrets = sig::secrets(tenant)?;
-        let groups = parse_header(request)?;
-        let body = &request.body[..];
-        sig::verify_timestamped_body(
-            groups.iter().map(|g| (g.ts, g.sigs.as_slice())),
-            secrets,
-            body,
-            b":",
-            now_secs,
-            tenant.tolerance_secs,
-        )?;
+        let body = sig::verify_stamped_request(request, tenant, now_secs, b":", parse_header)?;
         let envelope = extract(body, tenant)?;
         Ok(VerifiedEvent::whole(envelope, request))
     }
@@ -144,10 +131,8 @@ impl Provider for Paddle {
         _event_id: &str,
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
-        let secret = sig::secrets(tenant)?[0].expose();
-        let ts = now_secs.to_string();
-        let mac = sig::hmac_sha256(secret.as_bytes(), &[ts.as_bytes(), b":", body]);
-        sig::json_headers(&[(&SIGNATURE, &format!("ts={ts};h1={}", hex::encode(mac)))])
+        let (ts, mac) = sig::sign_stamped_hex(tenant, body, b":", now_secs)?;
+        sig::json_headers(&[(&SIGNATURE, &format!("ts={ts};h1={mac}"))])
     }
 }
 

@@ -178,6 +178,50 @@ pub fn verify_timestamped_body<'a>(
     result
 }
 
+/// One timestamp with the signatures sent for it (Stripe `t`/`v1`, Paddle `ts`/`h1`).
+pub struct StampedSigs {
+    pub ts: i64,
+    pub sigs: Vec<Vec<u8>>,
+}
+
+/// A timestamp-signed request: the tenant's secrets (`NoSecret` first), then the groups
+/// `parse_header` reads, checked by [`verify_timestamped_body`] with the tenant's
+/// tolerance. Returns the body that held.
+pub fn verify_stamped_request<'r>(
+    request: &'r WebhookRequest,
+    tenant: &TenantConfig,
+    now_secs: i64,
+    separator: &[u8],
+    parse_header: impl FnOnce(&WebhookRequest) -> Result<Vec<StampedSigs>, ProviderError>,
+) -> Result<&'r [u8], ProviderError> {
+    let secrets = secrets(tenant)?;
+    let groups = parse_header(request)?;
+    let body = &request.body[..];
+    verify_timestamped_body(
+        groups.iter().map(|g| (g.ts, g.sigs.as_slice())),
+        secrets,
+        body,
+        separator,
+        now_secs,
+        tenant.tolerance_secs,
+    )?;
+    Ok(body)
+}
+
+/// The timestamp and the hex HMAC-SHA256 of `"{ts}{separator}{body}"` with the tenant's
+/// first secret, for generating a timestamp-signed delivery.
+pub fn sign_stamped_hex(
+    tenant: &TenantConfig,
+    body: &[u8],
+    separator: &[u8],
+    now_secs: i64,
+) -> Result<(String, String), ProviderError> {
+    let secret = secrets(tenant)?[0].expose();
+    let ts = now_secs.to_string();
+    let mac = hmac_sha256(secret.as_bytes(), &[ts.as_bytes(), separator, body]);
+    Ok((ts, hex::encode(mac)))
+}
+
 /// A header name built once in a `static` (`HeaderName::from_static`), so lookups do
 /// not parse names per request. Errors report its lower-case spelling.
 pub type Name = &'static HeaderName;

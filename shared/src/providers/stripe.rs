@@ -20,10 +20,7 @@ static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
 
 /// One timestamp with the `v1` signatures that go with it. Normally there is one group;
 /// API Gateway comma-joins a repeated header, which can yield several.
-struct Group {
-    t: i64,
-    sigs: Vec<Vec<u8>>,
-}
+type Group = sig::StampedSigs;
 
 /// Parsed `Stripe-Signature` entries. A `v1` listed before any `t` waits in `orphans`
 /// for the next `t` (entry order is not guaranteed).
@@ -42,11 +39,11 @@ impl Parsed {
         match key.trim() {
             "t" => {
                 let t = sig::parse_unix(HEADER, value.trim())?;
-                let idx = match self.groups.iter().position(|g| g.t == t) {
+                let idx = match self.groups.iter().position(|g| g.ts == t) {
                     Some(i) => i,
                     None => {
                         let sigs = Vec::with_capacity(2);
-                        self.groups.push(Group { t, sigs });
+                        self.groups.push(Group { ts: t, sigs });
                         self.groups.len() - 1
                     }
                 };
@@ -150,17 +147,7 @@ impl Provider for Stripe {
         tenant: &TenantConfig,
         now_secs: i64,
     ) -> Result<Vec<VerifiedEvent>, ProviderError> {
-        let secrets = sig::secrets(tenant)?;
-        let groups = parse_header(request)?;
-        let body = &request.body[..];
-        sig::verify_timestamped_body(
-            groups.iter().map(|g| (g.t, g.sigs.as_slice())),
-            secrets,
-            body,
-            b".",
-            now_secs,
-            tenant.tolerance_secs,
-        )?;
+        let body = sig::verify_stamped_request(request, tenant, now_secs, b".", parse_header)?;
         let envelope = extract(body, tenant)?;
         Ok(VerifiedEvent::whole(envelope, request))
     }
@@ -172,10 +159,8 @@ impl Provider for Stripe {
         _event_id: &str,
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
-        let secret = sig::secrets(tenant)?[0].expose();
-        let t = now_secs.to_string();
-        let mac = sig::hmac_sha256(secret.as_bytes(), &[t.as_bytes(), b".", body]);
-        sig::json_headers(&[(&SIGNATURE, &format!("t={t},v1={}", hex::encode(mac)))])
+        let (ts, mac) = sig::sign_stamped_hex(tenant, body, b".", now_secs)?;
+        sig::json_headers(&[(&SIGNATURE, &format!("t={ts},v1={mac}"))])
     }
 
     fn reconcile(&self) -> Option<ReconcileSource> {
