@@ -54,42 +54,6 @@ fn signing_key(secret: &Secret) -> Option<Cow<'_, [u8]>> {
     }
 }
 
-/// Every `v1` signature in the (possibly repeated or comma-joined) header.
-fn sw_candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
-    let mut out = Vec::with_capacity(1);
-    let mut seen = false;
-    for value in sig::header_values(request, &SW_SIGNATURE) {
-        for token in value?.split_ascii_whitespace() {
-            seen = true;
-            let mut parts = token.split(',');
-            while let Some(version) = parts.next() {
-                let Some(signature) = parts.next() else {
-                    return Err(ProviderError::MalformedHeader(
-                        SIGNATURE_NAME,
-                        "expected v1,<base64> entries",
-                    ));
-                };
-                if version == "v1" {
-                    out.push(sig::decode_base64(SIGNATURE_NAME, signature)?);
-                }
-            }
-        }
-    }
-    if !seen {
-        return Err(ProviderError::MalformedHeader(
-            SIGNATURE_NAME,
-            "empty value",
-        ));
-    }
-    if out.is_empty() {
-        return Err(ProviderError::MalformedHeader(
-            SIGNATURE_NAME,
-            "no v1 signature",
-        ));
-    }
-    Ok(out)
-}
-
 /// Verify the Standard Webhooks signature; returns `webhook-id`.
 fn verify_signed<'a>(
     request: &'a WebhookRequest,
@@ -102,17 +66,15 @@ fn verify_signed<'a>(
     let ts = sig::single_header(request, &SW_TIMESTAMP)?
         .ok_or(ProviderError::MissingHeader("webhook-timestamp"))?;
     let ts = sig::parse_unix("webhook-timestamp", ts)?;
-    let candidates = sw_candidates(request)?;
-    sig::check_timestamp(ts, now_secs, tolerance, false)?;
-    let ts_text = sig::Decimal::new(ts.unsigned_abs());
-    let body = &request.body[..];
-    sig::verify_any(secrets, &candidates, |s| {
-        let key = signing_key(s)?;
-        Some(sig::hmac_sha256(
-            &key,
-            &[id.as_bytes(), b".", ts_text.as_bytes(), b".", body],
-        ))
-    })?;
+    let candidates = sig::standard_v1_signatures(request, &SW_SIGNATURE)?;
+    sig::verify_standard(
+        secrets,
+        &candidates,
+        (id, ts),
+        (now_secs, tolerance),
+        &request.body,
+        signing_key,
+    )?;
     Ok(id)
 }
 
@@ -257,10 +219,7 @@ impl Provider for GitLab {
         if tenant.option("sign_mode") == Some("standard-webhooks") {
             let key = signing_key(secret).ok_or(ProviderError::NoSecret)?;
             let ts = now_secs.to_string();
-            let mac = sig::hmac_sha256(
-                &key,
-                &[event_id.as_bytes(), b".", ts.as_bytes(), b".", body],
-            );
+            let mac = sig::standard_mac(&key, event_id, ts.as_bytes(), body);
             sig::put(&mut h, &SW_ID, event_id)?;
             sig::put(&mut h, &SW_TIMESTAMP, &ts)?;
             sig::put(

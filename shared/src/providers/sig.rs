@@ -2,6 +2,8 @@
 //! comparison, decoding, timestamp windows, secret rotation and header access (JSON
 //! extraction is in `json.rs`). Error messages never contain secrets or body bytes.
 
+use std::borrow::Cow;
+
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
@@ -220,6 +222,67 @@ pub fn sign_stamped_hex(
     let ts = now_secs.to_string();
     let mac = hmac_sha256(secret.as_bytes(), &[ts.as_bytes(), separator, body]);
     Ok((ts, hex::encode(mac)))
+}
+
+// ---- Standard Webhooks signing (Standard Webhooks / Svix, GitLab signing token) ----
+
+/// Every `v1` signature in header `header`. Entries are space-separated `version,sig`;
+/// API Gateway comma-joins repeated headers (`v1,a,v1,b`), so a token may hold several
+/// pairs. Other versions (`v1a`, ed25519) are not ours to judge and are skipped.
+pub fn standard_v1_signatures(
+    request: &WebhookRequest,
+    header: Name,
+) -> Result<Vec<Vec<u8>>, ProviderError> {
+    let name = header.as_str();
+    let mut out = Vec::with_capacity(1);
+    let mut seen = false;
+    for value in header_values(request, header) {
+        for token in value?.split_ascii_whitespace() {
+            seen = true;
+            let mut parts = token.split(',');
+            while let Some(version) = parts.next() {
+                let Some(signature) = parts.next() else {
+                    return Err(ProviderError::MalformedHeader(
+                        name,
+                        "expected v1,<base64> entries",
+                    ));
+                };
+                if version == "v1" {
+                    out.push(decode_base64(name, signature)?);
+                }
+            }
+        }
+    }
+    if !seen {
+        return Err(ProviderError::MalformedHeader(name, "empty value"));
+    }
+    if out.is_empty() {
+        return Err(ProviderError::MalformedHeader(name, "no v1 signature"));
+    }
+    Ok(out)
+}
+
+/// HMAC-SHA256 of the Standard Webhooks signed content `"{id}.{ts}.{body}"`.
+pub fn standard_mac(key: &[u8], id: &str, ts: &[u8], body: &[u8]) -> [u8; 32] {
+    hmac_sha256(key, &[id.as_bytes(), b".", ts, b".", body])
+}
+
+/// Check `ts` against the tolerance, then every secret's key (`key` gives `None` for
+/// an unusable secret) against the `v1` candidates over `"{id}.{ts}.{body}"`.
+pub fn verify_standard(
+    secrets: &[Secret],
+    candidates: &[Vec<u8>],
+    (id, ts): (&str, i64),
+    (now_secs, tolerance_secs): (i64, u64),
+    body: &[u8],
+    key: impl Fn(&Secret) -> Option<Cow<'_, [u8]>>,
+) -> Result<(), ProviderError> {
+    check_timestamp(ts, now_secs, tolerance_secs, false)?;
+    // parse_unix admits digits only, so the value is non-negative.
+    let ts_text = Decimal::new(ts.unsigned_abs());
+    verify_any(secrets, candidates, |s| {
+        Some(standard_mac(&key(s)?, id, ts_text.as_bytes(), body))
+    })
 }
 
 /// A header name built once in a `static` (`HeaderName::from_static`), so lookups do

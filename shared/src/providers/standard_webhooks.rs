@@ -39,41 +39,13 @@ fn key(secret: &Secret) -> Option<Vec<u8>> {
         .filter(|k| !k.is_empty())
 }
 
-/// Decode every `v1` signature. Entries are space-separated `version,sig`; API Gateway
-/// comma-joins repeated headers (`v1,a,v1,b`), so a token may hold several pairs.
+/// Every `v1` signature of the first signature header present (Standard or Svix name).
 fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
     let header = match SIGNATURE.iter().find(|n| request.headers.contains_key(*n)) {
         Some(n) => n,
         None => return Err(ProviderError::MissingHeader(SIGNATURE[0].as_str())),
     };
-    let name = header.as_str();
-    let mut out = Vec::with_capacity(1);
-    let mut seen = false;
-    for value in sig::header_values(request, header) {
-        for token in value?.split_ascii_whitespace() {
-            seen = true;
-            let mut parts = token.split(',');
-            while let Some(version) = parts.next() {
-                let Some(signature) = parts.next() else {
-                    return Err(ProviderError::MalformedHeader(
-                        name,
-                        "expected v1,<base64> entries",
-                    ));
-                };
-                // v1a (ed25519) and unknown versions are not ours to judge.
-                if version == "v1" {
-                    out.push(sig::decode_base64(name, signature)?);
-                }
-            }
-        }
-    }
-    if !seen {
-        return Err(ProviderError::MalformedHeader(name, "empty value"));
-    }
-    if out.is_empty() {
-        return Err(ProviderError::MalformedHeader(name, "no v1 signature"));
-    }
-    Ok(out)
+    sig::standard_v1_signatures(request, header)
 }
 
 fn required<'a>(
@@ -107,17 +79,15 @@ impl Provider for StandardWebhooks {
         let id = required(request, &ID)?;
         let ts = sig::parse_unix(TIMESTAMP[0].as_str(), required(request, &TIMESTAMP)?)?;
         let candidates = candidates(request)?;
-        sig::check_timestamp(ts, now_secs, tenant.tolerance_secs, false)?;
         let body = &request.body[..];
-        // parse_unix admits digits only, so the value is non-negative.
-        let ts_text = sig::Decimal::new(ts.unsigned_abs());
-        sig::verify_any(secrets, &candidates, |s| {
-            let key = key(s)?;
-            Some(sig::hmac_sha256(
-                &key,
-                &[id.as_bytes(), b".", ts_text.as_bytes(), b".", body],
-            ))
-        })?;
+        sig::verify_standard(
+            secrets,
+            &candidates,
+            (id, ts),
+            (now_secs, tenant.tolerance_secs),
+            body,
+            |s| key(s).map(Cow::Owned),
+        )?;
 
         sig::check_event_id(id)?;
         let [kind, timestamp, object_id] =
@@ -147,10 +117,7 @@ impl Provider for StandardWebhooks {
     ) -> Result<http::HeaderMap, ProviderError> {
         let key = key(&sig::secrets(tenant)?[0]).ok_or(ProviderError::NoSecret)?;
         let ts = now_secs.to_string();
-        let mac = sig::hmac_sha256(
-            &key,
-            &[event_id.as_bytes(), b".", ts.as_bytes(), b".", body],
-        );
+        let mac = sig::standard_mac(&key, event_id, ts.as_bytes(), body);
         sig::json_headers(&[
             (&ID[0], event_id),
             (&TIMESTAMP[0], &ts),
