@@ -218,15 +218,10 @@ impl Provider for GitLab {
         sig::put(&mut h, &TOKEN, secret.expose())?;
         if tenant.option("sign_mode") == Some("standard-webhooks") {
             let key = signing_key(secret).ok_or(ProviderError::NoSecret)?;
-            let ts = now_secs.to_string();
-            let mac = sig::standard_mac(&key, event_id, ts.as_bytes(), body);
+            let (ts, signature) = sig::sign_standard(&key, event_id, body, now_secs);
             sig::put(&mut h, &SW_ID, event_id)?;
             sig::put(&mut h, &SW_TIMESTAMP, &ts)?;
-            sig::put(
-                &mut h,
-                &SW_SIGNATURE,
-                &format!("v1,{}", sig::B64.encode(mac)),
-            )?;
+            sig::put(&mut h, &SW_SIGNATURE, &signature)?;
         }
         sig::put(&mut h, &IDEMPOTENCY_KEY, event_id)?;
         sig::put(

@@ -263,8 +263,17 @@ pub fn standard_v1_signatures(
 }
 
 /// HMAC-SHA256 of the Standard Webhooks signed content `"{id}.{ts}.{body}"`.
-pub fn standard_mac(key: &[u8], id: &str, ts: &[u8], body: &[u8]) -> [u8; 32] {
+fn standard_mac(key: &[u8], id: &str, ts: &[u8], body: &[u8]) -> [u8; 32] {
     hmac_sha256(key, &[id.as_bytes(), b".", ts, b".", body])
+}
+
+/// The `webhook-timestamp` and `webhook-signature` (`v1,<base64>`) values that sign
+/// `body` as event `id` at `now_secs`.
+pub fn sign_standard(key: &[u8], id: &str, body: &[u8], now_secs: i64) -> (String, String) {
+    let ts = now_secs.to_string();
+    let mac = standard_mac(key, id, ts.as_bytes(), body);
+    let signature = format!("v1,{}", B64.encode(mac));
+    (ts, signature)
 }
 
 /// Check `ts` against the tolerance, then every secret's key (`key` gives `None` for

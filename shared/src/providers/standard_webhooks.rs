@@ -116,12 +116,11 @@ impl Provider for StandardWebhooks {
         now_secs: i64,
     ) -> Result<http::HeaderMap, ProviderError> {
         let key = key(&sig::secrets(tenant)?[0]).ok_or(ProviderError::NoSecret)?;
-        let ts = now_secs.to_string();
-        let mac = sig::standard_mac(&key, event_id, ts.as_bytes(), body);
+        let (ts, signature) = sig::sign_standard(&key, event_id, body, now_secs);
         sig::json_headers(&[
             (&ID[0], event_id),
             (&TIMESTAMP[0], &ts),
-            (&SIGNATURE[0], &format!("v1,{}", sig::B64.encode(mac))),
+            (&SIGNATURE[0], &signature),
         ])
     }
 }
