@@ -7,7 +7,7 @@ use http::HeaderName;
 
 use super::json::{self, Raw};
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
-use super::sig;
+use super::sig::{self, header_names};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
@@ -15,21 +15,15 @@ use crate::request::WebhookRequest;
 
 pub struct Shopify;
 
-/// Each header under its classic name and its Events-preview name.
-macro_rules! names {
-    ($classic:literal, $preview:literal) => {
-        [
-            HeaderName::from_static($classic),
-            HeaderName::from_static($preview),
-        ]
-    };
-}
-static HMAC: [HeaderName; 2] = names!("x-shopify-hmac-sha256", "shopify-hmac-sha256");
-static TOPIC: [HeaderName; 2] = names!("x-shopify-topic", "shopify-topic");
-static SHOP: [HeaderName; 2] = names!("x-shopify-shop-domain", "shopify-shop-domain");
-static EVENT_ID: [HeaderName; 2] = names!("x-shopify-event-id", "shopify-event-id");
-static WEBHOOK_ID: [HeaderName; 2] = names!("x-shopify-webhook-id", "shopify-webhook-id");
-static TRIGGERED_AT: [HeaderName; 2] = names!("x-shopify-triggered-at", "shopify-triggered-at");
+// Each header under its classic name and its Events-preview name.
+static HMAC: [HeaderName; 2] = header_names!("x-shopify-hmac-sha256", "shopify-hmac-sha256");
+static TOPIC: [HeaderName; 2] = header_names!("x-shopify-topic", "shopify-topic");
+static SHOP: [HeaderName; 2] = header_names!("x-shopify-shop-domain", "shopify-shop-domain");
+static EVENT_ID: [HeaderName; 2] = header_names!("x-shopify-event-id", "shopify-event-id");
+static WEBHOOK_ID: [HeaderName; 2] =
+    sig::header_names!("x-shopify-webhook-id", "shopify-webhook-id");
+static TRIGGERED_AT: [HeaderName; 2] =
+    sig::header_names!("x-shopify-triggered-at", "shopify-triggered-at");
 const DEFAULT_TOPIC: &str = "orders/create";
 
 /// Signature candidates (the classic header, else the preview one). API Gateway may

@@ -294,6 +294,18 @@ pub fn verify_standard(
     })
 }
 
+/// One header under its two names, first preferred (Shopify classic / Events preview,
+/// Standard Webhooks / Svix), for [`single_header_of`] in a `static`.
+macro_rules! header_names {
+    ($first:literal, $second:literal) => {
+        [
+            http::HeaderName::from_static($first),
+            http::HeaderName::from_static($second),
+        ]
+    };
+}
+pub(crate) use header_names;
+
 /// A header name built once in a `static` (`HeaderName::from_static`), so lookups do
 /// not parse names per request. Errors report its lower-case spelling.
 pub type Name = &'static HeaderName;

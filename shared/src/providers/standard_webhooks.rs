@@ -8,7 +8,7 @@ use base64::Engine as _;
 use http::HeaderName;
 
 use super::json::{self, Raw};
-use super::sig;
+use super::sig::{self, header_names};
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
 use crate::envelope::Envelope;
@@ -16,18 +16,10 @@ use crate::request::WebhookRequest;
 
 pub struct StandardWebhooks;
 
-/// Each header under its Standard Webhooks name and its Svix name.
-macro_rules! names {
-    ($standard:literal, $svix:literal) => {
-        [
-            HeaderName::from_static($standard),
-            HeaderName::from_static($svix),
-        ]
-    };
-}
-static ID: [HeaderName; 2] = names!("webhook-id", "svix-id");
-static TIMESTAMP: [HeaderName; 2] = names!("webhook-timestamp", "svix-timestamp");
-static SIGNATURE: [HeaderName; 2] = names!("webhook-signature", "svix-signature");
+// Each header under its Standard Webhooks name and its Svix name.
+static ID: [HeaderName; 2] = header_names!("webhook-id", "svix-id");
+static TIMESTAMP: [HeaderName; 2] = header_names!("webhook-timestamp", "svix-timestamp");
+static SIGNATURE: [HeaderName; 2] = header_names!("webhook-signature", "svix-signature");
 
 /// The key bytes: base64 after an optional `whsec_` prefix. A secret that does not
 /// decode cannot produce a valid signature, so it is skipped (`None`).
