@@ -107,16 +107,13 @@ impl StoreArgs {
     /// The audit log alone: `audit.sqlite` in --data-dir, or on AWS the table named by
     /// EINMAL_AUDIT_TABLE (`None` when that is not set).
     pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, String> {
-        use einmal::adapters::aws::{DynamoAuditLog, AUDIT_TABLE_ENV};
+        use einmal::adapters::aws::DynamoAuditLog;
         match self.backend {
             Backend::Embedded => Ok(Some(Arc::new(self.open_embedded_audit()?))),
             Backend::Aws => {
-                if !std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
-                    return Ok(None);
-                }
-                let audit = DynamoAuditLog::from_sdk_config(sdk_config().await)
+                let audit = DynamoAuditLog::from_sdk_config_if_configured(sdk_config().await)
                     .map_err(|e| e.to_string())?;
-                Ok(Some(Arc::new(audit)))
+                Ok(audit.map(|audit| Arc::new(audit) as Arc<dyn einmal::audit::AuditLog>))
             }
         }
     }

@@ -43,6 +43,17 @@ impl DynamoAuditLog {
             .ok_or(AwsSetupError::MissingEnv(AUDIT_TABLE_ENV))?;
         Ok(Self::new(aws_sdk_dynamodb::Client::new(sdk_config), table))
     }
+
+    /// The audit log when `EINMAL_AUDIT_TABLE` is set; `None` (not audited) otherwise.
+    pub fn from_sdk_config_if_configured(
+        sdk_config: &aws_config::SdkConfig,
+    ) -> Result<Option<Self>, AwsSetupError> {
+        if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
+            Self::from_sdk_config(sdk_config).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
 }
 
 /// Create the audit table (idempotent).
