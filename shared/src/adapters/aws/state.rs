@@ -443,11 +443,7 @@ impl StateStore for DynamoStateStore {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<StateRecord>, StoreError> {
-        let limit = if limit == 0 {
-            DEFAULT_LIST_LIMIT
-        } else {
-            limit
-        };
+        let limit = crate::ports::limit_or(limit, DEFAULT_LIST_LIMIT);
         let request = self
             .client
             .query()
