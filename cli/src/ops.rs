@@ -223,13 +223,16 @@ fn report_json(report: &ReplayReport) -> serde_json::Value {
     })
 }
 
-pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
-    let actor = args
-        .actor
-        .clone()
+/// Who an audit record names: `--actor`, else $USER, else "unknown".
+pub(crate) fn audit_actor(actor: Option<String>) -> String {
+    actor
         .or_else(|| std::env::var("USER").ok())
         .filter(|a| !a.is_empty())
-        .unwrap_or_else(|| "unknown".into());
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
+    let actor = audit_actor(args.actor.clone());
     if args.reason.trim().is_empty() {
         return Err("--reason must not be empty".into());
     }

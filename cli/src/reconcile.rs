@@ -73,12 +73,7 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string())?;
     if let Some(audit) = &audit {
-        let actor = args
-            .actor
-            .clone()
-            .or_else(|| std::env::var("USER").ok())
-            .filter(|a| !a.is_empty())
-            .unwrap_or_else(|| "unknown".into());
+        let actor = crate::ops::audit_actor(args.actor.clone());
         let record = audit_record(
             &actor,
             &args.reason,

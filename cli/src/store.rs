@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use einmal::adapters::aws::{AwsNames, AwsStore, DynamoStateStore};
 use einmal::adapters::embedded::EmbeddedStateStore;
-use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::adapters::embedded::{EmbeddedAuditLog, EmbeddedOptions, EmbeddedStore};
 use einmal::domain::state::StateStore;
 use einmal::ports::InboxStore;
 
@@ -70,11 +70,7 @@ impl StoreArgs {
     pub async fn open(&self) -> Result<Arc<dyn InboxStore>, String> {
         match self.backend {
             Backend::Embedded => {
-                let store = Arc::new(
-                    EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default()).map_err(
-                        |e| format!("cannot open the store in {}: {e}", self.data_dir.display()),
-                    )?,
-                );
+                let store = Arc::new(self.open_embedded_store()?);
                 Ok(store)
             }
             Backend::Aws => {
@@ -92,28 +88,32 @@ pub struct OpsStores {
 }
 
 impl StoreArgs {
+    /// The embedded inbox store in --data-dir, its error naming the folder.
+    fn open_embedded_store(&self) -> Result<EmbeddedStore, String> {
+        EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default())
+            .map_err(|e| format!("cannot open the store in {}: {e}", self.data_dir.display()))
+    }
+
+    /// The embedded audit log (`audit.sqlite` in --data-dir), its error naming the folder.
+    fn open_embedded_audit(&self) -> Result<EmbeddedAuditLog, String> {
+        EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
+            format!(
+                "cannot open the audit log in {}: {e}",
+                self.data_dir.display()
+            )
+        })
+    }
+
     /// The audit log alone: `audit.sqlite` in --data-dir, or on AWS the table named by
     /// EINMAL_AUDIT_TABLE (`None` when that is not set).
     pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, String> {
-        use einmal::adapters::aws::{DynamoAuditLog, AUDIT_TABLE_ENV};
-        use einmal::adapters::embedded::EmbeddedAuditLog;
+        use einmal::adapters::aws::DynamoAuditLog;
         match self.backend {
-            Backend::Embedded => {
-                let audit = EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
-                    format!(
-                        "cannot open the audit log in {}: {e}",
-                        self.data_dir.display()
-                    )
-                })?;
-                Ok(Some(Arc::new(audit)))
-            }
+            Backend::Embedded => Ok(Some(Arc::new(self.open_embedded_audit()?))),
             Backend::Aws => {
-                if !std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
-                    return Ok(None);
-                }
-                let audit = DynamoAuditLog::from_sdk_config(sdk_config().await)
+                let audit = DynamoAuditLog::from_sdk_config_if_configured(sdk_config().await)
                     .map_err(|e| e.to_string())?;
-                Ok(Some(Arc::new(audit)))
+                Ok(audit.map(|audit| Arc::new(audit) as Arc<dyn einmal::audit::AuditLog>))
             }
         }
     }
@@ -122,23 +122,12 @@ impl StoreArgs {
     /// or the DynamoDB table named by EINMAL_AUDIT_TABLE).
     pub async fn open_ops(&self) -> Result<OpsStores, String> {
         use einmal::adapters::aws::DynamoAuditLog;
-        use einmal::adapters::embedded::EmbeddedAuditLog;
         use einmal::audit::AuditLog;
         use einmal::pipeline::replay::Replayer;
         match self.backend {
             Backend::Embedded => {
-                let store = Arc::new(
-                    EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default()).map_err(
-                        |e| format!("cannot open the store in {}: {e}", self.data_dir.display()),
-                    )?,
-                );
-                let audit: Arc<dyn AuditLog> =
-                    Arc::new(EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
-                        format!(
-                            "cannot open the audit log in {}: {e}",
-                            self.data_dir.display()
-                        )
-                    })?);
+                let store = Arc::new(self.open_embedded_store()?);
+                let audit: Arc<dyn AuditLog> = Arc::new(self.open_embedded_audit()?);
                 Ok(OpsStores {
                     replayer: Replayer::from_store(store, audit.clone()),
                     audit,

@@ -502,3 +502,12 @@ impl<T> InboxStore for T where
         + ?Sized
 {
 }
+
+/// A listing's `limit`, or `default` when the caller passed 0 ("no limit given").
+pub(crate) fn limit_or(limit: usize, default: usize) -> usize {
+    if limit == 0 {
+        default
+    } else {
+        limit
+    }
+}

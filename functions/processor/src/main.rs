@@ -3,9 +3,7 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use einmal::adapters::aws::{
-    config_source_from_env, AwsNames, AwsSetupError, AwsStore, DynamoStateStore,
-};
+use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore, DynamoStateStore};
 use einmal::domain::reference::ReferenceDomain;
 use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
@@ -18,11 +16,8 @@ async fn main() -> Result<(), Error> {
     let settings = ProcessSettings::from_env()?;
     let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
     let deployment = &einmal::telemetry::emf::deployment_from_env();
-    // Check the names first: a missing variable should fail before any AWS lookup.
-    let names = AwsNames::from_env()?;
-    // One SDK config, one connection pool per service, for every client.
-    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
+    let (sdk_config, store) = AwsStore::from_env().await?;
+    let store = Arc::new(store);
     let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let domain = Arc::new(ReferenceDomain::new());
     let mut engine = Processor::from_store(store, state, domain)

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use einmal::adapters::aws::{config_source_from_env, AwsNames, AwsStore, DynamoStateStore};
-use einmal::adapters::aws::{DynamoAuditLog, AUDIT_TABLE_ENV};
+use einmal::adapters::aws::DynamoAuditLog;
+use einmal::adapters::aws::{config_source_from_env, AwsStore, DynamoStateStore};
 use einmal::audit::AuditLog;
 use einmal::domain::reference::ReferenceDomain;
 use einmal::https::HttpsClient;
@@ -16,21 +16,15 @@ use serde_json::Value;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
-    // Check the names first: a missing variable should fail before any AWS lookup.
-    let names = AwsNames::from_env()?;
-    // One SDK config, one connection pool per service, for every client.
-    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
+    let (sdk_config, store) = AwsStore::from_env().await?;
+    let store = Arc::new(store);
     let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let source = config_source_from_env(&sdk_config).await?;
     let ingestor = Arc::new(Ingestor::from_store(source, store.clone()));
     // Audited when the audit table is configured.
     let audit: Option<Arc<dyn AuditLog>> =
-        if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
-            Some(Arc::new(DynamoAuditLog::from_sdk_config(&sdk_config)?))
-        } else {
-            None
-        };
+        DynamoAuditLog::from_sdk_config_if_configured(&sdk_config)?
+            .map(|audit| Arc::new(audit) as Arc<dyn AuditLog>);
     let business = state.clone();
     // GoPay and Klarna push reconcile the payments their hints named: the inbox's
     // hint index (a Query on its sparse GSI).

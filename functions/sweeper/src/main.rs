@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use einmal::adapters::aws::{AwsNames, AwsStore};
+use einmal::adapters::aws::AwsStore;
 use einmal::pipeline::sweep::{SweepSettings, Sweeper};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
@@ -11,10 +11,8 @@ use serde_json::Value;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
-    // Check the names first: a missing variable should fail before any AWS lookup.
-    let names = AwsNames::from_env()?;
-    let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
+    let (_sdk_config, store) = AwsStore::from_env().await?;
+    let store = Arc::new(store);
     let settings = SweepSettings::from_env()?;
     let sweeper = Sweeper::from_store(store).with_settings(settings);
     let sweeper = &sweeper;

@@ -364,16 +364,12 @@ impl Reconciler {
                     None => self.checkpoint(tenant).await.map(|(s, _)| s),
                 };
                 TenantReport {
-                    provider: tenant.provider.clone(),
-                    tenant: tenant.tenant.clone(),
-                    since: since.map(format_rfc3339).unwrap_or_default(),
-                    fetched: 0,
-                    already_present: 0,
-                    ingested: 0,
-                    checkpoint: None,
                     error: Some(err.to_string()),
-                    ingested_events: Vec::new(),
-                    differences: Vec::new(),
+                    ..TenantReport::fetched(
+                        tenant,
+                        since.map(format_rfc3339).unwrap_or_default(),
+                        0,
+                    )
                 }
             }
         }
@@ -420,18 +416,7 @@ impl Reconciler {
         };
         // Oldest first, as the webhooks would have come.
         fetched.sort_by_key(|f| f.at);
-        let mut report = TenantReport {
-            provider: tenant.provider.clone(),
-            tenant: tenant.tenant.clone(),
-            since: format_rfc3339(start),
-            fetched: fetched.len(),
-            already_present: 0,
-            ingested: 0,
-            checkpoint: None,
-            error: None,
-            ingested_events: Vec::new(),
-            differences: Vec::new(),
-        };
+        let mut report = TenantReport::fetched(tenant, format_rfc3339(start), fetched.len());
         let mut newest = None::<i64>;
         let mut observed: std::collections::BTreeMap<String, report::Observed> = Default::default();
         for event in fetched {

@@ -42,6 +42,25 @@ pub struct TenantReport {
     pub differences: Vec<Difference>,
 }
 
+impl TenantReport {
+    /// A run's report before anything is ingested: `fetched` read since `since`, no
+    /// checkpoint, no error, no differences yet.
+    pub(crate) fn fetched(tenant: &TenantConfig, since: String, fetched: usize) -> Self {
+        TenantReport {
+            provider: tenant.provider.clone(),
+            tenant: tenant.tenant.clone(),
+            since,
+            fetched,
+            already_present: 0,
+            ingested: 0,
+            checkpoint: None,
+            error: None,
+            ingested_events: Vec::new(),
+            differences: Vec::new(),
+        }
+    }
+}
+
 /// `our_status` of an object whose event this run just ingested.
 pub const PENDING_PROCESSING: &str = "pending processing";
 /// `our_status` of an order we have no record of.

@@ -107,18 +107,7 @@ impl Reconciler {
         }
         .map_or(stored, |n| n.max(stored));
 
-        let mut report = TenantReport {
-            provider: tenant.provider.clone(),
-            tenant: tenant.tenant.clone(),
-            since: format_rfc3339(start),
-            fetched: payments.len(),
-            already_present: 0,
-            ingested: 0,
-            checkpoint: None,
-            error: None,
-            ingested_events: Vec::new(),
-            differences: Vec::new(),
-        };
+        let mut report = TenantReport::fetched(tenant, format_rfc3339(start), payments.len());
         let store = business.unwrap_or(self.state.as_ref());
         let finals: Vec<&ThinPayment> = payments
             .iter()

@@ -3,12 +3,10 @@
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, BillingMode, KeyType, ScalarAttributeType};
 
 use super::error::describe;
+use super::setup::{created_or_existing, key_attribute, key_element};
 use super::AwsSetupError;
 use crate::audit::{limit_or_default, AuditLog, AuditRecord};
 use crate::ports::StoreError;
@@ -45,6 +43,17 @@ impl DynamoAuditLog {
             .ok_or(AwsSetupError::MissingEnv(AUDIT_TABLE_ENV))?;
         Ok(Self::new(aws_sdk_dynamodb::Client::new(sdk_config), table))
     }
+
+    /// The audit log when `EINMAL_AUDIT_TABLE` is set; `None` (not audited) otherwise.
+    pub fn from_sdk_config_if_configured(
+        sdk_config: &aws_config::SdkConfig,
+    ) -> Result<Option<Self>, AwsSetupError> {
+        if std::env::var(AUDIT_TABLE_ENV).is_ok_and(|t| !t.is_empty()) {
+            Self::from_sdk_config(sdk_config).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
 }
 
 /// Create the audit table (idempotent).
@@ -52,46 +61,17 @@ pub async fn create_audit_table(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<(), AwsSetupError> {
-    let bad = |e: aws_sdk_dynamodb::error::BuildError| {
-        AwsSetupError::Resource(format!("table {table}: {e}"))
-    };
-    let attribute = |name: &str| {
-        AttributeDefinition::builder()
-            .attribute_name(name)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-            .map_err(bad)
-    };
-    let key = |name: &str, key_type: KeyType| {
-        KeySchemaElement::builder()
-            .attribute_name(name)
-            .key_type(key_type)
-            .build()
-            .map_err(bad)
-    };
     let created = client
         .create_table()
         .table_name(table)
-        .attribute_definitions(attribute(PK)?)
-        .attribute_definitions(attribute(SK)?)
-        .key_schema(key(PK, KeyType::Hash)?)
-        .key_schema(key(SK, KeyType::Range)?)
+        .attribute_definitions(key_attribute(table, PK, ScalarAttributeType::S)?)
+        .attribute_definitions(key_attribute(table, SK, ScalarAttributeType::S)?)
+        .key_schema(key_element(table, PK, KeyType::Hash)?)
+        .key_schema(key_element(table, SK, KeyType::Range)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
-    match created {
-        Ok(_) => Ok(()),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|s| s.is_resource_in_use_exception()) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(AwsSetupError::Resource(describe(
-            "DynamoDB CreateTable",
-            &e,
-        ))),
-    }
+    created_or_existing(created).map(|_| ())
 }
 
 #[async_trait]

@@ -3,8 +3,10 @@
 //! condition expression.
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use super::error::describe;
@@ -209,17 +211,8 @@ impl Inbox for AwsStore {
             )
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            // Missing or already past `received`: the processor owns it now.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
-        }
+        // Missing or already past `received`: the processor owns it now.
+        conditional_update(result).map(|_| ())
     }
 }
 
@@ -375,16 +368,7 @@ impl InboxProcessing for AwsStore {
             .update_expression(format!("SET {} REMOVE {remove}", set.join(", ")))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
-        }
+        conditional_update(result)
     }
 
     async fn mark_dead_letter(
@@ -423,21 +407,29 @@ impl InboxProcessing for AwsStore {
             .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(()),
-            // Missing, already terminal, or a live worker will finish it.
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
-        }
+        // Missing, already terminal, or a live worker will finish it.
+        conditional_update(result).map(|_| ())
     }
 
     async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
         self.waiters_of(record_pk, limit).await
+    }
+}
+
+/// A conditional UpdateItem's outcome: `true` when applied, `false` when its condition
+/// failed (the caller decides whether that is a no-op); other failures are errors.
+fn conditional_update(
+    result: Result<UpdateItemOutput, SdkError<UpdateItemError, HttpResponse>>,
+) -> Result<bool, StoreError> {
+    match result {
+        Ok(_) => Ok(true),
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
     }
 }
 

@@ -80,6 +80,16 @@ impl AwsStore {
         )
     }
 
+    /// A Lambda's start: the resource names are checked first (a missing variable
+    /// fails before any AWS lookup), then the one SDK config (one connection pool per
+    /// service) that every client of the process shares, and the store on it.
+    pub async fn from_env() -> Result<(aws_config::SdkConfig, Self), AwsSetupError> {
+        let names = AwsNames::from_env()?;
+        let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let store = Self::from_sdk_config(&sdk_config, names);
+        Ok((sdk_config, store))
+    }
+
     pub fn names(&self) -> AwsNames {
         AwsNames {
             table: self.table.clone(),

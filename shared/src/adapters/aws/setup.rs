@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::create_table::{CreateTableError, CreateTableOutput};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
     TimeToLiveSpecification, TimeToLiveStatus,
@@ -195,79 +197,48 @@ pub async fn create_tables(
     let created = dynamodb
         .create_table()
         .table_name(table)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(item::PK)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(item::PK)
-                .key_type(KeyType::Hash)
-                .build()
-                .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?,
-        )
-        .attribute_definitions(sweep_index_attribute(
+        .attribute_definitions(key_attribute(table, item::PK, ScalarAttributeType::S)?)
+        .key_schema(key_element(table, item::PK, KeyType::Hash)?)
+        .attribute_definitions(key_attribute(
             table,
             item::SWEEP_SHARD,
             ScalarAttributeType::S,
         )?)
-        .attribute_definitions(sweep_index_attribute(
+        .attribute_definitions(key_attribute(
             table,
             item::RECEIVED_AT_MS,
             ScalarAttributeType::N,
         )?)
         .global_secondary_indexes(sweep_index(table)?)
         // The reconciler's hint index; its range key `received_at_ms` is defined above.
-        .attribute_definitions(sweep_index_attribute(
+        .attribute_definitions(key_attribute(
             table,
             item::HINT_SCOPE,
             ScalarAttributeType::S,
         )?)
         .global_secondary_indexes(hint_index(table)?)
         // The waiters' index: parked items by prerequisite record.
-        .attribute_definitions(sweep_index_attribute(
+        .attribute_definitions(key_attribute(
             table,
             item::WAIT_SHARD,
             ScalarAttributeType::S,
         )?)
-        .attribute_definitions(sweep_index_attribute(
-            table,
-            item::WAIT_ON,
-            ScalarAttributeType::S,
-        )?)
+        .attribute_definitions(key_attribute(table, item::WAIT_ON, ScalarAttributeType::S)?)
         .global_secondary_indexes(wait_index(table)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
-    let active = match created {
-        Ok(out) => {
-            out.table_description().and_then(|d| d.table_status()) == Some(&TableStatus::Active)
-        }
-        Err(e)
-            if matches!(
-                e.as_service_error(),
-                Some(CreateTableError::ResourceInUseException(_))
-            ) =>
-        {
-            false
-        }
-        Err(e) => {
-            return Err(AwsSetupError::Resource(describe(
-                "DynamoDB CreateTable",
-                &e,
-            )))
-        }
-    };
+    let active = created_or_existing(created)?.is_some_and(|out| {
+        out.table_description().and_then(|d| d.table_status()) == Some(&TableStatus::Active)
+    });
     if !active {
         wait_table_active(dynamodb, table).await?;
     }
     enable_ttl(dynamodb, table).await
 }
 
-fn sweep_index_attribute(
+/// A key attribute `name` of type `kind` for table `table`'s schema or an index.
+pub(crate) fn key_attribute(
     table: &str,
     name: &str,
     kind: ScalarAttributeType,
@@ -277,6 +248,41 @@ fn sweep_index_attribute(
         .attribute_type(kind)
         .build()
         .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))
+}
+
+/// A key schema element: attribute `name` as the `key_type` key of table `table`.
+pub(crate) fn key_element(
+    table: &str,
+    name: &str,
+    key_type: KeyType,
+) -> Result<KeySchemaElement, AwsSetupError> {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(key_type)
+        .build()
+        .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))
+}
+
+/// CreateTable's outcome for idempotent setup: `Some` when created now, `None` when
+/// the table already exists; any other failure is an error.
+pub(crate) fn created_or_existing(
+    created: Result<CreateTableOutput, SdkError<CreateTableError, HttpResponse>>,
+) -> Result<Option<CreateTableOutput>, AwsSetupError> {
+    match created {
+        Ok(out) => Ok(Some(out)),
+        Err(e)
+            if matches!(
+                e.as_service_error(),
+                Some(CreateTableError::ResourceInUseException(_))
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(AwsSetupError::Resource(describe(
+            "DynamoDB CreateTable",
+            &e,
+        ))),
+    }
 }
 
 /// The sweeper's sparse GSI: only pending items carry `sweep_shard` (one of 16 shards,
@@ -333,23 +339,13 @@ fn inbox_index(
     (hash, range): (&str, &str),
     projection: Projection,
 ) -> Result<GlobalSecondaryIndex, AwsSetupError> {
-    let err = |e: aws_sdk_dynamodb::error::BuildError| {
-        AwsSetupError::Resource(format!("table {table}: {e}"))
-    };
-    let key = |attribute: &str, key_type: KeyType| {
-        KeySchemaElement::builder()
-            .attribute_name(attribute)
-            .key_type(key_type)
-            .build()
-            .map_err(err)
-    };
     GlobalSecondaryIndex::builder()
         .index_name(name)
-        .key_schema(key(hash, KeyType::Hash)?)
-        .key_schema(key(range, KeyType::Range)?)
+        .key_schema(key_element(table, hash, KeyType::Hash)?)
+        .key_schema(key_element(table, range, KeyType::Range)?)
         .projection(projection)
         .build()
-        .map_err(err)
+        .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))
 }
 
 async fn wait_table_active(

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use super::batch_get::{batch_get, batch_keys, BATCH_GET_MAX};
 use super::error::describe;
+use super::setup::{created_or_existing, key_attribute, key_element};
 use super::AwsSetupError;
 use crate::domain::state::{
     check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
@@ -59,13 +60,12 @@ use crate::ports::StoreError;
 use crate::time::now_millis;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, ConditionCheck, GlobalSecondaryIndex,
-    IndexStatus, KeySchemaElement, KeyType, KeysAndAttributes, Projection, ProjectionType, Put,
-    ScalarAttributeType, TableStatus, TransactWriteItem,
+    AttributeValue, BillingMode, ConditionCheck, GlobalSecondaryIndex, IndexStatus, KeyType,
+    KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType, TableStatus,
+    TransactWriteItem,
 };
 
 /// State table name.
@@ -443,11 +443,7 @@ impl StateStore for DynamoStateStore {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<StateRecord>, StoreError> {
-        let limit = if limit == 0 {
-            DEFAULT_LIST_LIMIT
-        } else {
-            limit
-        };
+        let limit = crate::ports::limit_or(limit, DEFAULT_LIST_LIMIT);
         let request = self
             .client
             .query()
@@ -497,20 +493,8 @@ pub async fn create_state_table(
     let bad = |e: aws_sdk_dynamodb::error::BuildError| {
         AwsSetupError::Resource(format!("table {table}: {e}"))
     };
-    let attribute = |name: &str| {
-        AttributeDefinition::builder()
-            .attribute_name(name)
-            .attribute_type(ScalarAttributeType::S)
-            .build()
-            .map_err(bad)
-    };
-    let key = |name: &str, key_type: KeyType| {
-        KeySchemaElement::builder()
-            .attribute_name(name)
-            .key_type(key_type)
-            .build()
-            .map_err(bad)
-    };
+    let attribute = |name: &str| key_attribute(table, name, ScalarAttributeType::S);
+    let key = |name: &str, key_type: KeyType| key_element(table, name, key_type);
     let index = GlobalSecondaryIndex::builder()
         .index_name(STATE_INDEX)
         .key_schema(key(TENANT_KIND, KeyType::Hash)?)
@@ -532,20 +516,7 @@ pub async fn create_state_table(
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
-    match created {
-        Ok(_) => {}
-        Err(e)
-            if matches!(
-                e.as_service_error(),
-                Some(CreateTableError::ResourceInUseException(_))
-            ) => {}
-        Err(e) => {
-            return Err(AwsSetupError::Resource(describe(
-                "DynamoDB CreateTable",
-                &e,
-            )))
-        }
-    }
+    created_or_existing(created)?;
     wait_active(client, table).await
 }
 

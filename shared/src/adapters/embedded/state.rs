@@ -467,11 +467,7 @@ impl StateStore for EmbeddedStateStore {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<StateRecord>, StoreError> {
-        let limit = if limit == 0 {
-            DEFAULT_LIST_LIMIT
-        } else {
-            limit
-        };
+        let limit = crate::ports::limit_or(limit, DEFAULT_LIST_LIMIT);
         let (tenant, kind) = (tenant.to_string(), kind.to_string());
         self.read(move |conn| list_in(conn, &tenant, &kind, limit))
             .await
