@@ -6,7 +6,7 @@ use clap::Subcommand;
 use einmal::envelope::InboxKey;
 use einmal::ports::{InboxFilter, InboxItem, InboxState};
 
-use crate::store::StoreArgs;
+use crate::store::{ListArgs, ScopeArgs, StoreArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum EventsCommand {
@@ -31,16 +31,10 @@ pub enum EventsCommand {
         /// received, queued, processing, completed, ignored, retryable, waiting, dead_letter
         #[arg(long, value_parser = parse_state)]
         state: Option<InboxState>,
-        #[arg(long)]
-        provider: Option<String>,
-        #[arg(long)]
-        tenant: Option<String>,
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
         #[command(flatten)]
-        store: StoreArgs,
+        scope: ScopeArgs,
+        #[command(flatten)]
+        list: ListArgs,
     },
 }
 
@@ -87,11 +81,8 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
         }
         EventsCommand::List {
             state,
-            provider,
-            tenant,
-            limit,
-            json,
-            store,
+            scope: ScopeArgs { provider, tenant },
+            list: ListArgs { limit, json, store },
         } => {
             let inbox = store.open().await?;
             let filter = InboxFilter {

@@ -13,22 +13,16 @@ use einmal::time::now_millis;
 use einmal::time::parse_rfc3339;
 use serde_json::json;
 
-use crate::store::StoreArgs;
+use crate::store::{ListArgs, ScopeArgs, StoreArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Dead-lettered events: reason, attempts, age.
     List {
-        #[arg(long)]
-        provider: Option<String>,
-        #[arg(long)]
-        tenant: Option<String>,
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
         #[command(flatten)]
-        store: StoreArgs,
+        scope: ScopeArgs,
+        #[command(flatten)]
+        list: ListArgs,
     },
     /// One dead-lettered event by its inbox key (`provider#tenant#event_id`).
     Show {
@@ -44,12 +38,8 @@ pub enum DlqCommand {
 pub enum AuditCommand {
     /// Audit records, newest first.
     List {
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
         #[command(flatten)]
-        store: StoreArgs,
+        list: ListArgs,
     },
 }
 
@@ -151,11 +141,8 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, String> {
     let now = now_millis();
     match command {
         DlqCommand::List {
-            provider,
-            tenant,
-            limit,
-            json,
-            store,
+            scope: ScopeArgs { provider, tenant },
+            list: ListArgs { limit, json, store },
         } => {
             let inbox = store.open().await?;
             let items = inbox
@@ -349,7 +336,9 @@ fn audit_line(r: &AuditRecord) -> String {
 
 pub async fn run_audit(command: AuditCommand) -> Result<ExitCode, String> {
     match command {
-        AuditCommand::List { limit, json, store } => {
+        AuditCommand::List {
+            list: ListArgs { limit, json, store },
+        } => {
             let stores = store.open_ops().await?;
             let records = stores.audit.list(limit).await.map_err(|e| e.to_string())?;
             if json {

@@ -18,6 +18,26 @@ pub enum Backend {
     Aws,
 }
 
+/// The provider and tenant a listing narrows to.
+#[derive(Debug, Clone, Args)]
+pub struct ScopeArgs {
+    #[arg(long)]
+    pub provider: Option<String>,
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+/// What every listing takes: how many, how printed, from which store.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// Which store to read.

@@ -5,8 +5,59 @@
 //! unavailable right now and the provider must retry (`StoreError::Unavailable` /
 //! `QueueError::Unavailable`). The class goes into the message for operators.
 
+use std::collections::HashMap;
+
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::ports::StoreError;
+
+/// An item as DynamoDB returns it.
+pub(crate) type Attributes = HashMap<String, AttributeValue>;
+
+/// A DynamoDB write error with a condition-failed variant that carries the old item.
+pub(crate) trait ConditionFailed:
+    ProvideErrorMetadata + std::error::Error + Sized + 'static
+{
+    const CALL: &'static str;
+    /// `Some(old item, if returned)` for the condition-failed variant, else `None`.
+    fn old_item(self) -> Option<Option<Attributes>>;
+}
+
+macro_rules! condition_failed {
+    ($error:ty, $call:literal) => {
+        impl ConditionFailed for $error {
+            const CALL: &'static str = $call;
+            fn old_item(self) -> Option<Option<Attributes>> {
+                match self {
+                    Self::ConditionalCheckFailedException(failed) => Some(failed.item),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+condition_failed!(PutItemError, "DynamoDB PutItem");
+condition_failed!(UpdateItemError, "DynamoDB UpdateItem");
+
+/// A failed conditional write: `Ok` with the item that was there (when the request asked
+/// for it with `ReturnValuesOnConditionCheckFailure::AllOld`) if the condition failed,
+/// any other failure as unavailable.
+pub(crate) fn refused<E: ConditionFailed>(
+    err: SdkError<E, HttpResponse>,
+) -> Result<Option<Attributes>, StoreError> {
+    let described = describe(E::CALL, &err);
+    match err {
+        SdkError::ServiceError(service) => service
+            .into_err()
+            .old_item()
+            .ok_or(StoreError::Unavailable(described)),
+        _ => Err(StoreError::Unavailable(described)),
+    }
+}
 
 /// Why a call failed, coarsely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

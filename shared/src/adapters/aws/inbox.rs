@@ -5,11 +5,11 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::SdkError;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
-use super::error::describe;
+use super::error::{self, describe};
 use super::item::{self, n_attr, s_attr};
 use super::{AwsStore, DEFAULT_LIST_LIMIT};
 use crate::envelope::InboxKey;
@@ -115,17 +115,10 @@ impl Inbox for AwsStore {
             .await;
         match result {
             Ok(_) => Ok(PutOutcome::Inserted),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(PutItemError::is_conditional_check_failed_exception) =>
-            {
-                let old = match e.into_service_error() {
-                    PutItemError::ConditionalCheckFailedException(failed) => failed.item,
-                    _ => None,
-                };
+            Err(e) => {
+                let old = error::refused(e)?;
                 self.duplicate(old, &item.key, &put_id).await
             }
-            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB PutItem", &e))),
         }
     }
 
@@ -222,6 +215,21 @@ const CLAIMABLE: &str =
     "attribute_exists(#pk) AND (#state IN (:received, :queued, :retryable, :waiting) \
      OR (#state = :processing AND (attribute_not_exists(#lease_until) OR #lease_until <= :now)))";
 
+/// The claim condition with every name and value it reads (`:now` is the caller's: its
+/// update sets it too): pending, or processing under an expired lease.
+fn claimable(update: UpdateItemFluentBuilder) -> UpdateItemFluentBuilder {
+    update
+        .condition_expression(CLAIMABLE)
+        .expression_attribute_names("#pk", item::PK)
+        .expression_attribute_names("#state", item::STATE)
+        .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
+        .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
+        .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
+        .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
+        .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()))
+        .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
+}
+
 #[async_trait]
 impl InboxProcessing for AwsStore {
     async fn claim(
@@ -231,29 +239,18 @@ impl InboxProcessing for AwsStore {
         now_ms: i64,
         lease_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
-        let result = self
-            .dynamodb
-            .update_item()
+        // Leaves the sweeper's index alone: its key (shard, received_at_ms) is constant
+        // while the item is pending, so a claim writes only the table.
+        let result = claimable(self.dynamodb.update_item())
             .table_name(&self.table)
             .key(item::PK, Self::key_attr(key))
             .update_expression(
                 "SET #state = :processing, #lease_owner = :owner, #lease_until = :until, \
                  #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one",
             )
-            // Leaves the sweeper's index alone: its key (shard, received_at_ms) is
-            // constant while the item is pending, so a claim writes only the table.
-            .condition_expression(CLAIMABLE)
-            .expression_attribute_names("#pk", item::PK)
-            .expression_attribute_names("#state", item::STATE)
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
-            .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
             .expression_attribute_names("#updated", item::UPDATED_AT_MS)
             .expression_attribute_names("#attempts", item::ATTEMPTS)
-            .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
-            .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
-            .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
-            .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()))
-            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
             .expression_attribute_values(":owner", s_attr(owner))
             .expression_attribute_values(":until", n_attr(now_ms.saturating_add(lease_ms)))
             .expression_attribute_values(":now", n_attr(now_ms))
@@ -273,17 +270,10 @@ impl InboxProcessing for AwsStore {
                 let claimed = item::decode(claimed).map_err(StoreError::Corrupt)?;
                 Ok(ClaimOutcome::Claimed(Box::new(claimed)))
             }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
-            {
-                let old = match e.into_service_error() {
-                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
-                    _ => None,
-                };
+            Err(e) => {
+                let old = error::refused(e)?;
                 self.claim_refused(old, key, now_ms).await
             }
-            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
         }
     }
 
@@ -377,9 +367,7 @@ impl InboxProcessing for AwsStore {
         reason: &str,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let result = self
-            .dynamodb
-            .update_item()
+        let result = claimable(self.dynamodb.update_item())
             .table_name(&self.table)
             .key(item::PK, Self::key_attr(key))
             .update_expression(
@@ -390,21 +378,12 @@ impl InboxProcessing for AwsStore {
             .expression_attribute_names("#wait_on", item::WAIT_ON)
             .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
             .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
-            .expression_attribute_values(":waiting", s_attr(InboxState::Waiting.as_str()))
-            .condition_expression(CLAIMABLE)
-            .expression_attribute_names("#pk", item::PK)
-            .expression_attribute_names("#state", item::STATE)
             .expression_attribute_names("#error", item::LAST_ERROR)
             .expression_attribute_names("#updated", item::UPDATED_AT_MS)
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
-            .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
             .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
             .expression_attribute_values(":reason", s_attr(reason))
             .expression_attribute_values(":now", n_attr(now_ms))
-            .expression_attribute_values(":received", s_attr(InboxState::Received.as_str()))
-            .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
-            .expression_attribute_values(":retryable", s_attr(InboxState::Retryable.as_str()))
-            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
             .send()
             .await;
         // Missing, already terminal, or a live worker will finish it.
@@ -423,13 +402,7 @@ fn conditional_update(
 ) -> Result<bool, StoreError> {
     match result {
         Ok(_) => Ok(true),
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
-        {
-            Ok(false)
-        }
-        Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
+        Err(e) => error::refused(e).map(|_| false),
     }
 }
 

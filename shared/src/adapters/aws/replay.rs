@@ -2,10 +2,9 @@
 //! UpdateItem), remove or release dead letters on the DLQ.
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
-use super::error::describe;
+use super::error::{self, describe};
 use super::item::{self, s_attr};
 use super::{AwsStore, DLQ_URL_ENV};
 use crate::envelope::InboxKey;
@@ -105,22 +104,14 @@ impl InboxReplay for AwsStore {
                 };
                 Ok(RequeueOutcome::Requeued { from })
             }
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(UpdateItemError::is_conditional_check_failed_exception) =>
-            {
-                let old = match e.into_service_error() {
-                    UpdateItemError::ConditionalCheckFailedException(failed) => failed.item,
-                    _ => None,
-                };
-                let old = match old {
+            Err(e) => {
+                let old = match error::refused(e)? {
                     Some(old) => Some(item::decode(old).map_err(StoreError::Corrupt)?),
                     // A compatible server that ignores ALL_OLD (or no item): one read.
                     None => crate::ports::Inbox::get(self, key).await?,
                 };
                 refused(old, key, now_ms)
             }
-            Err(e) => Err(StoreError::Unavailable(describe("DynamoDB UpdateItem", &e))),
         }
     }
 }

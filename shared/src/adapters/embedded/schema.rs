@@ -19,7 +19,7 @@ ALTER TABLE inbox ADD COLUMN lease_owner TEXT;
 ALTER TABLE inbox ADD COLUMN result TEXT;
 ";
 
-pub(super) const SCHEMA: &str = "
+const INBOX_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS inbox (
     pk             TEXT PRIMARY KEY NOT NULL,
     provider       TEXT NOT NULL,
@@ -48,25 +48,32 @@ CREATE TABLE IF NOT EXISTS inbox (
 );
 CREATE INDEX IF NOT EXISTS inbox_by_state ON inbox(state, received_at_ms);
 CREATE INDEX IF NOT EXISTS inbox_by_received ON inbox(received_at_ms);
-CREATE TABLE IF NOT EXISTS queue (
-    id            INTEGER PRIMARY KEY,
-    body          TEXT NOT NULL,
-    visible_at_ms INTEGER NOT NULL,
-    receive_count INTEGER NOT NULL,
-    receipt       TEXT,
-    sent_at_ms    INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS queue_by_visible ON queue(visible_at_ms);
-CREATE TABLE IF NOT EXISTS dead_letter (
-    id            INTEGER PRIMARY KEY,
-    body          TEXT NOT NULL,
-    visible_at_ms INTEGER NOT NULL,
-    receive_count INTEGER NOT NULL,
-    receipt       TEXT,
-    sent_at_ms    INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dead_letter_by_visible ON dead_letter(visible_at_ms);
 ";
+
+/// The main queue and the dead-letter queue have one shape (a message moves between them).
+fn queue_table(name: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {name} (
+    id            INTEGER PRIMARY KEY,
+    body          TEXT NOT NULL,
+    visible_at_ms INTEGER NOT NULL,
+    receive_count INTEGER NOT NULL,
+    receipt       TEXT,
+    sent_at_ms    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {name}_by_visible ON {name}(visible_at_ms);
+"
+    )
+}
+
+/// Every table and index of a new file.
+pub(super) fn schema() -> String {
+    format!(
+        "{INBOX_SCHEMA}{}{}",
+        queue_table("queue"),
+        queue_table("dead_letter")
+    )
+}
 
 /// Bring the file to [`SCHEMA_VERSION`] (create, upgrade, or refuse a newer one),
 /// then the idempotent additions of later features.
@@ -75,7 +82,8 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
     match version {
         SCHEMA_VERSION => {}
         0 => conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            "BEGIN IMMEDIATE; {} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;",
+            schema()
         ))?,
         1 => conn.execute_batch(&format!(
             "BEGIN IMMEDIATE; {MIGRATE_1_TO_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
@@ -122,11 +130,11 @@ mod tests {
     #[tokio::test]
     async fn a_version_1_file_is_upgraded_in_place() {
         let dir = tempfile::tempdir().unwrap();
-        let v1_schema = SCHEMA.replace(
+        let v1_schema = schema().replace(
             ",\n    last_error_class TEXT,\n    lease_until_ms INTEGER,\n    lease_owner    TEXT,\n    result         TEXT",
             "",
         );
-        assert_ne!(v1_schema, SCHEMA);
+        assert_ne!(v1_schema, schema());
         let a = item("p", "t", "old", 1);
         {
             let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
