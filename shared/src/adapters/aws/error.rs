@@ -23,17 +23,21 @@ pub(crate) trait ConditionFailed:
     ProvideErrorMetadata + std::error::Error + Sized + 'static
 {
     const CALL: &'static str;
-    /// `Some(old item, if returned)` for the condition-failed variant, else `None`.
-    fn old_item(self) -> Option<Option<Attributes>>;
+    fn is_condition_failed(&self) -> bool;
+    /// The old item of the condition-failed variant, if DynamoDB returned it.
+    fn old_item(self) -> Option<Attributes>;
 }
 
 macro_rules! condition_failed {
     ($error:ty, $call:literal) => {
         impl ConditionFailed for $error {
             const CALL: &'static str = $call;
-            fn old_item(self) -> Option<Option<Attributes>> {
+            fn is_condition_failed(&self) -> bool {
+                self.is_conditional_check_failed_exception()
+            }
+            fn old_item(self) -> Option<Attributes> {
                 match self {
-                    Self::ConditionalCheckFailedException(failed) => Some(failed.item),
+                    Self::ConditionalCheckFailedException(failed) => failed.item,
                     _ => None,
                 }
             }
@@ -45,17 +49,16 @@ condition_failed!(UpdateItemError, "DynamoDB UpdateItem");
 
 /// A failed conditional write: `Ok` with the item that was there (when the request asked
 /// for it with `ReturnValuesOnConditionCheckFailure::AllOld`) if the condition failed,
-/// any other failure as unavailable.
+/// any other failure as unavailable. Only a real failure is described: a duplicate
+/// delivery refused on the receiver's ack path formats nothing.
 pub(crate) fn refused<E: ConditionFailed>(
     err: SdkError<E, HttpResponse>,
 ) -> Result<Option<Attributes>, StoreError> {
-    let described = describe(E::CALL, &err);
     match err {
-        SdkError::ServiceError(service) => service
-            .into_err()
-            .old_item()
-            .ok_or(StoreError::Unavailable(described)),
-        _ => Err(StoreError::Unavailable(described)),
+        SdkError::ServiceError(service) if service.err().is_condition_failed() => {
+            Ok(service.into_err().old_item())
+        }
+        other => Err(StoreError::Unavailable(describe(E::CALL, &other))),
     }
 }
 

@@ -1,9 +1,10 @@
 //! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
 //!
-//! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`,
-//! `sweep`, `hints`, `replay`, `state` (the business records' `StateStore`), `audit`; the shared parts are `item` (the inbox item's
-//! attributes), `batch_get`, `query` (paged index reads), `waiting` (the waiters'
-//! index), `error` (SDK error classification) and `setup` (tables, queues, config).
+//! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`, `sweep`, `hints`,
+//! `replay`, `state` (the business records' `StateStore`), `audit`; the shared parts are
+//! `item` (the inbox item's attributes), `batch_get`, `query` (paged index reads),
+//! `waiting` (the waiters' index), `error` (SDK error classification) and `setup`
+//! (tables, queues, config).
 //!
 //! Round trips are paid for, so each port method is one call where possible:
 //! `put_new` is a single conditional PutItem that returns the existing item on a
