@@ -11,6 +11,7 @@ pub mod audit;
 pub mod body;
 pub mod config;
 pub mod config_source;
+pub mod destinations;
 pub mod domain;
 pub mod envelope;
 pub mod https;
