@@ -4,6 +4,7 @@ pub mod cfn;
 pub mod fake_thin_api;
 pub mod fixtures;
 pub mod moto;
+pub mod postgres;
 pub mod scenario;
 
 /// Runs each named `async fn(Kind)` scenario of the calling test module once on each
