@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole einmal test suite, from a fresh clone: installs what it needs (moto server,
+# The whole einmal test suite, from a fresh clone: installs what it needs (PostgreSQL from
+# the Debian package when missing, for the PostgreSQL destination tests; moto server,
 # and the template tools aws-sam-cli, cfn-lint, cargo-lambda, ziglang into ./.venv; the
 # aarch64 Rust target), then runs every test and the template checks (infra/check.sh:
 # cfn-lint, sam validate --lint, sam build for arm64). The tests start moto themselves
@@ -27,6 +28,16 @@ if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
   echo "== rustup target add aarch64-unknown-linux-gnu"
   rustup target add aarch64-unknown-linux-gnu
 fi
+# The PostgreSQL destination tests start a real server (Debian's package: initdb,
+# postgres, pg_isready in /usr/lib/postgresql/<N>/bin); in this script they must not skip.
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && [ -z "${EINMAL_POSTGRES_BIN:-}" ]; then
+  echo "== installing postgresql (apt-get)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends postgresql
+fi
+export EINMAL_REQUIRE_POSTGRES=1
 if [ -x .venv/bin/moto_server ]; then
   export EINMAL_MOTO_BIN="$PWD/.venv/bin/moto_server"
 fi
