@@ -6,11 +6,16 @@
 use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 use einmal::adapters::postgres::{PostgresError, PostgresSink};
 use einmal::config::Secret;
-use einmal::destinations::config::PostgresDestination;
-use einmal::destinations::{delivery_key, Delivered, Message, Sink, SinkError};
+use einmal::destinations::config::{
+    PostgresDestination, DEFAULT_MAX_AGE_SECS, DEFAULT_MAX_ATTEMPTS,
+};
+use einmal::destinations::{
+    delivery_key, Delivered, DestinationConfig, DestinationKind, Message, Sink, SinkError,
+};
 use einmal_tests::postgres::PgServer;
 
 const TABLE: &str = "einmal_events";
@@ -47,8 +52,20 @@ fn json_message(n: usize) -> Message {
     message(n, "payment_intent.succeeded", body.as_bytes())
 }
 
+/// As the relay builds it: from the destination's configuration.
 async fn sink(server: &PgServer, db: &str, table: &str) -> PostgresSink {
-    PostgresSink::connect("shop-db", &destination(&server.dsn(db), table))
+    let config = DestinationConfig {
+        name: "shop-db".into(),
+        tenant: "demo".into(),
+        provider: None,
+        events: vec!["*".into()],
+        outputs: Vec::new(),
+        ordered: false,
+        max_attempts: DEFAULT_MAX_ATTEMPTS,
+        max_age: Duration::from_secs(DEFAULT_MAX_AGE_SECS),
+        kind: DestinationKind::Postgres(destination(&server.dsn(db), table)),
+    };
+    PostgresSink::for_destination(&config)
         .await
         .unwrap_or_else(|e| panic!("connect: {e}"))
 }

@@ -83,6 +83,12 @@ fn technologies(code: &str) -> Vec<&'static str> {
     if uses_crate(code, "rusqlite") {
         found.push("sqlite");
     }
+    if ["tokio_postgres", "deadpool_postgres"]
+        .iter()
+        .any(|p| uses_crate(code, p))
+    {
+        found.push("postgres");
+    }
     found
 }
 
@@ -112,6 +118,10 @@ fn the_scanners_see_what_they_look_for() {
         ["sqlite"]
     );
     assert!(technologies("const TARGET: &str = \"aws_sdk_dynamodb=warn\";").is_empty());
+    assert_eq!(
+        technologies("use deadpool_postgres::Pool;\nuse tokio_postgres::NoTls;"),
+        ["postgres"]
+    );
 }
 
 #[test]
@@ -160,6 +170,12 @@ fn no_library_file_mixes_aws_and_sqlite_and_each_lives_in_its_folder() {
             assert!(
                 file.starts_with("shared/src/adapters/embedded/"),
                 "{file} uses rusqlite outside adapters/embedded/"
+            );
+        }
+        if used.contains(&"postgres") {
+            assert!(
+                file.starts_with("shared/src/adapters/postgres/"),
+                "{file} uses the PostgreSQL client outside adapters/postgres/"
             );
         }
     }

@@ -12,7 +12,9 @@ use tokio_postgres::IsolationLevel;
 
 use super::{PostgresError, TableName, APPLIED_TABLE};
 use crate::destinations::config::PostgresDestination;
-use crate::destinations::{Delivered, Message, Sink, SinkError};
+use crate::destinations::{
+    Delivered, DestinationConfig, DestinationKind, Message, Sink, SinkError,
+};
 
 /// The server cancels any one statement of ours (or a user's trigger under it) after
 /// this long, so a stuck statement never keeps a pooled connection busy: set once per
@@ -46,6 +48,20 @@ impl std::fmt::Debug for PostgresSink {
 }
 
 impl PostgresSink {
+    /// [`connect`](Self::connect) for a configured destination of kind `postgres`
+    /// (what the relay's sink factory calls).
+    pub async fn for_destination(
+        config: &DestinationConfig,
+    ) -> Result<PostgresSink, PostgresError> {
+        match &config.kind {
+            DestinationKind::Postgres(postgres) => Self::connect(&config.name, postgres).await,
+            other => Err(PostgresError::Config {
+                destination: config.name.clone(),
+                reason: format!("kind `{}` is not `postgres`", other.name()),
+            }),
+        }
+    }
+
     /// Checks the configuration, opens the pool, connects once (so an unreachable or
     /// misnamed server fails at start, naming `destination`) and runs
     /// [`ensure_schema`](Self::ensure_schema). `tls = true` requires TLS, verified
