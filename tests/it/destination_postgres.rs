@@ -507,3 +507,48 @@ async fn tls_is_required_when_configured() {
     assert!(matches!(error, PostgresError::Connect { .. }), "{error:?}");
     assert!(error.to_string().contains("TLS"), "{error}");
 }
+
+/// A deferred constraint trigger fails the `COMMIT` itself: a retry (the sink cannot
+/// tell a refused commit from a lost one), and nothing was applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_commit_is_a_retry_and_applies_nothing() {
+    let Some(server) = PgServer::shared_or_skip() else {
+        return;
+    };
+    let db = server.create_database("commit").await;
+    let sink = sink(server, &db, TABLE).await;
+    let client = server.client(&db).await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION einmal_test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+               BEGIN RAISE EXCEPTION 'refused at commit'; END $$; \
+             CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON einmal_events \
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION einmal_test_at_commit();",
+        )
+        .await
+        .expect("deferred trigger");
+    let event = json_message(1);
+    let Err(SinkError::Retry { detail, .. }) = sink.deliver(&event).await else {
+        panic!("a failed commit is a retry");
+    };
+    assert!(detail.starts_with("commit: "), "{detail}");
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM einmal_applied").await,
+        0
+    );
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM einmal_events").await,
+        0
+    );
+
+    client
+        .batch_execute("DROP TRIGGER at_commit ON einmal_events")
+        .await
+        .unwrap();
+    assert_eq!(sink.deliver(&event).await, Ok(applied()));
+    assert_eq!(sink.deliver(&event).await, Ok(duplicate()));
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM einmal_events").await,
+        1
+    );
+}
