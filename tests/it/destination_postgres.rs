@@ -189,6 +189,23 @@ async fn a_schema_qualified_table_gets_its_key_table_beside_it() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_dsn_delivers_too() {
+    let Some(server) = PgServer::shared_or_skip() else {
+        return;
+    };
+    let db = server.create_database("socket").await;
+    let sink = PostgresSink::connect("shop-db", &destination(&server.socket_dsn(&db), TABLE))
+        .await
+        .unwrap_or_else(|e| panic!("connect over the socket: {e}"));
+    assert_eq!(sink.deliver(&json_message(1)).await, Ok(applied()));
+    let client = server.client(&db).await;
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM einmal_events").await,
+        1
+    );
+}
+
 /// Eight relays (eight sinks, each with its own pool, started together so that their
 /// schema checks race too) deliver the same 200 messages, each in its own order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -124,6 +124,15 @@ impl PgServer {
         )
     }
 
+    /// The same over the server's unix socket: `host=<socket dir> port=… …`.
+    pub fn socket_dsn(&self, dbname: &str) -> String {
+        format!(
+            "host={} port={} user={USER} dbname={dbname}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
     /// A new, empty database with a name no other test uses; returns the name.
     pub async fn create_database(&self, prefix: &str) -> String {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
