@@ -755,6 +755,8 @@ impl Processor {
             result,
             now_ms: (self.now_ms)(),
             wait: WaitChange::Keep,
+            deliveries: None,
+            relay_due_ms: None,
         }
     }
 

@@ -84,6 +84,8 @@ pub(super) fn item_from_row(row: &Row<'_>) -> Result<InboxItem, DbError> {
             (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
             _ => None,
         },
+        deliveries: Vec::new(),
+        relay_due_ms: None,
         key: InboxKey::from_stored(pk),
     })
 }
@@ -546,6 +548,8 @@ mod tests {
             result: None,
             now_ms,
             wait: Default::default(),
+            deliveries: None,
+            relay_due_ms: None,
         }
     }
 
@@ -628,6 +632,8 @@ mod tests {
             result: None,
             now_ms: 200,
             wait: Default::default(),
+            deliveries: None,
+            relay_due_ms: None,
         };
         assert!(store.finish(&a.key, "w1", &retry).await.unwrap());
         let claimed = match store.claim(&a.key, "w2", 300, 1_000).await.unwrap() {
