@@ -19,6 +19,7 @@ pub mod address;
 pub mod config;
 pub mod filter;
 pub mod http;
+pub mod parse;
 pub mod signing;
 
 use std::time::Duration;
