@@ -550,12 +550,10 @@ impl Relay {
             .buffer_unordered(ITEM_CONCURRENCY)
             .collect()
             .await;
-        for result in results {
-            if let Some((attempts, more)) = result {
-                report.items += 1;
-                report.attempts += attempts;
-                handoffs.extend(more);
-            }
+        for (attempts, more) in results.into_iter().flatten() {
+            report.items += 1;
+            report.attempts += attempts;
+            handoffs.extend(more);
         }
         let more = self.hand_on(handoffs).await;
         report.items += more.items;
