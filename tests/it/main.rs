@@ -12,6 +12,7 @@ mod capacity;
 mod config_refresh;
 mod conformance;
 mod destination_postgres;
+mod destinations;
 mod hint_limits;
 mod infra;
 mod lambda_events;
