@@ -136,6 +136,15 @@ pub struct InboxItem {
     /// woken waiter is being processed again); cleared when it leaves waiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Waiting>,
+    /// What the relay did with the event: one entry per matching destination and per
+    /// domain output ([`DeliveryStatus`]), written by the processor's finish and then
+    /// by the relay's retries ([`InboxRelay::finish_relay`]). Empty when nothing matched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deliveries: Vec<DeliveryStatus>,
+    /// The earliest next attempt of a pending delivery (Unix ms); `None` when nothing
+    /// is pending. Indexed (sparse): [`InboxRelay::relay_due`] reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_due_ms: Option<i64>,
 }
 
 /// What a parked event waits for. The reason (the domain's `Wait` message) is in
@@ -313,6 +322,13 @@ pub struct Finish {
     pub now_ms: i64,
     /// [`WaitChange::Park`] exactly when `state` is `waiting`.
     pub wait: WaitChange,
+    /// `Some` overwrites the stored deliveries and [`InboxItem::relay_due_ms`] (with
+    /// `relay_due_ms` below, `None` = nothing pending); `None` leaves both as they are.
+    /// Set by the processor after delivering a `completed` / `ignored` event, so the
+    /// delivery record costs no write of its own.
+    pub deliveries: Option<Vec<DeliveryStatus>>,
+    /// Written only with `deliveries`: the earliest next attempt of a pending one.
+    pub relay_due_ms: Option<i64>,
 }
 
 /// The processor's side of the inbox: claim an item under a lease, finish it (each one
@@ -356,6 +372,175 @@ pub trait InboxProcessing: Send + Sync {
     /// that record, to wake them. May include items already woken (harmless: their
     /// claim decides).
     async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError>;
+}
+
+/// Where one delivery is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryState {
+    /// The destination accepted it.
+    Delivered,
+    /// Not yet delivered: the relay tries again at [`DeliveryStatus::next_attempt_ms`].
+    Pending,
+    /// Given up (a permanent answer, or attempts / age exhausted): `einmal replay`
+    /// schedules it again with the same key.
+    DeadLetter,
+    /// An ordered destination already has a newer version of the object: never sent.
+    Superseded,
+}
+
+impl DeliveryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Delivered => "delivered",
+            DeliveryState::Pending => "pending",
+            DeliveryState::DeadLetter => "dead_letter",
+            DeliveryState::Superseded => "superseded",
+        }
+    }
+}
+
+impl std::fmt::Display for DeliveryState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One delivery of an event (or of a domain output) to one destination, as recorded on
+/// the inbox item. Keeps only the last attempt and a count, so its size is bounded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryStatus {
+    /// The destination's configured name.
+    pub destination: String,
+    /// [`crate::destinations::delivery_key`]: the same on every attempt and replay.
+    pub key: String,
+    pub state: DeliveryState,
+    /// Attempts made (0 while an ordered delivery waits for its turn).
+    pub attempts: u32,
+    /// The last attempt's status, where the destination has one (HTTP status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_latency_ms: Option<u64>,
+    /// When the last attempt started (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<i64>,
+    /// While `pending`: when the relay tries again (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_ms: Option<i64>,
+    /// A short, redacted note: the error, an excerpt of the answer, why superseded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// For a domain output: the output itself, so a retry rebuilds the same message
+    /// without running the domain again. `None` for the event's own delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<crate::destinations::Output>,
+}
+
+/// The position of an event in its object's order ([`InboxRelay::order_acquire`]):
+/// the object version as a number or an RFC 3339 time (ms), else `occurred_at` (ms);
+/// ties broken by the event id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct OrderPosition {
+    pub at: i64,
+    pub event_id: String,
+}
+
+/// One ordered delivery asking for its object's turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderClaim {
+    /// The cursor: one per destination and object ([`order_cursor_id`]).
+    pub cursor: String,
+    /// The delivery key asking.
+    pub key: String,
+    /// The inbox item it delivers (handed on by [`InboxRelay::order_release`]).
+    pub item: InboxKey,
+    pub position: OrderPosition,
+    /// The first event to queue on an idle object opens a window of this length
+    /// before anything is sent, so a shuffled burst is delivered fully in order.
+    pub window_ms: i64,
+    /// Queue entries older than this (Unix ms) are dropped as abandoned (their item
+    /// expired, their destination's age budget is long over): a lost entry never
+    /// holds its object forever.
+    pub stale_before_ms: i64,
+}
+
+/// What [`InboxRelay::order_acquire`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderGate {
+    /// This key holds the object: deliver now, then [`InboxRelay::order_release`].
+    Go,
+    /// The destination already has this position or a newer one: never send it.
+    Superseded { delivered: OrderPosition },
+    /// Not yet: the window is open or an older event of the object goes first. Try
+    /// again at `until_ms` (the holder's release also hands the turn on at once).
+    Wait { until_ms: i64 },
+}
+
+/// Entries one order cursor queues at most (pending events of one object at one
+/// destination); beyond it new events wait outside the queue and retry.
+pub const MAX_ORDER_QUEUE: usize = 64;
+
+/// The cursor id of `destination` and one object (provider + tenant + object id).
+pub fn order_cursor_id(destination: &str, provider: &str, tenant: &str, object_id: &str) -> String {
+    format!("{destination}#{provider}#{tenant}#{object_id}")
+}
+
+/// The relay's side of the inbox: the items with pending deliveries, found through a
+/// sparse index on [`InboxItem::relay_due_ms`] (never a scan), a short relay lease per
+/// item (independent of the processing lease), and the per-object order cursors of
+/// ordered destinations.
+#[async_trait]
+pub trait InboxRelay: Send + Sync {
+    /// Up to `limit` items whose `relay_due_ms <= now_ms`, earliest first.
+    async fn relay_due(&self, now_ms: i64, limit: usize) -> Result<Vec<InboxKey>, StoreError>;
+
+    /// Up to `limit` items with a pending delivery (`relay_due_ms` set), earliest due
+    /// first, bodies not loaded: the backlog metrics read their deliveries.
+    async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
+
+    /// One conditional write: take the relay lease (until `now_ms + lease_ms`) if no
+    /// live relay lease holds the item and the item is `completed` or `ignored`.
+    /// Returns the item with its body, or `None` (missing, not finished, leased). Does
+    /// not require the item to be due (replay re-schedules through it).
+    async fn claim_relay(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Option<InboxItem>, StoreError>;
+
+    /// Only while `owner` holds the relay lease (else `Ok(false)`): overwrite the
+    /// deliveries and `relay_due_ms` (its index entry), release the lease.
+    async fn finish_relay(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        deliveries: &[DeliveryStatus],
+        relay_due_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// One atomic step on the claim's cursor: `Superseded` when the cursor delivered
+    /// this position or a newer one; otherwise queue the key (once; the first on an
+    /// idle object opens the window) and `Go` when it heads the queue (lowest position)
+    /// and the window is over, else `Wait`. The same key asking again (a retry, a
+    /// re-run after a crash) gets the same answer.
+    async fn order_acquire(&self, claim: &OrderClaim, now_ms: i64)
+        -> Result<OrderGate, StoreError>;
+
+    /// Remove `key` from the cursor's queue; when `delivered` is set, raise the
+    /// delivered position to it (never lower it). Returns the inbox item now heading
+    /// the queue, so the relay can hand the turn on at once. A missing key or cursor is
+    /// not an error.
+    async fn order_release(
+        &self,
+        cursor: &str,
+        key: &str,
+        delivered: Option<&OrderPosition>,
+        now_ms: i64,
+    ) -> Result<Option<InboxKey>, StoreError>;
 }
 
 /// What [`InboxSweep::waiting`] saw of the parked items.
@@ -487,7 +672,14 @@ pub trait DeadLetterQueue: Send + Sync {
 /// implements, so wiring passes one store instead of the same one once per port. The
 /// fine-grained ports stay for code (and fault-injecting tests) that needs only one.
 pub trait InboxStore:
-    Inbox + InboxHints + InboxProcessing + Queue + InboxSweep + InboxReplay + DeadLetterQueue
+    Inbox
+    + InboxHints
+    + InboxProcessing
+    + Queue
+    + InboxSweep
+    + InboxReplay
+    + InboxRelay
+    + DeadLetterQueue
 {
 }
 
@@ -498,6 +690,7 @@ impl<T> InboxStore for T where
         + Queue
         + InboxSweep
         + InboxReplay
+        + InboxRelay
         + DeadLetterQueue
         + ?Sized
 {

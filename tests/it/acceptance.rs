@@ -365,6 +365,8 @@ async fn crash_after_claim_is_completed_after_the_lease(kind: Kind) {
         result: Some("late".into()),
         now_ms: einmal::time::now_millis(),
         wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
     };
     assert!(!b
         .processing

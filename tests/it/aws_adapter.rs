@@ -56,6 +56,8 @@ fn item(tenant: &str, event_id: &str, received_at_ms: i64) -> InboxItem {
         // Not UTF-8 on purpose: the body is a binary attribute.
         body: vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xff, 0x80, 0x01],
         waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
     }
 }
 

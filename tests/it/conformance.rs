@@ -193,6 +193,8 @@ async fn stored_but_never_sent_is_reenqueued_by_the_next_retry_after_the_grace(b
         body_len: body.len() as u64,
         body: einmal::body::compress(&body).unwrap(),
         waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
     };
     assert_eq!(b.inbox.put_new(&item).await.unwrap(), PutOutcome::Inserted);
     let resp = ingest

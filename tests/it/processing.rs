@@ -394,6 +394,8 @@ fn inbox_item(event_id: &str, kind: &str, object: &str, version: &str, amount: i
         body_len: body.len() as u64,
         body: einmal::body::compress(&body).unwrap(),
         waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
     }
 }
 
@@ -486,6 +488,8 @@ async fn claim_lease_and_finish_on_the_port(b: Backend) {
         result: Some("c1 += 1".into()),
         now_ms: 41_000,
         wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
     };
     assert!(
         !p.finish(&item.key, "w1", &done).await.unwrap(),
@@ -542,6 +546,8 @@ async fn retryable_then_completed_keeps_the_last_error(b: Backend) {
         result: None,
         now_ms: 1_100,
         wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
     };
     assert!(p.finish(&item.key, "w1", &retry).await.unwrap());
     let stored = b.item(&item.key).await;
@@ -560,6 +566,8 @@ async fn retryable_then_completed_keeps_the_last_error(b: Backend) {
         result: Some("ok".into()),
         now_ms: 1_300,
         wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
     };
     assert!(p.finish(&item.key, "w2", &done).await.unwrap());
     let stored = b.item(&item.key).await;

@@ -663,6 +663,8 @@ fn stored(provider: &str, tenant: &str, event_type: &str, object: &str, at_ms: i
         body_len: 0,
         body: Vec::new(),
         waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
     }
 }
 

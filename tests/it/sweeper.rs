@@ -380,6 +380,8 @@ async fn aws_claim_and_retry_leave_the_index_key_alone() {
         result: None,
         now_ms: now + 10,
         wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
     };
     assert!(store.finish(&key, "w1", &retry).await.expect("finish"));
     assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "retry");
@@ -410,6 +412,8 @@ async fn aws_claim_and_retry_leave_the_index_key_alone() {
         result: Some("done".into()),
         now_ms: now + 30,
         wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
     };
     assert!(store.finish(&key, "w2", &done).await.expect("finish"));
     let left = index_key(&dynamodb, &table, &pk).await;

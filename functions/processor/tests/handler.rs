@@ -196,6 +196,8 @@ impl Setup {
             body_len: body.len() as u64,
             body: einmal::body::compress(body).unwrap(),
             waiting: None,
+            deliveries: Vec::new(),
+            relay_due_ms: None,
         };
         self.inbox.put_new(&item).await.unwrap();
         self.queue

@@ -34,6 +34,7 @@ pub mod state;
 
 use thiserror::Error;
 
+use crate::destinations::Output;
 use crate::envelope::Envelope;
 use state::{StateKey, StateRecord};
 
@@ -137,5 +138,14 @@ pub trait Domain: Send + Sync {
     /// reads it conflict with every event that writes it).
     fn guards_read(&self, _event: &DomainEvent<'_>, _record: &StateKey) -> bool {
         true
+    }
+
+    /// What the decision asks to tell the outside world (customer notifications, ...),
+    /// delivered through the destinations whose `outputs` filter matches each kind,
+    /// once per [`Output::key`]. Called with ALL changes of an applied decision (before
+    /// the framework drops those already applied), so a re-run after a crash between
+    /// commit and finish finds the same outputs. Must be deterministic. Default: none.
+    fn outputs(&self, _event: &DomainEvent<'_>, _changes: &[Change]) -> Vec<Output> {
+        Vec::new()
     }
 }

@@ -606,5 +606,7 @@ fn inbox_item(
         body_len: event.body.len() as u64,
         body: compressed,
         waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
     })
 }

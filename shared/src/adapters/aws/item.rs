@@ -238,6 +238,8 @@ pub(crate) fn decode(mut m: Item) -> Result<InboxItem, String> {
             (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
             _ => None,
         },
+        deliveries: Vec::new(),
+        relay_due_ms: None,
         key: InboxKey::from_stored(pk.clone()),
     };
     Ok(item)
@@ -333,6 +335,8 @@ mod tests {
             body_len: 42,
             body: vec![0, 1, 2, 255],
             waiting: None,
+            deliveries: Vec::new(),
+            relay_due_ms: None,
         }
     }
 

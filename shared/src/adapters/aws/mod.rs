@@ -26,6 +26,7 @@ mod inbox;
 mod item;
 mod query;
 mod queue;
+mod relay;
 mod replay;
 mod setup;
 mod state;

@@ -121,6 +121,8 @@ mod tests {
             body_len: 0,
             body: Vec::new(),
             waiting: None,
+            deliveries: Vec::new(),
+            relay_due_ms: None,
         }
     }
 
@@ -195,6 +197,8 @@ mod tests {
             result: Some("not final".into()),
             now_ms: now,
             wait: Default::default(),
+            deliveries: None,
+            relay_due_ms: None,
         };
         assert!(store.finish(&first.key, "w1", &finish).await.unwrap());
         let hints = store.hints_since("gopay", "t1", t, 100).await.unwrap();

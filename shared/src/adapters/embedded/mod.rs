@@ -13,6 +13,7 @@ mod audit;
 mod hints;
 mod inbox;
 mod queue;
+mod relay;
 mod replay;
 mod schema;
 mod state;
@@ -285,6 +286,8 @@ mod tests {
             body_len: 42,
             body: format!("body of {event_id}").into_bytes(),
             waiting: None,
+            deliveries: Vec::new(),
+            relay_due_ms: None,
         }
     }
 
