@@ -3,6 +3,7 @@
 mod business;
 mod config_check;
 mod events;
+mod listen;
 mod ops;
 mod reconcile;
 mod relay;
@@ -31,6 +32,9 @@ struct Cli {
 enum Command {
     /// Run the receiver over HTTP on the embedded store.
     Serve(serve::ServeArgs),
+    /// Run `serve` and forward every event, signed the Standard Webhooks way, to a
+    /// local app (like `stripe listen --forward-to`).
+    Listen(listen::ListenArgs),
     /// Check the tenant configuration.
     Config {
         #[command(subcommand)]
@@ -79,6 +83,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await,
+        Command::Listen(args) => listen::run(args).await,
         Command::Config { command } => config_check::run(command),
         Command::Reconcile(args) => reconcile::run(args).await,
         Command::Send(args) => send::run(args).await,

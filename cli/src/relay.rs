@@ -18,14 +18,28 @@ pub const RELAY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the backlog is logged (when there is one, or it just cleared).
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(60);
 
+/// Wraps the sink of a destination (`einmal listen` prints every attempt of its own).
+pub type SinkWrap = Arc<dyn Fn(&DestinationConfig, Arc<dyn Sink>) -> Arc<dyn Sink> + Send + Sync>;
+
 /// The sinks `einmal serve` links. Adding a technology is one match arm here.
 pub struct ServeSinks {
     pub https: HttpsClient,
+    pub wrap: Option<SinkWrap>,
 }
 
 #[async_trait]
 impl SinkFactory for ServeSinks {
     async fn build(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
+        let sink = self.build_sink(d).await?;
+        Ok(match &self.wrap {
+            Some(wrap) => wrap(d, sink),
+            None => sink,
+        })
+    }
+}
+
+impl ServeSinks {
+    async fn build_sink(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
         match &d.kind {
             DestinationKind::Http(http) => HttpSink::new(http, &self.https)
                 .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
@@ -44,12 +58,13 @@ pub async fn build(
     store: Arc<dyn InboxRelay>,
     destinations: &[DestinationConfig],
     https: HttpsClient,
+    wrap: Option<SinkWrap>,
 ) -> Result<Option<Arc<Relay>>, String> {
     if destinations.is_empty() {
         return Ok(None);
     }
     let settings = RelaySettings::from_env()?;
-    let relay = Relay::build(store, destinations, &ServeSinks { https })
+    let relay = Relay::build(store, destinations, &ServeSinks { https, wrap })
         .await
         .map_err(|e| e.to_string())?
         .with_settings(settings);

@@ -58,8 +58,18 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
-    einmal::telemetry::init_json_logs();
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    run_with(args, config, None).await
+}
+
+/// `einmal serve` on a configuration already loaded (and possibly extended, as
+/// `einmal listen` does), with an optional wrapper around each destination's sink.
+pub async fn run_with(
+    args: ServeArgs,
+    config: Config,
+    wrap: Option<crate::relay::SinkWrap>,
+) -> Result<ExitCode, String> {
+    einmal::telemetry::init_json_logs();
     // The log redaction masks the tenants' secrets and API credentials.
     einmal::telemetry::redact::register_config(&config);
     let store = Arc::new(
@@ -97,7 +107,8 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     }
     // Every destination's sink is built (and checked) before anything is served: a
     // bad one stops the start with its name.
-    let relay = crate::relay::build(store.clone(), config.destinations(), https.clone()).await?;
+    let relay =
+        crate::relay::build(store.clone(), config.destinations(), https.clone(), wrap).await?;
     let lookup = HttpLookup::with_client(https);
     let processor = Processor::from_store(store.clone(), state, Arc::new(ReferenceDomain::new()))
         .with_settings(settings)

@@ -60,6 +60,44 @@ fn config_check_reports_every_problem_and_exits_1() {
 }
 
 #[test]
+fn config_check_names_the_destination_of_each_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        r#"[[tenant]]
+provider = "stripe"
+tenant = "shop-1"
+secrets = ["whsec_x"]
+
+[[destination]]
+name = "crm"
+tenant = "shop-1"
+kind = "webhook"
+events = ["*"]
+
+[[destination]]
+name = "shop-app"
+tenant = "shop-1"
+kind = "http"
+events = ["payment_intent.*"]
+url = "http://shop.example/hooks"
+"#,
+    );
+    let out = einmal(&["config", "check", "--config", &path]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{path}:9: destination shop-1/crm: unknown kind `webhook` (kinds: http, sqs, eventbridge, lambda, postgres)"),
+            format!("{path}:13: destination shop-1/shop-app: missing `secrets`: an HTTP destination signs every delivery (`whsec_` + base64, e.g. from `einmal listen`)"),
+            format!("{path}:17: destination shop-1/shop-app: `url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not http://shop.example/hooks"),
+        ]
+    );
+}
+
+#[test]
 fn config_check_accepts_the_demo_configuration() {
     let out = Command::new(env!("CARGO_BIN_EXE_einmal"))
         .args(["config", "check", "--config", "einmal.toml"])

@@ -191,24 +191,81 @@ impl tower_service::Service<Name> for Resolver {
         async move {
             let addrs: Vec<SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            if let Some(policy) = guard {
-                // Every address must pass: the connector may try any of them.
-                if let Some(reason) = addrs.iter().find_map(|a| policy.refusal(a.ip())) {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::PermissionDenied,
-                        RefusedAddress { host, reason },
-                    ));
-                }
+            match guard {
+                Some(policy) => Ok(checked(host, addrs, policy)?.into_iter()),
+                None => Ok(addrs.into_iter()),
             }
-            Ok(addrs.into_iter())
         }
         .boxed()
+    }
+}
+
+/// `addrs` if the policy allows every one (the connector may try any of them), else
+/// the refusal of the first it does not.
+fn checked(
+    host: String,
+    addrs: Vec<SocketAddr>,
+    policy: AddressPolicy,
+) -> std::io::Result<Vec<SocketAddr>> {
+    match addrs.iter().find_map(|a| policy.refusal(a.ip())) {
+        Some(reason) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            RefusedAddress { host, reason },
+        )),
+        None => Ok(addrs),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guard_refuses_a_name_if_any_address_is_refused() {
+        let addrs = |list: &[&str]| -> Vec<SocketAddr> {
+            list.iter().map(|a| a.parse().unwrap()).collect()
+        };
+        let strict = AddressPolicy::default();
+        let public = addrs(&[
+            "93.184.215.14:443",
+            "[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:443",
+        ]);
+        assert_eq!(checked("a".into(), public.clone(), strict).unwrap(), public);
+        // One rebinding-style private answer among public ones refuses the name.
+        let mixed = addrs(&["93.184.215.14:443", "10.0.0.7:443"]);
+        let err = checked("shop.example".into(), mixed, strict).unwrap_err();
+        let refused = refused_address(&err).expect("the refusal travels in the error");
+        assert_eq!(refused.host, "shop.example");
+        assert!(
+            refused.reason.contains("private address 10.0.0.7"),
+            "{}",
+            refused.reason
+        );
+        let metadata = addrs(&["169.254.169.254:80"]);
+        assert!(checked("m".into(), metadata.clone(), strict).is_err());
+        let internal = AddressPolicy {
+            loopback: false,
+            private: true,
+        };
+        assert!(checked("m".into(), metadata, internal).is_ok());
+        assert!(checked("l".into(), addrs(&["127.0.0.1:80"]), strict).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_guarded_client_refuses_before_connecting() {
+        // `localhost` resolves (from /etc/hosts) to loopback, which a guarded client
+        // allows only for loopback names: this one is one, so the refusal comes from
+        // the closed port, not the guard.
+        let client = HttpsClient::new().guarded(false);
+        let get = http::Request::get("http://localhost:1/x")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let err = client.send(get).await.unwrap_err();
+        assert!(
+            err.is_connect() && refused_address(&err).is_none(),
+            "{err:?}"
+        );
+    }
 
     #[tokio::test]
     async fn plain_http_and_a_fixed_address_fail_cleanly_offline() {

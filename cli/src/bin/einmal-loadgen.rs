@@ -43,9 +43,14 @@ struct Args {
     /// Random seed, so runs are reproducible.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Write `event_id ack_us` (Unix microseconds of the 200) per accepted new event,
+    /// for end-to-end latencies (`bench/destination.sh`).
+    #[arg(long)]
+    ack_log: Option<PathBuf>,
 }
 
 struct Prepared {
+    event_id: String,
     path: String,
     headers: http::HeaderMap,
     body: Bytes,
@@ -91,6 +96,7 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
                 .signed_request(&body, tenant, &event_id, now)
                 .map_err(|e| e.to_string())?;
             Ok(Prepared {
+                event_id,
                 path: path.clone(),
                 headers,
                 body,
@@ -104,7 +110,7 @@ async fn worker(
     host: String,
     work: Arc<Vec<Prepared>>,
     next: Arc<AtomicUsize>,
-) -> Result<(Vec<Duration>, [usize; 3]), String> {
+) -> Result<(Vec<Duration>, [usize; 3], Vec<(usize, u128)>), String> {
     let stream = tokio::net::TcpStream::connect(&addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -116,6 +122,7 @@ async fn worker(
     tokio::spawn(conn);
     let mut latencies = Vec::new();
     let mut outcomes = [0usize; 3]; // fresh, duplicate, error
+    let mut acks = Vec::new(); // (work index, ack time in Unix µs) of fresh events
     loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
         let Some(p) = work.get(i) else { break };
@@ -144,9 +151,14 @@ async fn worker(
             outcomes[1] += 1;
         } else {
             outcomes[0] += 1;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros())
+                .unwrap_or(0);
+            acks.push((i, now));
         }
     }
-    Ok((latencies, outcomes))
+    Ok((latencies, outcomes, acks))
 }
 
 #[tokio::main]
@@ -172,9 +184,11 @@ async fn main() -> Result<(), String> {
     }
     let mut latencies = Vec::with_capacity(args.requests);
     let mut totals = [0usize; 3];
+    let mut acks = Vec::new();
     for t in tasks {
-        let (l, o) = t.await.map_err(|e| e.to_string())??;
+        let (l, o, a) = t.await.map_err(|e| e.to_string())??;
         latencies.extend(l);
+        acks.extend(a);
         for k in 0..3 {
             totals[k] += o[k];
         }
@@ -197,6 +211,16 @@ async fn main() -> Result<(), String> {
         pct(0.99).as_secs_f64() * 1e3,
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
+    if let Some(path) = &args.ack_log {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(
+            std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+        );
+        for (i, at) in acks {
+            writeln!(out, "{} {at}", work[i].event_id).map_err(|e| e.to_string())?;
+        }
+        out.flush().map_err(|e| e.to_string())?;
+    }
     if totals[2] > 0 {
         return Err(format!("{} requests failed", totals[2]));
     }

@@ -136,6 +136,8 @@ impl AddressPolicy {
 /// Is `host` (a URL's host, IPv6 without brackets or with) loopback by name or literal?
 pub fn is_loopback_host(host: &str) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
+    // A fully qualified `localhost.` is the same name.
+    let host = host.strip_suffix('.').unwrap_or(host);
     host.eq_ignore_ascii_case("localhost")
         || host.to_ascii_lowercase().ends_with(".localhost")
         || host

@@ -1,0 +1,149 @@
+//! `einmal listen` through the real binary: a local axum app receives what `einmal
+//! send` posted, signed with the secret `listen` printed first, and `listen` prints a
+//! line naming the delivered event.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use axum::Router;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+type Received = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
+
+/// Kills `einmal listen` however the test ends.
+struct Listening(Child);
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Poll `f` until it yields, failing with `what` after a generous deadline (a wait
+/// for an outcome, not a timing assertion).
+async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
+    // The local app.
+    let received: Received = Arc::default();
+    let app = Router::new()
+        .route(
+            "/webhooks",
+            post(
+                |State(seen): State<Received>, headers: HeaderMap, body: Bytes| async move {
+                    seen.lock().unwrap().push((headers, body));
+                    "ok"
+                },
+            ),
+        )
+        .with_state(received.clone());
+    let app_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_port = app_listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(app_listener, app).await.unwrap() });
+
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(["listen", "--forward-to"])
+        .arg(format!("http://localhost:{app_port}/webhooks"))
+        .args([
+            "--events",
+            "payment_intent.*",
+            "--addr",
+            &addr,
+            "--data-dir",
+        ])
+        .arg(data_dir.path())
+        .current_dir(repo())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("listen starts");
+    let stdout = child.stdout.take().unwrap();
+    let _listening = Listening(child);
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let first = lines
+        .recv_timeout(Duration::from_secs(60))
+        .expect("listen prints its secret first");
+    let secret = first
+        .strip_prefix("Ready! Your webhook signing secret is ")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+        .to_string();
+    assert!(secret.starts_with("whsec_"), "{first}");
+    wait_for("einmal listen to accept connections", || {
+        std::net::TcpStream::connect(&addr).ok()
+    })
+    .await;
+
+    let sent = Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(["send", "--provider", "stripe", "--tenant", "demo"])
+        .args(["--event-id", "evt_listen_1", "--url"])
+        .arg(format!("http://{addr}"))
+        .current_dir(repo())
+        .output()
+        .expect("send runs");
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+
+    let (headers, body) = wait_for("the app to receive the event", || {
+        received.lock().unwrap().first().cloned()
+    })
+    .await;
+    standardwebhooks::Webhook::new(&secret)
+        .unwrap()
+        .verify(&body, &headers)
+        .expect("the app verifies the delivery with the printed secret");
+    let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(event["id"], "evt_listen_1");
+    assert_eq!(headers["einmal-event-id"], "evt_listen_1");
+    assert_eq!(headers["einmal-event-type"], "payment_intent.succeeded");
+
+    let line = wait_for("listen's line for the delivery", || {
+        lines.try_iter().find(|l| l.contains("evt_listen_1"))
+    })
+    .await;
+    assert!(
+        line.contains("stripe/demo  payment_intent.succeeded  evt_listen_1  --> [200]"),
+        "{line}"
+    );
+}
