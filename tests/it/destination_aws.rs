@@ -11,7 +11,7 @@
 //!   and the key and body in its detail; an event over the `PutEvents` limit is
 //!   permanent without a call;
 //! - Lambda (`cargo lambda watch`, as `lambda_watch` runs it): `echo-destination`
-//!   (tests/src/bin) receives the payload and answers, so the sink reports delivered;
+//!   (tests/echo-destination) receives the payload and answers, so the sink reports delivered;
 //!   for a key it refuses, its function error is a retry.
 
 use std::process::{Command, Stdio};
