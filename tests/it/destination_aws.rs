@@ -127,10 +127,7 @@ fn attr<'a>(m: &'a aws_sdk_sqs::types::Message, name: &str) -> Option<&'a str> {
         .and_then(|v| v.string_value())
 }
 
-fn system_attr<'a>(
-    m: &'a aws_sdk_sqs::types::Message,
-    name: MessageSystemAttributeName,
-) -> Option<&'a str> {
+fn system_attr(m: &aws_sdk_sqs::types::Message, name: MessageSystemAttributeName) -> Option<&str> {
     m.attributes()
         .and_then(|a| a.get(&name))
         .map(String::as_str)
@@ -513,8 +510,11 @@ mod aws_answers {
 
     use super::*;
 
+    /// Each invocation: the function name and its `X-Amz-Invocation-Type`.
+    type Calls = Vec<(String, Option<String>)>;
+
     #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<(String, Option<String>)>>>);
+    struct Seen(Arc<Mutex<Calls>>);
 
     fn lambda_error(
         status: StatusCode,
