@@ -12,7 +12,7 @@ use einmal::domain::state::{StateKey, StateRecord};
 use einmal::domain::Domain;
 use einmal::ports::InboxState;
 use einmal_tests::scenario::suite::{self, Subject};
-use einmal_tests::scenario::{stripe_event, yesterday, Backend, Event, Kind, TENANT};
+use einmal_tests::scenario::{stripe_event, yesterday, Backend, Event, Handled, Kind, TENANT};
 use serde_json::{json, Value};
 
 /// A day of a subscription service: six subscriptions created, upgraded, some moved
@@ -179,8 +179,11 @@ async fn an_early_invoice_waits_and_a_bad_one_dead_letters() {
         assert!(!b.send(&ingest, e).await);
     }
     let p = b.processor(suite::LEASE_MS);
+    let mut handled = Vec::new();
     for e in [&early, &bad] {
-        suite::until_handled(&b, &p, &e.inbox_key()).await;
+        if !handled.iter().any(|h: &Handled| h.key == e.inbox_key()) {
+            handled.extend(suite::until_handled(&b, &p, &e.inbox_key()).await);
+        }
     }
     let item = b.item(&early).await;
     assert_eq!(item.state, InboxState::Waiting, "{:?}", item.last_error);
