@@ -23,7 +23,8 @@ use einmal::destinations::{
     BodyFormat, Delivered, DestinationConfig, DestinationKind, Message, Sink, SinkError,
 };
 
-use crate::serve::ServeArgs;
+use einmal::domain::Domain;
+use einmal_cli::serve::ServeArgs;
 
 /// The name of the destination `einmal listen` adds to every tenant.
 pub const DESTINATION: &str = "listen";
@@ -53,7 +54,8 @@ pub struct ListenArgs {
     pub serve: ServeArgs,
 }
 
-pub async fn run(args: ListenArgs) -> Result<ExitCode, String> {
+/// `einmal listen` with `domain` deciding (the stock binary passes the reference domain).
+pub async fn run(args: ListenArgs, domain: std::sync::Arc<dyn Domain>) -> Result<ExitCode, String> {
     let mut config = Config::load(&args.serve.config).map_err(|e| e.to_string())?;
     let secret = match &args.secret {
         Some(secret) => {
@@ -69,14 +71,14 @@ pub async fn run(args: ListenArgs) -> Result<ExitCode, String> {
         secret.expose(),
         args.forward_to
     );
-    let wrap: crate::relay::SinkWrap = Arc::new(|d: &DestinationConfig, sink: Arc<dyn Sink>| {
+    let wrap: einmal_cli::relay::SinkWrap = Arc::new(|d: &DestinationConfig, sink: Arc<dyn Sink>| {
         if d.name == DESTINATION {
             Arc::new(Printing { inner: sink }) as Arc<dyn Sink>
         } else {
             sink
         }
     });
-    crate::serve::run_with(args.serve, config, Some(wrap)).await
+    einmal_cli::serve::run_with(args.serve, config, Some(wrap), domain).await
 }
 
 /// One `listen` destination per tenant of the configuration.

@@ -6,16 +6,17 @@ mod events;
 mod listen;
 mod ops;
 mod reconcile;
-mod relay;
 mod send;
-mod serve;
-mod serve_http;
 mod store;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use einmal::domain::reference::ReferenceDomain;
+// The embedded pipeline lives in the library (`einmal_cli`), usable with any domain.
+pub use einmal_cli::default_config_path;
+use einmal_cli::serve;
 
 #[derive(Parser)]
 #[command(
@@ -73,19 +74,15 @@ enum Command {
     },
 }
 
-/// Where the demo configuration lives when `--config` is not given.
-pub fn default_config_path() -> PathBuf {
-    PathBuf::from("einmal.toml")
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args).await,
-        Command::Listen(args) => listen::run(args).await,
+        Command::Serve(args) => serve::run(args, Arc::new(ReferenceDomain::new())).await,
+        Command::Listen(args) => listen::run(args, Arc::new(ReferenceDomain::new())).await,
         Command::Config { command } => config_check::run(command),
-        Command::Reconcile(args) => reconcile::run(args).await,
+        // The business's view of its orders: the reference domain's.
+        Command::Reconcile(args) => reconcile::run(args, Arc::new(ReferenceDomain)).await,
         Command::Send(args) => send::run(args).await,
         Command::Events { command } => events::run(command).await,
         Command::Orders { command } => business::run_orders(command).await,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Args;
 use einmal::config::Config;
 use einmal::config_source::ConfigSource;
-use einmal::domain::reference::ReferenceDomain;
+use einmal::domain::payment_view::PaymentView;
 use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
@@ -46,7 +46,8 @@ pub struct ReconcileArgs {
     pub json: bool,
 }
 
-pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
+/// Reconcile with `view` reading what the business believes about its orders.
+pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<ExitCode, String> {
     let since = match args.since.as_deref() {
         Some(s) => Some(parse_rfc3339(s).ok_or_else(|| format!("--since: not RFC 3339: {s}"))?),
         None => None,
@@ -59,8 +60,6 @@ pub async fn run(args: ReconcileArgs) -> Result<ExitCode, String> {
         store.clone(),
     ));
     let audit = args.store.open_audit().await?;
-    // The business's view of its orders: the reference domain's.
-    let view = Arc::new(ReferenceDomain);
     let reconciler =
         Reconciler::new(ingestor, state.clone(), view, HttpsClient::new()).with_hints(store);
     let options = ReconcileOptions {

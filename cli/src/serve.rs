@@ -23,7 +23,7 @@ use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::config::Config;
 use einmal::config_source::ConfigSource;
-use einmal::domain::reference::ReferenceDomain;
+use einmal::domain::Domain;
 use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
@@ -57,9 +57,10 @@ pub struct ServeArgs {
     pub limits: ClientLimits,
 }
 
-pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
+/// `einmal serve` with `domain` deciding: a user's binary passes its own domain.
+pub async fn run(args: ServeArgs, domain: Arc<dyn Domain>) -> Result<ExitCode, String> {
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
-    run_with(args, config, None).await
+    run_with(args, config, None, domain).await
 }
 
 /// `einmal serve` on a configuration already loaded (and possibly extended, as
@@ -68,6 +69,7 @@ pub async fn run_with(
     args: ServeArgs,
     config: Config,
     wrap: Option<crate::relay::SinkWrap>,
+    domain: Arc<dyn Domain>,
 ) -> Result<ExitCode, String> {
     einmal::telemetry::init_json_logs();
     // The log redaction masks the tenants' secrets and API credentials.
@@ -110,7 +112,7 @@ pub async fn run_with(
     let relay =
         crate::relay::build(store.clone(), config.destinations(), https.clone(), wrap).await?;
     let lookup = HttpLookup::with_client(https);
-    let processor = Processor::from_store(store.clone(), state, Arc::new(ReferenceDomain::new()))
+    let processor = Processor::from_store(store.clone(), state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(
             einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,

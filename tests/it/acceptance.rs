@@ -7,7 +7,6 @@
 //! every inbox item terminal.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +18,11 @@ use einmal::ports::{ClaimOutcome, Finish, InboxState, Queue};
 use einmal_tests::fixtures::FailingQueue;
 use einmal_tests::moto::OperationLog;
 use einmal_tests::on_both_backends;
+use einmal_tests::scenario::suite::{until_handled, Replay};
 use einmal_tests::scenario::{
-    self, assert_no_regression, check_invariants, data_of, drain, drain_until, orders_create,
-    orders_paid, retry_delays, sample, step, yesterday, Backend, CommitFails, Event, FinishFails,
-    Handled, Kind, Rng, SlowCommits, Until,
+    self, assert_no_regression, check_invariants, data_of, drain, orders_create, orders_paid,
+    retry_delays, sample, step, yesterday, Backend, CommitFails, FinishFails, Handled, Kind,
+    SlowCommits,
 };
 
 const RED: &str = "SKU-RED-M";
@@ -37,30 +37,6 @@ async fn fresh(kind: Kind) -> Backend {
     let b = kind.backend(MAX_RECEIVES).await;
     b.seed(&SEEDS).await;
     b
-}
-
-/// Step until a message for `key` has been handled (it may be invisible for a while).
-async fn until_handled(
-    b: &Backend,
-    p: &einmal::pipeline::process::Processor,
-    key: &InboxKey,
-) -> Vec<Handled> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut all = Vec::new();
-    loop {
-        let got = step(b, p, "stepper").await;
-        let seen = got.iter().any(|h| h.key == *key);
-        all.extend(got);
-        if seen {
-            return all;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}: {key} never came back",
-            b.name
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn outcomes_for(handled: &[Handled], key: &InboxKey) -> Vec<MessageOutcome> {
@@ -703,120 +679,11 @@ async fn clean_pass(kind: Kind, stream: &scenario::Stream) -> BTreeMap<String, S
     clean
 }
 
-struct Replay {
-    state: BTreeMap<String, StateRecord>,
-    handled: Vec<Handled>,
-    deliveries: usize,
-    samples: usize,
-    secs: f64,
-}
-
-/// (b) Every event `copies` times in a seeded shuffled order: 4 tasks ingest while
-/// 3 processor loops drain the queue and a monitor watches for state regressions.
+/// (b) Every event `copies` times in a seeded shuffled order, concurrently: the
+/// generic conformance scenario (`scenario::suite::shuffled`) on the reference domain,
+/// with its regression monitor and invariant check.
 async fn replay(kind: Kind, stream: &scenario::Stream, shuffle_seed: u64, copies: usize) -> Replay {
-    let started = Instant::now();
-    let n = stream.events.len();
-    let b = Arc::new(kind.backend(STREAM_MAX_RECEIVES).await);
-    b.seed(&stream.seeds()).await;
-    let mut deliveries: Vec<Event> = (0..copies)
-        .flat_map(|_| stream.events.iter().cloned())
-        .collect();
-    Rng::new(shuffle_seed).shuffle(&mut deliveries);
-    let ingestor = Arc::new(b.ingestor());
-    let ingested = Arc::new(AtomicBool::new(false));
-    let fresh_count = Arc::new(AtomicUsize::new(0));
-    const INGESTERS: usize = 4;
-    let mut ingest_tasks = Vec::new();
-    for t in 0..INGESTERS {
-        let mine: Vec<Event> = deliveries
-            .iter()
-            .skip(t)
-            .step_by(INGESTERS)
-            .cloned()
-            .collect();
-        let (b, ingestor, fresh_count) = (b.clone(), ingestor.clone(), fresh_count.clone());
-        ingest_tasks.push(tokio::spawn(async move {
-            for e in &mine {
-                if !b.send(&ingestor, e).await {
-                    fresh_count.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }));
-    }
-    let mut loops = Vec::new();
-    for w in 0..3 {
-        let (b, ingested) = (b.clone(), ingested.clone());
-        loops.push(tokio::spawn(async move {
-            let mut s = scenario::settings(STREAM_LEASE_MS, STREAM_MAX_RECEIVES);
-            if kind == Kind::Aws {
-                // SQS delays are whole seconds anyway: back off 1 s, then 2 s, rather
-                // than re-polling a waiting event every second.
-                (s.backoff_base_ms, s.backoff_max_ms) = (1_000, 2_000);
-            }
-            let p = b.processor_with_settings(s);
-            let gate = move || ingested.load(Ordering::SeqCst);
-            drain_until(
-                &b,
-                &p,
-                &format!("loop-{w}"),
-                Until {
-                    items: n,
-                    gate: &gate,
-                    timeout: Duration::from_secs(300),
-                },
-            )
-            .await
-        }));
-    }
-    let stop_monitor = Arc::new(AtomicBool::new(false));
-    let monitor = {
-        let (b, stop, keys) = (b.clone(), stop_monitor.clone(), stream.state_keys());
-        tokio::spawn(async move {
-            let mut seen = b.load_all(&keys).await;
-            let mut samples = 0;
-            while !stop.load(Ordering::SeqCst) {
-                tokio::time::sleep(b.idle_poll).await;
-                let now = b.load_all(&keys).await;
-                assert_no_regression(&seen, &now);
-                seen = now;
-                samples += 1;
-            }
-            samples
-        })
-    };
-    for t in ingest_tasks {
-        t.await.expect("ingest task");
-    }
-    ingested.store(true, Ordering::SeqCst);
-    let mut handled = Vec::new();
-    for l in loops {
-        handled.extend(l.await.expect("processor loop"));
-    }
-    stop_monitor.store(true, Ordering::SeqCst);
-    let samples = monitor.await.expect("no regression observed");
-
-    assert_eq!(
-        fresh_count.load(Ordering::SeqCst),
-        n,
-        "each event stored once"
-    );
-    let state = check_invariants(&b, &stream.seeds()).await;
-    let items = b.items().await;
-    assert_eq!(items.len(), n);
-    let open: Vec<String> = items
-        .iter()
-        .filter(|i| !matches!(i.state, InboxState::Completed | InboxState::Ignored))
-        .map(|i| format!("{} {} {:?}", i.key, i.state, i.last_error))
-        .collect();
-    assert!(open.is_empty(), "only completed or ignored: {open:#?}");
-    assert!(b.dead_letters().await.is_empty(), "the DLQ is empty");
-    Replay {
-        state,
-        handled,
-        deliveries: deliveries.len(),
-        samples,
-        secs: started.elapsed().as_secs_f64(),
-    }
+    scenario::suite::shuffled(kind, stream, shuffle_seed, copies).await
 }
 
 async fn yesterdays_stream_replayed_shuffled_twice_matches_the_clean_pass(kind: Kind) {

@@ -1260,6 +1260,48 @@ fn functions_are_arm64_rust_binaries_with_json_logs_and_tracing() {
     }
 }
 
+/// A user's own domain is deployed by pointing the processor's `CodeUri` and `Binary`
+/// at its crate (docs/your-domain.md): the example crate is a workspace member whose
+/// `custom-domain-processor` binary runs the library's `processor::run`, so the rest
+/// of the template (environment, policies, event source) applies unchanged.
+#[test]
+fn a_domain_crate_can_replace_the_processor_by_its_code_uri() {
+    let t = template();
+    let function = resource(&t, "ProcessorFunction");
+    let binary = path(
+        get(function, "Metadata").expect("Metadata"),
+        &["BuildProperties", "Binary"],
+    )
+    .and_then(Value::as_str)
+    .unwrap();
+    assert_eq!(binary, "processor");
+    let example = repo_root().join("examples/custom-domain");
+    let cargo = std::fs::read_to_string(example.join("Cargo.toml")).expect("example Cargo.toml");
+    let bin = "[[bin]]\nname = \"custom-domain-processor\"\npath = \"src/main.rs\"";
+    assert!(
+        cargo.contains(bin),
+        "examples/custom-domain has no bin custom-domain-processor at src/main.rs"
+    );
+    // The docs' two-line switch names exactly these.
+    let docs = std::fs::read_to_string(repo_root().join("docs/your-domain.md")).expect("docs");
+    for line in [
+        "Binary: custom-domain-processor",
+        "CodeUri: ../examples/custom-domain",
+    ] {
+        assert!(docs.contains(line), "docs/your-domain.md lacks `{line}`");
+    }
+    let main = std::fs::read_to_string(example.join("src/main.rs")).expect("example main.rs");
+    assert!(
+        main.contains("processor::run("),
+        "the example's main runs processor::run"
+    );
+    let workspace = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("workspace");
+    assert!(
+        workspace.contains("\"examples/custom-domain\""),
+        "the example is a workspace member"
+    );
+}
+
 #[test]
 fn the_api_routes_every_webhook_path_to_the_receiver() {
     let t = template();

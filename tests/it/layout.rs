@@ -1,5 +1,6 @@
 //! Source scans that keep one home per concern: the reference domain is reached only
-//! through the binaries' wiring, and no library file mixes two storage technologies.
+//! through the binaries' wiring (a user's own domain crate needs none of it), and no
+//! library file mixes two storage technologies.
 
 use std::path::{Path, PathBuf};
 
@@ -92,13 +93,11 @@ fn technologies(code: &str) -> Vec<&'static str> {
     found
 }
 
-/// Binaries' wiring that may build the reference domain: the Lambda mains, and the CLI
-/// commands that wire the pipeline or show the reference domain's business tables.
-const WIRING: &[&str] = &[
-    "cli/src/business.rs",
-    "cli/src/reconcile.rs",
-    "cli/src/serve.rs",
-];
+/// Binaries' wiring that may name the reference domain besides the `main.rs` files: the
+/// CLI commands that show the reference domain's business tables (orders, stock). The
+/// entry points (`processor::run`, `reconciler::run`, `einmal_cli::serve::run`) take
+/// the domain as a parameter.
+const WIRING: &[&str] = &["cli/src/business.rs"];
 
 #[test]
 fn the_scanners_see_what_they_look_for() {
@@ -153,6 +152,26 @@ fn only_the_reference_domain_and_the_binaries_wiring_name_the_reference_domain()
         offenders.is_empty(),
         "these files reach into domain::reference (ask through a port instead): {offenders:?}"
     );
+}
+
+/// A user's domain crate (`examples/`) builds its processor and `serve` from the
+/// library's entry points alone: not even its `main.rs` names the reference domain.
+#[test]
+fn a_users_own_domain_crate_needs_nothing_of_the_reference_domain() {
+    let examples = std::fs::read_dir(workspace().join("examples")).expect("examples/");
+    let mut scanned = 0;
+    for entry in examples {
+        let dir = entry.expect("directory entry").path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        for file in rust_files(&format!("examples/{name}/src")) {
+            assert!(
+                !names_reference_domain(&code(&file)),
+                "{file} reaches into domain::reference: a user's crate must not need it"
+            );
+            scanned += 1;
+        }
+    }
+    assert!(scanned > 0, "no example crate scanned");
 }
 
 #[test]

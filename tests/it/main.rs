@@ -11,6 +11,7 @@ mod aws_adapter;
 mod capacity;
 mod config_refresh;
 mod conformance;
+mod custom_domain;
 mod destination_aws;
 mod destination_http;
 mod destination_postgres;

@@ -23,12 +23,62 @@
 //! queue, since visibility changes use the records' receipt handles.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
-use einmal::pipeline::process::{AckMode, Processor};
+use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore, DynamoStateStore};
+use einmal::domain::Domain;
+use einmal::https::HttpsClient;
+use einmal::lookup::HttpLookup;
+use einmal::pipeline::process::{AckMode, ProcessSettings, Processor};
 use einmal::ports::{Delivery, QueueMessage};
 use einmal::telemetry::emf::{self, WorkerTally};
 use einmal::telemetry::trace::AWS_TRACE_HEADER;
+
+/// The error the Lambda runtime reports (so a user's `main` needs no other import).
+pub use lambda_runtime::Error;
+
+/// The processor Lambda with `domain` deciding: builds clients, settings and the
+/// engine once from the environment, then serves SQS batches until the runtime stops.
+/// A user's processor is `processor::run(Arc::new(MyDomain)).await` in `main`.
+pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
+    einmal::telemetry::init_json_logs();
+    let settings = ProcessSettings::from_env()?;
+    let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
+    let deployment = &einmal::telemetry::emf::deployment_from_env();
+    let (sdk_config, store) = AwsStore::from_env().await?;
+    let store = Arc::new(store);
+    let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
+    let mut engine = Processor::from_store(store, state, domain)
+        .with_settings(settings)
+        .with_sli_threshold_ms(threshold_ms);
+    // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
+    // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
+    // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
+    match config_source_from_env(&sdk_config).await {
+        Ok(source) => {
+            // The log redaction masks the tenants' secrets and API credentials.
+            einmal::telemetry::redact::register_config(&source.snapshot());
+            engine = engine.with_lookup_source(
+                Arc::new(HttpLookup::with_client(HttpsClient::new())),
+                source,
+            )
+        }
+        Err(AwsSetupError::NoConfigSource) => {
+            tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let engine = &engine;
+    lambda_runtime::run(lambda_runtime::service_fn(
+        |event: lambda_runtime::LambdaEvent<SqsEvent>| async move {
+            let response =
+                handle_and_emit(engine, deployment, event.payload, &event.context.request_id).await;
+            Ok::<_, Error>(response)
+        },
+    ))
+    .await
+}
 
 /// The SQS system attribute with the receive count, this receive included.
 pub const RECEIVE_COUNT_ATTRIBUTE: &str = "ApproximateReceiveCount";

@@ -5,12 +5,59 @@
 //! `{"provider": "stripe", "tenant": "t1", "since": "2024-01-01T00:00:00Z"}` (all
 //! optional). Any other event shape (the default scheduled event) reconciles all.
 
+use std::sync::Arc;
+
+use einmal::adapters::aws::{config_source_from_env, AwsStore, DynamoAuditLog, DynamoStateStore};
 use einmal::audit::AuditLog;
+use einmal::domain::payment_view::PaymentView;
 use einmal::domain::state::StateStore;
+use einmal::https::HttpsClient;
+use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler, TenantReport};
 use einmal::telemetry::emf::{self, ReconcileFigures};
 use einmal::time::parse_rfc3339;
 use serde_json::{json, Value};
+
+/// The error the Lambda runtime reports (so a user's `main` needs no other import).
+pub use lambda_runtime::Error;
+
+/// The reconciler Lambda with `view` reading what the business believes about its
+/// orders (the domain's [`PaymentView`]): builds the stores, the ingestor and the
+/// reconciler once, then reconciles on every scheduled invocation.
+pub async fn run(view: Arc<dyn PaymentView>) -> Result<(), Error> {
+    einmal::telemetry::init_json_logs();
+    let (sdk_config, store) = AwsStore::from_env().await?;
+    let store = Arc::new(store);
+    let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
+    let source = config_source_from_env(&sdk_config).await?;
+    let ingestor = Arc::new(Ingestor::from_store(source, store.clone()));
+    // Audited when the audit table is configured.
+    let audit: Option<Arc<dyn AuditLog>> =
+        DynamoAuditLog::from_sdk_config_if_configured(&sdk_config)?
+            .map(|audit| Arc::new(audit) as Arc<dyn AuditLog>);
+    let business = state.clone();
+    // GoPay and Klarna push reconcile the payments their hints named: the inbox's
+    // hint index (a Query on its sparse GSI). One HTTPS client (one pool) for the
+    // pages and the thin-provider lookups.
+    let reconciler = &Reconciler::new(ingestor, state, view, HttpsClient::new()).with_hints(store);
+    let business = &business;
+    let audit = &audit;
+    let deployment = &einmal::telemetry::emf::deployment_from_env();
+    lambda_runtime::run(lambda_runtime::service_fn(
+        |event: lambda_runtime::LambdaEvent<Value>| async move {
+            handle_and_emit(
+                reconciler,
+                Some(business.as_ref()),
+                audit.as_deref(),
+                deployment,
+                &event.payload,
+            )
+            .await
+            .map_err(Error::from)
+        },
+    ))
+    .await
+}
 
 /// The options named by the invocation payload.
 pub fn options(payload: &Value) -> Result<ReconcileOptions, String> {
@@ -145,8 +192,6 @@ async fn report(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use einmal::adapters::embedded::EmbeddedStateStore;
     use einmal::adapters::embedded::EmbeddedStore;
     use einmal::config::Config;

@@ -1,7 +1,9 @@
-//! Support for the acceptance tests (`it/acceptance.rs`): the processor with the
-//! reference domain on both backends, events entering through the real [`Ingestor`]
-//! as signed requests, a queue-draining loop, the business-invariant checker, and a
-//! generated day of mixed Stripe/Shopify traffic with its expected outcome.
+//! Support for the acceptance tests (`it/acceptance.rs`): the processor with a domain
+//! (the reference domain unless [`Backend::with_domain`]) on both backends, events
+//! entering through the real [`Ingestor`] as signed requests, a queue-draining loop,
+//! the domain-generic conformance scenarios ([`suite`]), the reference domain's
+//! business-invariant checker, and a generated day of mixed Stripe/Shopify traffic
+//! with its expected outcome.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -20,6 +22,7 @@ use einmal::domain::reference::{
 use einmal::domain::state::{
     CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
 };
+use einmal::domain::Domain;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
@@ -37,9 +40,11 @@ use crate::moto::{self, CallCounter, OperationLog};
 
 mod invariants;
 mod stream;
+pub mod suite;
 
 pub use invariants::*;
 pub use stream::*;
+pub use suite::Subject;
 
 pub const TENANT: &str = "t1";
 pub const SHOP: &str = "t1.myshopify.com";
@@ -384,6 +389,8 @@ pub struct Backend {
     /// How long an idle loop waits before polling the queue again: SQS visibility
     /// is whole seconds, so polling moto every few ms only burns calls.
     pub idle_poll: Duration,
+    /// The domain its processors run (the reference domain unless replaced).
+    pub domain: Arc<dyn Domain>,
     _keep: Box<dyn Any + Send + Sync>,
 }
 
@@ -406,6 +413,7 @@ pub async fn embedded(max_receive_count: u32) -> Backend {
         calls: None,
         max_receive_count,
         idle_poll: Duration::from_millis(10),
+        domain: Arc::new(ReferenceDomain),
         _keep: Box::new(dir),
     }
 }
@@ -453,6 +461,7 @@ pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>
         calls: Some(counter),
         max_receive_count,
         idle_poll: Duration::from_millis(100),
+        domain: Arc::new(ReferenceDomain),
         _keep: Box::new(()),
     }
 }
@@ -471,11 +480,17 @@ pub fn settings(lease_ms: i64, max_receive_count: u32) -> ProcessSettings {
 }
 
 impl Backend {
+    /// The same backend with `domain` deciding in its processors.
+    pub fn with_domain(mut self, domain: Arc<dyn Domain>) -> Self {
+        self.domain = domain;
+        self
+    }
+
     pub fn ingestor(&self) -> Ingestor {
         Ingestor::new(config(), self.inbox.clone(), self.queue.clone())
     }
 
-    /// The processor with the reference domain; jitter pinned to 1.0 (every backoff
+    /// The processor with the backend's domain; jitter pinned to 1.0 (every backoff
     /// is its ceiling, so delays are predictable).
     pub fn processor(&self, lease_ms: i64) -> Processor {
         self.processor_with(self.processing.clone(), self.state.clone(), lease_ms)
@@ -492,20 +507,20 @@ impl Backend {
             processing,
             self.queue.clone(),
             state,
-            Arc::new(ReferenceDomain),
+            self.domain.clone(),
         )
         .with_settings(settings(lease_ms, self.max_receive_count))
         .with_jitter(|| 1.0)
     }
 
-    /// The reference-domain processor with explicit settings (jitter pinned to 1.0).
+    /// The processor with explicit settings (jitter pinned to 1.0).
     pub fn processor_with_settings(&self, settings: ProcessSettings) -> Processor {
         Processor::new(
             self.inbox.clone(),
             self.processing.clone(),
             self.queue.clone(),
             self.state.clone(),
-            Arc::new(ReferenceDomain),
+            self.domain.clone(),
         )
         .with_settings(settings)
         .with_jitter(|| 1.0)

@@ -15,6 +15,7 @@ use super::{
     orders_paid, orders_updated, pi_failed, pi_succeeded, refund_created, restock_only_refund,
     shopify_event, shopify_refund, stripe_event, utc, Event, TENANT,
 };
+use super::{check_invariants, Backend, Subject};
 
 /// A seeded PRNG (no external crate): xorshift64*.
 #[derive(Debug, Clone)]
@@ -421,5 +422,32 @@ pub fn yesterday(seed: u64) -> Stream {
         events: timed.into_iter().map(|(_, e)| e).collect(),
         orders,
         on_hand,
+    }
+}
+
+/// The reference domain under the generic conformance scenarios (`suite`).
+#[async_trait::async_trait]
+impl Subject for Stream {
+    fn domain(&self) -> std::sync::Arc<dyn einmal::domain::Domain> {
+        std::sync::Arc::new(einmal::domain::reference::ReferenceDomain)
+    }
+    fn events(&self) -> Vec<Event> {
+        self.events.clone()
+    }
+    async fn seed(&self, b: &Backend) {
+        b.seed(&self.seeds()).await;
+    }
+    async fn check(&self, b: &Backend) -> BTreeMap<String, einmal::domain::state::StateRecord> {
+        check_invariants(b, &self.seeds()).await
+    }
+    fn watched(&self) -> Vec<StateKey> {
+        self.state_keys()
+    }
+    fn no_regression(
+        &self,
+        before: &BTreeMap<String, einmal::domain::state::StateRecord>,
+        after: &BTreeMap<String, einmal::domain::state::StateRecord>,
+    ) {
+        super::assert_no_regression(before, after);
     }
 }

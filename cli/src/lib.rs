@@ -1,0 +1,41 @@
+//! The embedded pipeline behind `einmal serve`, as a library: a user's binary runs it
+//! with its own domain ([`serve_main`], or [`serve::run`] with arguments of its own).
+//! The other commands (`send`, `events`, `replay`, …) need no domain: the stock
+//! `einmal` binary works on the same data directory.
+
+pub mod relay;
+pub mod serve;
+pub mod serve_http;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use einmal::domain::Domain;
+
+/// Where the demo configuration lives when `--config` is not given.
+pub fn default_config_path() -> PathBuf {
+    PathBuf::from("einmal.toml")
+}
+
+/// `einmal serve`'s flags as a binary's whole command line.
+#[derive(Parser)]
+#[command(about = "einmal serve: the receiver over HTTP on the embedded store, with this domain")]
+struct ServeCli {
+    #[command(flatten)]
+    serve: serve::ServeArgs,
+}
+
+/// A user's `main`: parse `einmal serve`'s flags and serve with `domain` until Ctrl-C
+/// or SIGTERM. Exit code 2 with the reason on stderr when it cannot start.
+pub async fn serve_main(domain: Arc<dyn Domain>) -> ExitCode {
+    let cli = ServeCli::parse();
+    match serve::run(cli.serve, domain).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("einmal: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
