@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use einmal::adapters::postgres::PostgresSink;
 use einmal::destinations::http::HttpSink;
 use einmal::destinations::{DestinationConfig, DestinationKind, Sink};
 use einmal::https::HttpsClient;
@@ -42,6 +43,11 @@ impl ServeSinks {
     async fn build_sink(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
         match &d.kind {
             DestinationKind::Http(http) => HttpSink::new(http, &self.https)
+                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
+                .map_err(|e| RelayError::new(d, e.to_string())),
+            // Connects and checks the schema now: an unreachable database stops the start.
+            DestinationKind::Postgres(_) => PostgresSink::for_destination(d)
+                .await
                 .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
                 .map_err(|e| RelayError::new(d, e.to_string())),
             other => Err(RelayError::new(
