@@ -71,13 +71,14 @@ pub async fn run(args: ListenArgs, domain: std::sync::Arc<dyn Domain>) -> Result
         secret.expose(),
         args.forward_to
     );
-    let wrap: einmal_cli::relay::SinkWrap = Arc::new(|d: &DestinationConfig, sink: Arc<dyn Sink>| {
-        if d.name == DESTINATION {
-            Arc::new(Printing { inner: sink }) as Arc<dyn Sink>
-        } else {
-            sink
-        }
-    });
+    let wrap: einmal_cli::relay::SinkWrap =
+        Arc::new(|d: &DestinationConfig, sink: Arc<dyn Sink>| {
+            if d.name == DESTINATION {
+                Arc::new(Printing { inner: sink }) as Arc<dyn Sink>
+            } else {
+                sink
+            }
+        });
     einmal_cli::serve::run_with(args.serve, config, Some(wrap), domain).await
 }
 

@@ -13,6 +13,7 @@ use super::address::{is_loopback_host, AddressPolicy};
 use super::config::*;
 use super::filter::validate_pattern;
 use super::signing::decode_secret;
+use crate::adapters::postgres;
 use crate::config::{did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretSpec};
 use crate::providers;
 
@@ -521,8 +522,8 @@ fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Optio
             None
         }
         Some((line, value)) => f.secret("dsn", line, value, env).and_then(|dsn| {
-            match dsn.expose().parse::<tokio_postgres::Config>() {
-                Ok(parsed) => Some((line, dsn, parsed)),
+            match postgres::dsn_is_local(dsn.expose()) {
+                Ok(local) => Some((line, dsn, local)),
                 // The parser's message may quote the string, which may hold a password.
                 Err(_) => {
                     f.problem(line, "`dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)");
@@ -532,20 +533,18 @@ fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Optio
         }),
     };
     let table = match f.required_string("table") {
-        Some((line, table)) if !is_valid_table(&table) => {
-            f.problem(line, format!("`table` `{table}` is not a valid table name: letters, digits and '_', not starting with a digit, at most 63 characters, optionally `schema.table`"));
-            ok = false;
-            None
-        }
-        other => other.map(|(_, t)| t),
+        Some((line, table)) => match postgres::TableName::parse(&table) {
+            Ok(_) => Some(table),
+            Err(why) => {
+                f.problem(line, format!("`table` `{table}` is not a valid table name ({why}): lower-case letters, digits and '_', optionally `schema.table`"));
+                ok = false;
+                None
+            }
+        },
+        None => None,
     };
-    let (_, dsn, parsed) = dsn?;
+    let (_, dsn, local) = dsn?;
     // TLS unless the server is on this machine (loopback or a Unix socket).
-    let local = parsed.get_hosts().iter().all(|h| match h {
-        tokio_postgres::config::Host::Tcp(name) => is_loopback_host(name),
-        #[cfg(unix)]
-        tokio_postgres::config::Host::Unix(_) => true,
-    });
     let tls = f.bool("tls", !local);
     let pool_size = f.number("pool_size", DEFAULT_POOL_SIZE as u64, 1, MAX_POOL_SIZE) as usize;
     let table = table?;
@@ -555,20 +554,6 @@ fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Optio
         tls,
         pool_size,
     }))
-}
-
-/// `name` or `schema.name`, each a plain identifier (no quoting needed, no injection).
-pub fn is_valid_table(table: &str) -> bool {
-    let ident = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && !s.as_bytes()[0].is_ascii_digit()
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    };
-    match table.split_once('.') {
-        Some((schema, name)) => ident(schema) && ident(name),
-        None => ident(table),
-    }
 }
 
 #[cfg(test)]
@@ -886,12 +871,6 @@ table = "events"
             "{base}dsn = \"postgresql://u:hunter2@h:notaport/db\"\ntable = \"t\"\n"
         ));
         assert_eq!(p, ["destination demo/db: `dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)"]);
-        for good in ["events", "_t1", "app.events"] {
-            assert!(is_valid_table(good), "{good}");
-        }
-        for bad in ["", "1t", "a.b.c", "a-b", "\"t\"", &"x".repeat(64)] {
-            assert!(!is_valid_table(bad), "{bad}");
-        }
     }
 
     #[test]

@@ -118,6 +118,20 @@ pub enum PostgresError {
     },
 }
 
+/// Whether every host of the connection string `dsn` is on this machine (loopback or a
+/// Unix socket), where TLS is not needed by default. `Err` when it does not parse (the
+/// parser's message is dropped: it may quote the string, and so a password).
+pub fn dsn_is_local(dsn: &str) -> Result<bool, ()> {
+    let parsed = dsn.parse::<tokio_postgres::Config>().map_err(|_| ())?;
+    Ok(parsed.get_hosts().iter().all(|host| match host {
+        tokio_postgres::config::Host::Tcp(name) => {
+            crate::destinations::address::is_loopback_host(name)
+        }
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => true,
+    }))
+}
+
 /// A checked table name: `name` or `schema.name`, lower-case identifiers only, so the
 /// quoted name means what the unquoted one would and no SQL can be smuggled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
