@@ -23,7 +23,7 @@ use einmal::adapters::aws::AUDIT_TABLE_ENV;
 use einmal::adapters::aws::{
     CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
-use einmal::adapters::aws::{STATE_INDEX, STATE_TABLE_ENV};
+use einmal::adapters::aws::{RELAY_INDEX_PROJECTION, STATE_INDEX, STATE_TABLE_ENV};
 use einmal::pipeline::process::{LEASE_MS_ENV, MAX_RECEIVE_COUNT_ENV};
 use einmal::telemetry::catalog;
 // Every function gets the deployment (stack) name: the `Deployment` dimension.
@@ -1050,6 +1050,32 @@ fn tables_mirror_the_code_and_are_protected() {
         BTreeSet::from(["state", "updated_at_ms", "waiting_since_ms"].map(String::from)),
         "by_wait_shard projects what the wake and the sweeper read, nothing else"
     );
+    // The relay's index, as `relay_index` in setup.rs: items with a pending delivery
+    // by next attempt, projecting what the backlog metrics decode (all but the body).
+    assert_eq!(types.get("relay_shard").map(String::as_str), Some("S"));
+    assert_eq!(types.get("relay_due_ms").map(String::as_str), Some("N"));
+    let relay = index(inbox, "by_relay_due");
+    assert_eq!(
+        key_schema(relay),
+        vec![pair("relay_shard", "HASH"), pair("relay_due_ms", "RANGE")]
+    );
+    assert_eq!(
+        path(relay, &["Projection", "ProjectionType"]).and_then(Value::as_str),
+        Some("INCLUDE")
+    );
+    let projected: BTreeSet<String> = list(path(relay, &["Projection", "NonKeyAttributes"]))
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        projected,
+        RELAY_INDEX_PROJECTION
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<BTreeSet<_>>(),
+        "by_relay_due projects what the code decodes from it"
+    );
     assert_eq!(
         path(inbox, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),
         Some("expires_at")
@@ -1329,8 +1355,9 @@ fn provisioned_mode_scales_every_table_and_index() {
             expected.insert((format!("table/${{{name}}}/index/{index}"), "index"));
         }
     }
-    // inbox + by_sweep_shard + by_hint, state + by_tenant_kind, audit
-    assert_eq!(expected.len(), 7, "{expected:?}");
+    // inbox + by_sweep_shard + by_hint + by_wait_shard + by_relay_due, state +
+    // by_tenant_kind, audit
+    assert_eq!(expected.len(), 8, "{expected:?}");
 
     // (ResourceId, Read/Write) → the scalable target's logical id
     let mut targets: BTreeMap<(String, String), String> = BTreeMap::new();
