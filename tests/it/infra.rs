@@ -620,7 +620,10 @@ fn every_einmal_variable_is_read_by_the_code_and_each_function_has_what_it_needs
                 SLI_THRESHOLD_ENV,
             ],
         ),
-        ("SweeperFunction", &[TABLE_ENV, QUEUE_URL_ENV, DLQ_URL_ENV]),
+        (
+            "SweeperFunction",
+            &[TABLE_ENV, QUEUE_URL_ENV, DLQ_URL_ENV, CONFIG_PARAMETER_ENV],
+        ),
         (
             "ReconcilerFunction",
             &[

@@ -4,6 +4,11 @@
 //! (its delivery is in flight or failing), the window of a shuffled burst and the queue
 //! of waiting keys (a map by delivery key, at most [`MAX_ORDER_QUEUE`] entries).
 //!
+//! The rules are the embedded store's (`adapters/embedded/relay.rs`), plus an explicit
+//! holder: the key that was told `Go` keeps the object until its release, so an older
+//! event arriving while it is in flight waits (and is superseded once the holder has
+//! delivered) instead of going out beside it: one in flight per object.
+//!
 //! Each step is a consistent GetItem, the decision in [`Cursor::acquire`] /
 //! [`Cursor::release`] (pure, unit-tested), and one UpdateItem conditional on the
 //! version read (`cursor_version`): two relays racing on one object retry on the new
@@ -168,6 +173,13 @@ impl Cursor {
                 self.delivered = Some(position.clone());
                 changed = true;
             }
+            // Entries at or below the delivered position are superseded: their own
+            // acquire says so; queued they would only hold the turn.
+            let before = self.queue.len();
+            let newest = self.delivered.clone();
+            self.queue
+                .retain(|_, e| newest.as_ref().is_none_or(|d| e.position > *d));
+            changed |= before != self.queue.len();
         }
         let next = self
             .head()
