@@ -27,9 +27,10 @@ pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
     match Config::load(&config) {
         Ok(loaded) => {
             println!(
-                "{}: valid ({} tenants)",
+                "{}: valid ({} tenants, {} destinations)",
                 config.display(),
-                loaded.tenants().count()
+                loaded.tenants().count(),
+                loaded.destinations().len()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 
+use crate::destinations::DestinationConfig;
 use crate::providers;
 
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
@@ -73,7 +74,7 @@ fn render_problems(origin: &str, problems: &[Problem]) -> String {
 }
 
 /// The 1-based line of byte `offset` in `text`.
-fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
     1 + text.as_bytes()[..end]
         .iter()
@@ -118,7 +119,7 @@ pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Opti
         .map(|(_, v)| v)
 }
 
-fn did_you_mean(suggestion: Option<&str>) -> String {
+pub(crate) fn did_you_mean(suggestion: Option<&str>) -> String {
     suggestion.map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"))
 }
 
@@ -143,7 +144,7 @@ impl fmt::Debug for Secret {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-enum SecretSpec {
+pub(crate) enum SecretSpec {
     Inline(String),
     Env { env: String },
 }
@@ -177,6 +178,8 @@ struct RawConfig {
     defaults: RawDefaults,
     #[serde(default, rename = "tenant")]
     tenants: Vec<RawTenant>,
+    #[serde(default, rename = "destination")]
+    destinations: Vec<crate::destinations::parse::RawDestination>,
 }
 
 /// Limits and retention that apply to every tenant.
@@ -223,6 +226,7 @@ impl TenantConfig {
 pub struct Config {
     pub ingest: IngestSettings,
     tenants: BTreeMap<(String, String), TenantConfig>,
+    destinations: Vec<DestinationConfig>,
 }
 
 impl Config {
@@ -253,7 +257,10 @@ impl Config {
     /// problem is collected: unknown providers, tenants without secrets, options the
     /// provider does not declare (with the nearest valid name), unset environment
     /// variables, empty secrets, unsafe names, tenants configured twice, and invalid
-    /// generic-HMAC schemes.
+    /// generic-HMAC schemes; and for destinations ([`crate::destinations::parse`]):
+    /// unknown kinds and fields, missing or malformed secrets, unsafe URLs, bad table
+    /// names, unknown tenants and providers, duplicate names, too many per tenant,
+    /// invalid patterns, destinations that would receive nothing.
     pub fn from_toml_named(
         text: &str,
         origin: &str,
@@ -285,6 +292,11 @@ impl Config {
             .unwrap_or(DEFAULT_TOLERANCE_SECS);
         let mut tenants = BTreeMap::new();
         let mut problems = Vec::new();
+        let written: std::collections::BTreeSet<(String, String)> = raw
+            .tenants
+            .iter()
+            .map(|t| (t.provider.get_ref().clone(), t.tenant.clone()))
+            .collect();
         for t in raw.tenants {
             let line = line_of(text, t.provider.span().start);
             let provider_name = t.provider.get_ref().clone();
@@ -377,13 +389,25 @@ impl Config {
             }
             tenants.insert(key, tenant);
         }
+        let destinations = crate::destinations::parse::parse_destinations(
+            text,
+            raw.destinations,
+            &written,
+            &env,
+            &mut problems,
+        );
         if !problems.is_empty() {
+            problems.sort_by_key(|p| p.line);
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 problems,
             });
         }
-        Ok(Config { ingest, tenants })
+        Ok(Config {
+            ingest,
+            tenants,
+            destinations,
+        })
     }
 
     pub fn tenant(&self, provider: &str, tenant: &str) -> Option<&TenantConfig> {
@@ -393,6 +417,31 @@ impl Config {
 
     pub fn tenants(&self) -> impl Iterator<Item = &TenantConfig> {
         self.tenants.values()
+    }
+
+    /// Every configured destination, in configuration order.
+    pub fn destinations(&self) -> &[DestinationConfig] {
+        &self.destinations
+    }
+
+    /// The destinations that may receive events of `provider` for `tenant` (their
+    /// event and output filters still apply).
+    pub fn destinations_for<'a>(
+        &'a self,
+        provider: &'a str,
+        tenant: &'a str,
+    ) -> impl Iterator<Item = &'a DestinationConfig> + 'a {
+        self.destinations.iter().filter(move |d| {
+            d.tenant == tenant && d.provider.as_deref().is_none_or(|p| p == provider)
+        })
+    }
+
+    /// Add a destination (`einmal listen`, tests); replaces one of the same tenant and
+    /// name.
+    pub fn insert_destination(&mut self, destination: DestinationConfig) {
+        self.destinations
+            .retain(|d| !(d.tenant == destination.tenant && d.name == destination.name));
+        self.destinations.push(destination);
     }
 
     /// Add or replace a tenant (tests and programmatic setups).

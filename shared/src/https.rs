@@ -1,7 +1,15 @@
-//! The process's one outbound HTTP client: resource lookups, reconciliation and PayPal's
-//! certificate fetch share its type, its builder and (through clones) its connection
-//! pool. HTTP/1.1, rustls with the system's root certificates, `https://` and plain
-//! `http://` (local provider stubs and playgrounds); redirects are never followed.
+//! The process's one outbound HTTP client: resource lookups, reconciliation, PayPal's
+//! certificate fetch and the HTTP destinations share its type, its builder, its root
+//! certificates and (through clones) its connection pool. HTTP/1.1, rustls with the
+//! system's root certificates, `https://` and plain `http://` (local provider stubs and
+//! playgrounds); redirects are never followed.
+//!
+//! Destinations get a *guarded* client ([`HttpsClient::guarded`]): its resolver checks
+//! every address a host name resolves to against the destination's
+//! [`AddressPolicy`] and refuses the connection unless all pass, and the connector then
+//! connects to exactly those checked addresses (no second lookup, so no DNS
+//! rebinding between check and connect). IP literals never reach a resolver; the
+//! caller checks them ([`crate::destinations::http`] does).
 
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
@@ -10,65 +18,137 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use http_body_util::Empty;
+use http_body_util::{Empty, Full};
 use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 
+use crate::destinations::address::{is_loopback_host, AddressPolicy};
+
 /// Idle pooled connections close after this long (a Lambda may freeze in between).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A guarded client gives up connecting after this long (the caller's total timeout
+/// may be shorter).
+const GUARDED_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector<Resolver>>;
 
-/// A pooled HTTP(S) client for GET requests. Cheap to clone; clones share the pool.
+/// A pooled HTTP(S) client. Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct HttpsClient {
-    client: Client<Connector, Empty<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
+    /// Kept to build guarded clients with the same roots (loaded once per process).
+    tls: rustls::ClientConfig,
+    fixed: Option<SocketAddr>,
+}
+
+/// A host name resolved to an address the destination's policy refuses. Travels as
+/// the source of the connect error; [`refused_address`] finds it again.
+#[derive(Debug, thiserror::Error)]
+#[error("{host}: {reason}")]
+pub struct RefusedAddress {
+    pub host: String,
+    pub reason: String,
+}
+
+/// The guard's refusal inside a request error, if that is why it failed.
+pub fn refused_address<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a RefusedAddress> {
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(refused) = e.downcast_ref::<RefusedAddress>() {
+            return Some(refused);
+        }
+        if let Some(refused) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<RefusedAddress>())
+        {
+            return Some(refused);
+        }
+        current = e.source();
+    }
+    None
 }
 
 impl HttpsClient {
-    /// Hosts resolved by DNS. When no root certificate can be loaded (a minimal
-    /// container), the client still starts, logs a warning, and every HTTPS request
-    /// fails (as unreachable) until the certificates are installed.
+    /// Hosts resolved by DNS, every address allowed (the provider APIs einmal calls).
     pub fn new() -> Self {
-        Self::build(Resolver(None))
+        Self::build(tls_config(), Resolver::Dns)
     }
 
     /// Every connection goes to `addr` whatever the host (benchmarks and tests, e.g.
     /// an address that never answers); TLS still checks the host name.
     pub fn connecting_to(addr: SocketAddr) -> Self {
-        Self::build(Resolver(Some(addr)))
+        Self::build(tls_config(), Resolver::Fixed(addr))
     }
 
-    fn build(resolver: Resolver) -> Self {
-        let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider.clone())
-        {
-            Ok(builder) => builder,
-            Err(e) => {
-                tracing::warn!(error = %e, "no root certificates: outbound HTTPS will fail");
-                let tls = rustls::ClientConfig::builder_with_provider(provider.into())
-                    .with_safe_default_protocol_versions()
-                    .expect("the default provider supports the default protocol versions")
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
-            }
+    /// A client for one destination: same roots, its own pool, and a resolver that
+    /// refuses host names resolving to any address `allow_private` does not allow
+    /// (loopback only for `localhost` names). A client made by
+    /// [`HttpsClient::connecting_to`] stays fixed to its address.
+    pub fn guarded(&self, allow_private: bool) -> Self {
+        let resolver = match self.fixed {
+            Some(fixed) => Resolver::Fixed(fixed),
+            None => Resolver::Guarded { allow_private },
         };
+        Self::build(self.tls.clone(), resolver)
+    }
+
+    fn build(tls: rustls::ClientConfig, resolver: Resolver) -> Self {
+        let fixed = match resolver {
+            Resolver::Fixed(addr) => Some(addr),
+            _ => None,
+        };
+        let guarded = matches!(resolver, Resolver::Guarded { .. });
         let mut http = HttpConnector::new_with_resolver(resolver);
         // The TLS layer takes `https://`; the plain connector must let it through.
         http.enforce_http(false);
-        let https = builder.https_or_http().enable_http1().wrap_connector(http);
+        if guarded {
+            http.set_connect_timeout(Some(GUARDED_CONNECT_TIMEOUT));
+        }
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(https);
-        HttpsClient { client }
+        HttpsClient { client, tls, fixed }
     }
 
+    /// A request without a body (GET).
     pub fn request(&self, request: http::Request<Empty<Bytes>>) -> ResponseFuture {
+        self.client
+            .request(request.map(|_| Full::new(Bytes::new())))
+    }
+
+    /// A request with a body (a destination's POST).
+    pub fn send(&self, request: http::Request<Full<Bytes>>) -> ResponseFuture {
         self.client.request(request)
+    }
+}
+
+/// rustls with the system's roots. When none can be loaded (a minimal container), the
+/// client still starts, logs a warning, and every HTTPS request fails (as unreachable)
+/// until the certificates are installed.
+fn tls_config() -> rustls::ClientConfig {
+    use hyper_rustls::ConfigBuilderExt;
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("the default provider supports the default protocol versions");
+    match builder.clone().with_native_roots() {
+        Ok(with_roots) => with_roots.with_no_client_auth(),
+        Err(e) => {
+            tracing::warn!(error = %e, "no root certificates: outbound HTTPS will fail");
+            builder
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        }
     }
 }
 
@@ -78,10 +158,14 @@ impl Default for HttpsClient {
     }
 }
 
-/// DNS for the client: the system resolver (in the blocking pool, off the runtime's
-/// workers), or one fixed address.
-#[derive(Clone)]
-struct Resolver(Option<SocketAddr>);
+/// DNS for the client: the system resolver (tokio's, in the blocking pool, off the
+/// runtime's workers), the same with the destination guard, or one fixed address.
+#[derive(Clone, Copy)]
+enum Resolver {
+    Dns,
+    Guarded { allow_private: bool },
+    Fixed(SocketAddr),
+}
 
 impl tower_service::Service<Name> for Resolver {
     type Response = std::vec::IntoIter<SocketAddr>;
@@ -93,13 +177,30 @@ impl tower_service::Service<Name> for Resolver {
     }
 
     fn call(&mut self, name: Name) -> Self::Future {
-        if let Some(addr) = self.0 {
-            return futures::future::ready(Ok(vec![addr].into_iter())).boxed();
-        }
+        let guard = match *self {
+            Resolver::Fixed(addr) => {
+                return futures::future::ready(Ok(vec![addr].into_iter())).boxed()
+            }
+            Resolver::Dns => None,
+            Resolver::Guarded { allow_private } => Some(AddressPolicy {
+                loopback: is_loopback_host(name.as_str()),
+                private: allow_private,
+            }),
+        };
         let host = name.as_str().to_owned();
         async move {
-            let addrs = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            Ok(addrs.collect::<Vec<_>>().into_iter())
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some(policy) = guard {
+                // Every address must pass: the connector may try any of them.
+                if let Some(reason) = addrs.iter().find_map(|a| policy.refusal(a.ip())) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        RefusedAddress { host, reason },
+                    ));
+                }
+            }
+            Ok(addrs.into_iter())
         }
         .boxed()
     }

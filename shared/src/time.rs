@@ -109,6 +109,39 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
     Some(days * 86_400 + i64::from(hour * 3600 + min * 60 + sec) - offset)
 }
 
+/// Parse an HTTP-date in its preferred form, IMF-fixdate (`Sun, 06 Nov 1994 08:49:37
+/// GMT`, RFC 9110 §5.6.7), to Unix seconds; the obsolete forms are not accepted.
+pub fn parse_http_date(s: &str) -> Option<i64> {
+    let parts: Vec<&str> = s.trim().split(' ').collect();
+    let [weekday, day, month, year, time, "GMT"] = parts[..] else {
+        return None;
+    };
+    if weekday.len() != 4 || !weekday.ends_with(',') || day.len() != 2 || year.len() != 4 {
+        return None;
+    }
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = MONTHS.iter().position(|m| *m == month)? as u32 + 1;
+    let digits = |t: &str| {
+        t.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| t.parse::<u32>().ok())?
+    };
+    let (day, year) = (digits(day)?, digits(year)?);
+    let hms: Vec<&str> = time.split(':').collect();
+    let [h, m, sec] = hms[..] else { return None };
+    if h.len() != 2 || m.len() != 2 || sec.len() != 2 {
+        return None;
+    }
+    let (h, m, sec) = (digits(h)?, digits(m)?, digits(sec)?);
+    if day == 0 || day > 31 || h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    let days = days_from_civil(i64::from(year), month, day);
+    Some(days * 86_400 + i64::from(h * 3600 + m * 60 + sec))
+}
+
 /// Format Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (for generated headers).
 pub fn format_rfc3339(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
@@ -124,6 +157,19 @@ pub fn format_rfc3339(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(
+            parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(784_111_777)
+        );
+        assert_eq!(parse_http_date("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT"), None);
+        assert_eq!(parse_http_date("Sun, 06 Nov 1994 08:49:37 UTC"), None);
+        assert_eq!(parse_http_date("Sun, 6 Nov 1994 08:49:37 GMT"), None);
+        assert_eq!(parse_http_date("Sun, 06 Foo 1994 08:49:37 GMT"), None);
+    }
 
     #[test]
     fn rfc3339_parse_and_format() {

@@ -15,7 +15,12 @@
 //! `adapters::aws::sinks`. The relay that schedules, retries, orders and records
 //! deliveries is `pipeline::relay`.
 
+pub mod address;
 pub mod config;
+pub mod filter;
+pub mod http;
+pub mod parse;
+pub mod signing;
 
 use std::time::Duration;
 

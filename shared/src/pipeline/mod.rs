@@ -1,5 +1,6 @@
 pub mod hint_limit;
 pub mod ingest;
 pub mod process;
+pub mod relay;
 pub mod replay;
 pub mod sweep;

@@ -15,6 +15,8 @@ pub const DEPLOYMENT: &str = "Deployment";
 pub const PROVIDER: &str = "Provider";
 /// Breakdown dimension for retries.
 pub const CAUSE: &str = "Cause";
+/// Breakdown dimension for deliveries: the destination's configured name.
+pub const DESTINATION: &str = "Destination";
 
 /// CloudWatch unit of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub enum Emitter {
     Processor,
     Sweeper,
     Reconciler,
+    /// The relay: the processor right after its commit, the sweeper (AWS) or
+    /// `einmal serve` (embedded) for retries and the backlog gauges.
+    Relay,
 }
 
 /// One metric: its name, unit, emitter and the dimension sets it is published with.
@@ -59,6 +64,7 @@ pub struct MetricSpec {
 const BY_DEPLOYMENT: &[&[&str]] = &[&[DEPLOYMENT]];
 const BY_PROVIDER: &[&[&str]] = &[&[DEPLOYMENT], &[DEPLOYMENT, PROVIDER]];
 const BY_CAUSE: &[&[&str]] = &[&[DEPLOYMENT], &[DEPLOYMENT, CAUSE]];
+const BY_DESTINATION: &[&[&str]] = &[&[DEPLOYMENT], &[DEPLOYMENT, DESTINATION]];
 
 macro_rules! metrics {
     ($($konst:ident = $name:literal, $unit:ident, $emitter:ident, $dims:ident;)*) => {
@@ -104,6 +110,16 @@ metrics! {
     WAITING_ITEMS = "WaitingItems", Count, Sweeper, BY_DEPLOYMENT;
     OLDEST_WAITING_AGE = "OldestWaitingAge", Seconds, Sweeper, BY_DEPLOYMENT;
     WAITERS_RECHECKED = "WaitersRechecked", Count, Sweeper, BY_DEPLOYMENT;
+    // relay: attempts by outcome, per destination
+    DELIVERIES_DELIVERED = "DeliveriesDelivered", Count, Relay, BY_DESTINATION;
+    DELIVERIES_FAILED = "DeliveriesFailed", Count, Relay, BY_DESTINATION;
+    DELIVERIES_DEAD_LETTERED = "DeliveriesDeadLettered", Count, Relay, BY_DESTINATION;
+    DELIVERIES_SUPERSEDED = "DeliveriesSuperseded", Count, Relay, BY_DESTINATION;
+    // relay backlog (gauges): pending deliveries and the oldest one's event age, per
+    // destination; objects of ordered destinations held by a failing delivery
+    DELIVERY_BACKLOG = "DeliveryBacklog", Count, Relay, BY_DESTINATION;
+    DELIVERY_BACKLOG_AGE = "DeliveryBacklogAge", Seconds, Relay, BY_DESTINATION;
+    DELIVERY_HELD_OBJECTS = "DeliveryHeldObjects", Count, Relay, BY_DEPLOYMENT;
     // reconciliation
     RECONCILE_INGESTED = "ReconcileIngested", Count, Reconciler, BY_DEPLOYMENT;
     RECONCILE_DIFFERENCES = "ReconcileDifferences", Count, Reconciler, BY_DEPLOYMENT;

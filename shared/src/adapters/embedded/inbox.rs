@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::{waiting, DbError, EmbeddedStore};
+use super::{relay, waiting, DbError, EmbeddedStore};
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
     ClaimOutcome, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState, PutOutcome,
@@ -18,7 +18,7 @@ pub(super) const ITEM_COLUMNS: &str =
     "pk, provider, tenant, event_id, event_type, object_id, object_version, \
      occurred_at, delivery_id, state, source, attempts, received_at_ms, updated_at_ms, expires_at, \
      enqueue_failed, last_error, body_encoding, body_len, body, last_error_class, lease_until_ms, \
-     lease_owner, result, wait_on, waiting_since_ms";
+     lease_owner, result, wait_on, waiting_since_ms, deliveries, relay_due_ms";
 
 const INSERT_ITEM: &str = "INSERT INTO inbox (pk, provider, tenant, event_id, event_type, object_id, \
      object_version, occurred_at, delivery_id, state, source, attempts, received_at_ms, updated_at_ms, \
@@ -84,8 +84,8 @@ pub(super) fn item_from_row(row: &Row<'_>) -> Result<InboxItem, DbError> {
             (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
             _ => None,
         },
-        deliveries: Vec::new(),
-        relay_due_ms: None,
+        deliveries: relay::decode_deliveries(&pk, row.get(26)?)?,
+        relay_due_ms: row.get(27)?,
         key: InboxKey::from_stored(pk),
     })
 }
@@ -219,7 +219,9 @@ const FINISH_ITEM: &str = "UPDATE inbox SET state = ?3, updated_at_ms = ?4, \
      last_error_class = COALESCE(?5, last_error_class), last_error = COALESCE(?6, last_error), \
      result = COALESCE(?7, result), lease_owner = NULL, lease_until_ms = NULL, \
      wait_on = CASE ?8 WHEN 1 THEN ?9 WHEN 2 THEN NULL ELSE wait_on END, \
-     waiting_since_ms = CASE ?8 WHEN 1 THEN ?10 WHEN 2 THEN NULL ELSE waiting_since_ms END \
+     waiting_since_ms = CASE ?8 WHEN 1 THEN ?10 WHEN 2 THEN NULL ELSE waiting_since_ms END, \
+     deliveries = CASE ?11 WHEN 1 THEN ?12 ELSE deliveries END, \
+     relay_due_ms = CASE ?11 WHEN 1 THEN ?13 ELSE relay_due_ms END \
      WHERE pk = ?1 AND state = 'processing' AND lease_owner = ?2";
 
 const MARK_DEAD_LETTER: &str = "UPDATE inbox SET state = 'dead_letter', last_error = ?2, \
@@ -272,6 +274,10 @@ fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<b
         WaitChange::Park(w) => (1, Some(w.on.as_str()), Some(w.since_ms)),
         WaitChange::Clear => (2, None, None),
     };
+    let (relay_mode, deliveries) = match &f.deliveries {
+        Some(deliveries) => (1, relay::encode_deliveries(deliveries)?),
+        None => (0, None),
+    };
     let changed = conn.prepare_cached(FINISH_ITEM)?.execute(params![
         pk,
         owner,
@@ -283,6 +289,9 @@ fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<b
         wait_mode,
         wait_on,
         since_ms,
+        relay_mode,
+        deliveries,
+        f.relay_due_ms,
     ])?;
     Ok(changed == 1)
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{hints, sweep, waiting, DbError};
+use super::{hints, relay, sweep, waiting, DbError};
 
 /// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
 /// error class, result); a version 1 file is upgraded in place on open.
@@ -101,6 +101,8 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
     conn.execute_batch(&hints::hint_index_sql())?;
     // Idempotent too: the waiting columns and the waiters' partial index.
     waiting::ensure_waiting_columns(conn)?;
+    // Idempotent too: the relay's columns, its partial index and the order cursors.
+    relay::ensure_relay_schema(conn)?;
     Ok(())
 }
 

@@ -1,0 +1,910 @@
+//! Parsing and checking of the `[[destination]]` tables of the tenant TOML (called
+//! by `crate::config`, whose style it keeps: every problem collected with its line,
+//! the nearest valid name suggested, secrets inline or `{ env = "VAR" }` and never
+//! printed). Fields are read by hand from the table, not by serde, because which
+//! fields are valid depends on `kind`, and each problem must name its destination.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use toml::{Spanned, Value};
+
+use super::address::{is_loopback_host, AddressPolicy};
+use super::config::*;
+use super::filter::validate_pattern;
+use super::signing::decode_secret;
+use crate::config::{did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretSpec};
+use crate::providers;
+
+/// A `[[destination]]` table with each key's position.
+pub(crate) type RawDestination = BTreeMap<Spanned<String>, Value>;
+
+const COMMON: &[&str] = &[
+    "name",
+    "tenant",
+    "provider",
+    "kind",
+    "events",
+    "outputs",
+    "ordered",
+    "max_attempts",
+    "max_age_secs",
+];
+const KINDS: &[(&str, &[&str])] = &[
+    (
+        "http",
+        &["url", "secrets", "body", "timeout_ms", "allow_private"],
+    ),
+    ("sqs", &["queue_url"]),
+    ("eventbridge", &["bus"]),
+    ("lambda", &["function"]),
+    ("postgres", &["dsn", "table", "tls", "pool_size"]),
+];
+const MAX_TIMEOUT_MS: u64 = 120_000;
+const MAX_ATTEMPTS_LIMIT: u64 = 1000;
+pub const DEFAULT_POOL_SIZE: usize = 4;
+const MAX_POOL_SIZE: u64 = 64;
+
+/// The fields of one table, taken one by one; what is left at the end is unknown.
+struct Fields {
+    line: usize,
+    fields: BTreeMap<String, (usize, Value)>,
+    /// `destination tenant/name` (or `destination #n` while the name is unknown).
+    label: String,
+    problems: Vec<Problem>,
+}
+
+impl Fields {
+    fn problem(&mut self, line: usize, message: impl std::fmt::Display) {
+        self.problems.push(Problem {
+            line,
+            message: format!("{}: {message}", self.label),
+        });
+    }
+
+    fn take(&mut self, name: &str) -> Option<(usize, Value)> {
+        self.fields.remove(name)
+    }
+
+    fn string(&mut self, name: &str) -> Option<(usize, String)> {
+        match self.take(name)? {
+            (line, Value::String(s)) => Some((line, s)),
+            (line, other) => {
+                self.problem(
+                    line,
+                    format!("`{name}` must be a string, not {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    fn required_string(&mut self, name: &str) -> Option<(usize, String)> {
+        if !self.fields.contains_key(name) {
+            let line = self.line;
+            self.problem(line, format!("missing `{name}`"));
+            return None;
+        }
+        self.string(name)
+    }
+
+    fn bool(&mut self, name: &str, default: bool) -> bool {
+        match self.take(name) {
+            None => default,
+            Some((_, Value::Boolean(b))) => b,
+            Some((line, other)) => {
+                self.problem(
+                    line,
+                    format!("`{name}` must be true or false, not {}", other.type_str()),
+                );
+                default
+            }
+        }
+    }
+
+    /// A whole number in `min..=max`.
+    fn number(&mut self, name: &str, default: u64, min: u64, max: u64) -> u64 {
+        match self.take(name) {
+            None => default,
+            Some((_, Value::Integer(n))) if (min as i64..=max as i64).contains(&n) => n as u64,
+            Some((line, _)) => {
+                self.problem(
+                    line,
+                    format!("`{name}` must be a whole number from {min} to {max}"),
+                );
+                default
+            }
+        }
+    }
+
+    fn string_list(&mut self, name: &str) -> (usize, Vec<String>) {
+        let Some((line, value)) = self.take(name) else {
+            return (self.line, Vec::new());
+        };
+        let Value::Array(items) = value else {
+            self.problem(line, format!("`{name}` must be a list of strings"));
+            return (line, Vec::new());
+        };
+        let mut out = Vec::new();
+        for item in items {
+            match item {
+                Value::String(s) => out.push(s),
+                _ => self.problem(line, format!("`{name}` must be a list of strings")),
+            }
+        }
+        (line, out)
+    }
+
+    fn secret(
+        &mut self,
+        name: &str,
+        line: usize,
+        value: Value,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Option<Secret> {
+        let spec: SecretSpec = match value.try_into() {
+            Ok(spec) => spec,
+            Err(_) => {
+                self.problem(
+                    line,
+                    format!("`{name}` must be a string or {{ env = \"VARIABLE\" }}"),
+                );
+                return None;
+            }
+        };
+        let value = match spec {
+            SecretSpec::Inline(v) => v,
+            SecretSpec::Env { env: var } => match env(&var) {
+                Some(v) => v,
+                None => {
+                    self.problem(
+                        line,
+                        format!("`{name}` refers to environment variable {var}, which is not set"),
+                    );
+                    return None;
+                }
+            },
+        };
+        if value.is_empty() {
+            self.problem(line, format!("`{name}` is empty"));
+            return None;
+        }
+        Some(Secret::new(value))
+    }
+}
+
+/// Check every destination; problems go to `problems`. `tenants` are the
+/// (provider, tenant) pairs of the `[[tenant]]` tables as written (also those with
+/// problems of their own, so one mistake is reported once).
+pub(crate) fn parse_destinations(
+    text: &str,
+    raws: Vec<RawDestination>,
+    tenants: &BTreeSet<(String, String)>,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<Problem>,
+) -> Vec<DestinationConfig> {
+    let mut out: Vec<DestinationConfig> = Vec::new();
+    for (index, raw) in raws.into_iter().enumerate() {
+        let line = raw
+            .keys()
+            .map(|k| line_of(text, k.span().start))
+            .min()
+            .unwrap_or(1);
+        let fields = raw
+            .into_iter()
+            .map(|(k, v)| {
+                let line = line_of(text, k.span().start);
+                (k.into_inner(), (line, v))
+            })
+            .collect();
+        let mut f = Fields {
+            line,
+            fields,
+            label: format!("destination #{}", index + 1),
+            problems: Vec::new(),
+        };
+        if let Some(destination) = parse_one(&mut f, tenants, env) {
+            if out
+                .iter()
+                .any(|d| d.tenant == destination.tenant && d.name == destination.name)
+            {
+                f.problem(
+                    line,
+                    "configured twice for this tenant (names must be unique per tenant)",
+                );
+            } else {
+                out.push(destination);
+            }
+        }
+        problems.append(&mut f.problems);
+    }
+    let mut per_tenant: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in &out {
+        *per_tenant.entry(&d.tenant).or_default() += 1;
+    }
+    for (tenant, count) in per_tenant {
+        if count > MAX_DESTINATIONS_PER_TENANT {
+            problems.push(Problem {
+                line: 1,
+                message: format!(
+                    "tenant {tenant}: {count} destinations, at most {MAX_DESTINATIONS_PER_TENANT} are allowed"
+                ),
+            });
+        }
+    }
+    out
+}
+
+fn parse_one(
+    f: &mut Fields,
+    tenants: &BTreeSet<(String, String)>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<DestinationConfig> {
+    let line = f.line;
+    let name = f.required_string("name");
+    let tenant = f.required_string("tenant");
+    let (Some((_, name)), Some((tenant_line, tenant))) = (name, tenant) else {
+        return None;
+    };
+    f.label = format!("destination {tenant}/{name}");
+    if !is_valid_name(&name) || !is_valid_name(&tenant) {
+        f.problem(
+            line,
+            "destination and tenant names may only use letters, digits, '-', '_' and '.'",
+        );
+        return None;
+    }
+    let provider = f.string("provider").map(|(line, p)| (line, p));
+    let mut ok = true;
+    if let Some((pline, p)) = &provider {
+        if providers::lookup(p).is_none() {
+            let known = providers::all().iter().map(|p| p.name());
+            f.problem(
+                *pline,
+                format!("unknown provider `{p}`{}", did_you_mean(nearest(p, known))),
+            );
+            ok = false;
+        } else if !tenants.contains(&(p.clone(), tenant.clone())) {
+            f.problem(
+                tenant_line,
+                format!("no [[tenant]] entry for provider {p} and tenant {tenant}"),
+            );
+            ok = false;
+        }
+    } else if !tenants.iter().any(|(_, t)| *t == tenant) {
+        f.problem(
+            tenant_line,
+            format!("tenant `{tenant}` has no [[tenant]] entry"),
+        );
+        ok = false;
+    }
+    let before = f.problems.len();
+    let (events_line, events) = f.string_list("events");
+    let (outputs_line, outputs) = f.string_list("outputs");
+    // A list given in the wrong shape is its own problem, not "nothing to receive".
+    let malformed = f.problems.len() > before;
+    for (pline, pattern) in events
+        .iter()
+        .map(|p| (events_line, p))
+        .chain(outputs.iter().map(|p| (outputs_line, p)))
+    {
+        if let Err(reason) = validate_pattern(pattern) {
+            f.problem(pline, reason);
+            ok = false;
+        }
+    }
+    if events.is_empty() && outputs.is_empty() && !malformed {
+        f.problem(
+            line,
+            "neither `events` nor `outputs`: the destination would receive nothing",
+        );
+        ok = false;
+    }
+    let ordered = f.bool("ordered", false);
+    let max_attempts = f.number(
+        "max_attempts",
+        u64::from(DEFAULT_MAX_ATTEMPTS),
+        1,
+        MAX_ATTEMPTS_LIMIT,
+    ) as u32;
+    let max_age =
+        Duration::from_secs(f.number("max_age_secs", DEFAULT_MAX_AGE_SECS, 1, 365 * 24 * 3600));
+    let Some((kind_line, kind_name)) = f.required_string("kind") else {
+        return None;
+    };
+    let Some((_, kind_fields)) = KINDS.iter().find(|(k, _)| *k == kind_name) else {
+        let kinds = KINDS.iter().map(|(k, _)| *k);
+        f.problem(
+            kind_line,
+            format!(
+                "unknown kind `{kind_name}`{} (kinds: http, sqs, eventbridge, lambda, postgres)",
+                did_you_mean(nearest(&kind_name, kinds))
+            ),
+        );
+        return None;
+    };
+    let kind = match kind_name.as_str() {
+        "http" => parse_http(f, env),
+        "sqs" => parse_sqs(f),
+        "eventbridge" => parse_eventbridge(f),
+        "lambda" => parse_lambda(f),
+        _ => parse_postgres(f, env),
+    };
+    // What is left is not a field of this kind.
+    let unknown: Vec<(String, usize)> = std::mem::take(&mut f.fields)
+        .into_iter()
+        .map(|(k, (l, _))| (k, l))
+        .collect();
+    for (field, fline) in unknown {
+        let owner = KINDS
+            .iter()
+            .find(|(_, fields)| fields.contains(&field.as_str()))
+            .map(|(k, _)| *k);
+        let message = match owner {
+            Some(owner) => {
+                format!(
+                    "`{field}` is not an option of kind {kind_name} (it belongs to kind {owner})"
+                )
+            }
+            None => {
+                let valid = COMMON.iter().chain(kind_fields.iter()).copied();
+                format!(
+                    "unknown field `{field}` for kind {kind_name}{}",
+                    did_you_mean(nearest(&field, valid))
+                )
+            }
+        };
+        f.problem(fline, message);
+        ok = false;
+    }
+    let kind = kind?;
+    ok.then(|| DestinationConfig {
+        name,
+        tenant,
+        provider: provider.map(|(_, p)| p),
+        events,
+        outputs,
+        ordered,
+        max_attempts,
+        max_age,
+        kind,
+    })
+}
+
+fn parse_http(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Option<DestinationKind> {
+    let url = f.required_string("url");
+    let allow_private = f.bool("allow_private", false);
+    let mut ok = true;
+    if let Some((line, url)) = &url {
+        if let Err(reason) = check_url(url, allow_private) {
+            f.problem(*line, reason);
+            ok = false;
+        }
+    }
+    let mut secrets = Vec::new();
+    match f.take("secrets") {
+        None => {
+            let line = f.line;
+            f.problem(line, "missing `secrets`: an HTTP destination signs every delivery (`whsec_` + base64, e.g. from `einmal listen`)");
+            ok = false;
+        }
+        Some((line, Value::Array(items))) if !items.is_empty() => {
+            for item in items {
+                match f.secret("secrets", line, item, env) {
+                    Some(secret) => match decode_secret(secret.expose()) {
+                        Ok(_) => secrets.push(secret),
+                        Err(reason) => {
+                            f.problem(line, reason);
+                            ok = false;
+                        }
+                    },
+                    None => ok = false,
+                }
+            }
+        }
+        Some((line, _)) => {
+            f.problem(
+                line,
+                "`secrets` must be a non-empty list of secrets (strings or { env = \"VARIABLE\" })",
+            );
+            ok = false;
+        }
+    }
+    let body = match f.string("body") {
+        None => BodyFormat::Original,
+        Some((_, b)) if b == "original" => BodyFormat::Original,
+        Some((_, b)) if b == "envelope" => BodyFormat::Envelope,
+        Some((line, b)) => {
+            f.problem(
+                line,
+                format!(
+                    "`body` must be \"original\" or \"envelope\", not `{b}`{}",
+                    did_you_mean(nearest(&b, ["original", "envelope"]))
+                ),
+            );
+            ok = false;
+            BodyFormat::Original
+        }
+    };
+    let timeout = Duration::from_millis(f.number(
+        "timeout_ms",
+        DEFAULT_HTTP_TIMEOUT.as_millis() as u64,
+        1,
+        MAX_TIMEOUT_MS,
+    ));
+    let (_, url) = url?;
+    ok.then_some(DestinationKind::Http(HttpDestination {
+        url,
+        secrets,
+        body,
+        timeout,
+        allow_private,
+    }))
+}
+
+/// HTTPS, or plain HTTP to loopback; a host; no credentials; an IP literal the
+/// address policy allows.
+pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("`url` is not a valid URL: {e}"))?;
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("`url` {url} has no host"))?;
+    if authority.as_str().contains('@') {
+        return Err("`url` must not contain credentials (user:password@)".into());
+    }
+    let host = authority.host();
+    let loopback = is_loopback_host(host);
+    match uri.scheme_str() {
+        Some("https") => {}
+        Some("http") if loopback => {}
+        Some("http") => {
+            return Err(format!(
+                "`url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not {url}"
+            ))
+        }
+        _ => return Err(format!("`url` must be an https:// URL, not {url}")),
+    }
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
+        let policy = AddressPolicy {
+            loopback,
+            private: allow_private,
+        };
+        if let Some(reason) = policy.refusal(ip) {
+            return Err(format!("`url`: {reason}"));
+        }
+    }
+    Ok(())
+}
+
+fn parse_sqs(f: &mut Fields) -> Option<DestinationKind> {
+    let (line, queue_url) = f.required_string("queue_url")?;
+    if !(queue_url.starts_with("https://") || queue_url.starts_with("http://"))
+        || queue_url.parse::<http::Uri>().is_err()
+    {
+        f.problem(line, format!("`queue_url` must be the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), not `{queue_url}`"));
+        return None;
+    }
+    Some(DestinationKind::Sqs(SqsDestination { queue_url }))
+}
+
+fn parse_eventbridge(f: &mut Fields) -> Option<DestinationKind> {
+    let bus = match f.string("bus") {
+        None => "default".to_string(),
+        Some((line, bus)) if bus.trim().is_empty() => {
+            f.problem(
+                line,
+                "`bus` is empty (use \"default\" for the account's default bus)",
+            );
+            return None;
+        }
+        Some((_, bus)) => bus,
+    };
+    Some(DestinationKind::EventBridge(EventBridgeDestination { bus }))
+}
+
+fn parse_lambda(f: &mut Fields) -> Option<DestinationKind> {
+    let (line, function) = f.required_string("function")?;
+    if function.trim().is_empty() {
+        f.problem(line, "`function` is empty");
+        return None;
+    }
+    Some(DestinationKind::Lambda(LambdaDestination { function }))
+}
+
+fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Option<DestinationKind> {
+    let mut ok = true;
+    let dsn = match f.take("dsn") {
+        None => {
+            let line = f.line;
+            f.problem(line, "missing `dsn` (a connection string, inline or { env = \"VARIABLE\" })");
+            None
+        }
+        Some((line, value)) => f.secret("dsn", line, value, env).and_then(|dsn| {
+            match dsn.expose().parse::<tokio_postgres::Config>() {
+                Ok(parsed) => Some((line, dsn, parsed)),
+                // The parser's message may quote the string, which may hold a password.
+                Err(_) => {
+                    f.problem(line, "`dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)");
+                    None
+                }
+            }
+        }),
+    };
+    let table = match f.required_string("table") {
+        Some((line, table)) if !is_valid_table(&table) => {
+            f.problem(line, format!("`table` `{table}` is not a valid table name: letters, digits and '_', not starting with a digit, at most 63 characters, optionally `schema.table`"));
+            ok = false;
+            None
+        }
+        other => other.map(|(_, t)| t),
+    };
+    let (_, dsn, parsed) = dsn?;
+    // TLS unless the server is on this machine (loopback or a Unix socket).
+    let local = parsed.get_hosts().iter().all(|h| match h {
+        tokio_postgres::config::Host::Tcp(name) => is_loopback_host(name),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => true,
+    });
+    let tls = f.bool("tls", !local);
+    let pool_size = f.number("pool_size", DEFAULT_POOL_SIZE as u64, 1, MAX_POOL_SIZE) as usize;
+    let table = table?;
+    ok.then_some(DestinationKind::Postgres(PostgresDestination {
+        dsn,
+        table,
+        tls,
+        pool_size,
+    }))
+}
+
+/// `name` or `schema.name`, each a plain identifier (no quoting needed, no injection).
+pub fn is_valid_table(table: &str) -> bool {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && !s.as_bytes()[0].is_ascii_digit()
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    };
+    match table.split_once('.') {
+        Some((schema, name)) => ident(schema) && ident(name),
+        None => ident(table),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+    const TENANTS: &str = r#"
+[[tenant]]
+provider = "stripe"
+tenant = "demo"
+secrets = ["whsec_x"]
+
+[[tenant]]
+provider = "github"
+tenant = "demo"
+secrets = ["hush"]
+"#;
+
+    fn load(destinations: &str) -> Result<Config, Vec<String>> {
+        let text = format!("{TENANTS}{destinations}");
+        Config::from_toml_named(&text, "e.toml", |v| match v {
+            "SHOP_SECRET" => Some(SECRET.into()),
+            "PG_DSN" => Some("postgresql://einmal:pw@db.example/app".into()),
+            _ => None,
+        })
+        .map_err(|e| e.lines())
+    }
+
+    /// The problems, without the `e.toml:N: ` prefix (lines are checked separately).
+    fn problems(destinations: &str) -> Vec<String> {
+        load(destinations)
+            .unwrap_err()
+            .into_iter()
+            .map(|l| l.splitn(3, ':').nth(2).unwrap().trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn every_kind_parses_with_its_options_and_defaults() {
+        let cfg = load(
+            r#"
+[[destination]]
+name = "shop-app"
+tenant = "demo"
+provider = "stripe"
+kind = "http"
+events = ["payment_intent.*", "charge.refunded"]
+outputs = ["notification.*"]
+ordered = true
+max_attempts = 5
+max_age_secs = 3600
+url = "https://shop.example/webhooks/einmal"
+secrets = [{ env = "SHOP_SECRET" }, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+body = "envelope"
+timeout_ms = 2500
+
+[[destination]]
+name = "local"
+tenant = "demo"
+kind = "http"
+events = ["*"]
+url = "http://localhost:3000/webhooks"
+secrets = ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"]
+
+[[destination]]
+name = "queue"
+tenant = "demo"
+kind = "sqs"
+events = ["*"]
+queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/shop.fifo"
+
+[[destination]]
+name = "bus"
+tenant = "demo"
+kind = "eventbridge"
+events = ["*"]
+
+[[destination]]
+name = "fn"
+tenant = "demo"
+kind = "lambda"
+outputs = ["*"]
+function = "arn:aws:lambda:eu-west-1:123456789012:function:shop"
+
+[[destination]]
+name = "db"
+tenant = "demo"
+kind = "postgres"
+events = ["*"]
+dsn = { env = "PG_DSN" }
+table = "app.einmal_events"
+pool_size = 8
+
+[[destination]]
+name = "localdb"
+tenant = "demo"
+kind = "postgres"
+events = ["*"]
+dsn = "host=127.0.0.1 port=5432 user=einmal dbname=app"
+table = "events"
+"#,
+        )
+        .unwrap();
+        let d = cfg.destinations();
+        assert_eq!(d.len(), 7);
+        assert_eq!(d[0].name, "shop-app");
+        assert_eq!(d[0].provider.as_deref(), Some("stripe"));
+        assert_eq!(d[0].events, ["payment_intent.*", "charge.refunded"]);
+        assert_eq!(d[0].outputs, ["notification.*"]);
+        assert!(d[0].ordered);
+        assert_eq!(
+            (d[0].max_attempts, d[0].max_age),
+            (5, Duration::from_secs(3600))
+        );
+        let DestinationKind::Http(http) = &d[0].kind else {
+            panic!()
+        };
+        assert_eq!(http.url, "https://shop.example/webhooks/einmal");
+        assert_eq!(http.secrets.len(), 2);
+        assert_eq!(http.secrets[0].expose(), SECRET);
+        assert_eq!(http.body, BodyFormat::Envelope);
+        assert_eq!(http.timeout, Duration::from_millis(2500));
+        assert!(!http.allow_private);
+        let DestinationKind::Http(local) = &d[1].kind else {
+            panic!()
+        };
+        assert_eq!(
+            (local.body, local.timeout),
+            (BodyFormat::Original, DEFAULT_HTTP_TIMEOUT)
+        );
+        assert_eq!(d[1].max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(d[1].max_age, Duration::from_secs(DEFAULT_MAX_AGE_SECS));
+        assert!(matches!(&d[2].kind, DestinationKind::Sqs(q) if q.is_fifo()));
+        assert!(matches!(&d[3].kind, DestinationKind::EventBridge(b) if b.bus == "default"));
+        assert!(matches!(&d[4].kind, DestinationKind::Lambda(l) if l.function.ends_with(":shop")));
+        let DestinationKind::Postgres(pg) = &d[5].kind else {
+            panic!()
+        };
+        assert_eq!(
+            (pg.table.as_str(), pg.tls, pg.pool_size),
+            ("app.einmal_events", true, 8)
+        );
+        let DestinationKind::Postgres(local) = &d[6].kind else {
+            panic!()
+        };
+        assert_eq!((local.tls, local.pool_size), (false, DEFAULT_POOL_SIZE));
+        // Per provider and tenant: the stripe-only destination is not github's.
+        let github: Vec<_> = cfg
+            .destinations_for("github", "demo")
+            .map(|d| d.name.as_str())
+            .collect();
+        assert_eq!(github, ["local", "queue", "bus", "fn", "db", "localdb"]);
+        assert_eq!(cfg.destinations_for("stripe", "demo").count(), 7);
+        assert_eq!(cfg.destinations_for("stripe", "other").count(), 0);
+        // Secrets never print.
+        assert!(!format!("{cfg:?}").contains("C2FVsBQI"));
+        assert!(!format!("{cfg:?}").contains(":pw@"));
+    }
+
+    #[test]
+    fn unknown_kinds_and_fields_are_named_with_suggestions() {
+        assert_eq!(
+            problems("[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"htp\"\nevents = [\"*\"]\n"),
+            ["destination demo/a: unknown kind `htp` (did you mean `http`?) (kinds: http, sqs, eventbridge, lambda, postgres)"]
+        );
+        let p = problems(&format!(
+            "[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"http\"\nevents = [\"*\"]\nurl = \"https://x.example/\"\nsecrets = [\"{SECRET}\"]\ntimeuot_ms = 5\nqueue_url = \"q\"\ncolour = 1\n"
+        ));
+        assert_eq!(
+            p,
+            [
+                "destination demo/a: unknown field `timeuot_ms` for kind http (did you mean `timeout_ms`?)",
+                "destination demo/a: `queue_url` is not an option of kind http (it belongs to kind sqs)",
+                "destination demo/a: unknown field `colour` for kind http",
+            ]
+        );
+    }
+
+    #[test]
+    fn http_secrets_must_be_present_and_standard() {
+        let base = "[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"http\"\nevents = [\"*\"]\nurl = \"https://x.example/\"\n";
+        assert_eq!(
+            problems(base),
+            ["destination demo/a: missing `secrets`: an HTTP destination signs every delivery (`whsec_` + base64, e.g. from `einmal listen`)"]
+        );
+        assert_eq!(
+            problems(&format!("{base}secrets = []\n"))[0],
+            "destination demo/a: `secrets` must be a non-empty list of secrets (strings or { env = \"VARIABLE\" })"
+        );
+        let p = problems(&format!(
+            "{base}secrets = [\"topsecretvalue\", \"whsec_AAAAAAAAAAAAAAAA\", \"whsec_!!\", {{ env = \"UNSET_VAR\" }}]\n"
+        ));
+        assert_eq!(
+            p,
+            [
+                "destination demo/a: a signing secret must start with `whsec_`",
+                "destination demo/a: a signing secret must decode to 24 to 64 bytes (this one has 12)",
+                "destination demo/a: a signing secret must be `whsec_` followed by base64",
+                "destination demo/a: `secrets` refers to environment variable UNSET_VAR, which is not set",
+            ]
+        );
+        assert!(!p.concat().contains("topsecretvalue"));
+    }
+
+    #[test]
+    fn urls_must_be_https_except_to_loopback_and_never_private_unless_allowed() {
+        let dest = |url: &str, extra: &str| {
+            format!("[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"http\"\nevents = [\"*\"]\nsecrets = [\"{SECRET}\"]\nurl = \"{url}\"\n{extra}")
+        };
+        for ok in [
+            "https://x.example/h",
+            "http://localhost:3000/h",
+            "http://127.0.0.1:9/h",
+            "http://[::1]:9/h",
+            "https://8.8.8.8/h",
+        ] {
+            assert!(load(&dest(ok, "")).is_ok(), "{ok}");
+        }
+        assert!(load(&dest("https://10.0.0.1/h", "allow_private = true\n")).is_ok());
+        let p = problems(&dest("http://shop.example/h", ""));
+        assert_eq!(p, ["destination demo/a: `url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not http://shop.example/h"]);
+        let p = problems(&dest("https://169.254.169.254/latest", ""));
+        assert!(
+            p[0].contains("refused to connect to link-local address 169.254.169.254"),
+            "{p:?}"
+        );
+        let p = problems(&dest("ftp://x.example/h", ""));
+        assert!(p[0].contains("must be an https:// URL"), "{p:?}");
+        let p = problems(&dest("https://user:pw@x.example/h", ""));
+        assert!(
+            p[0].contains("credentials") && !p[0].contains("pw@"),
+            "{p:?}"
+        );
+        let p = problems(&dest("not a url", ""));
+        assert!(p[0].contains("not a valid URL"), "{p:?}");
+    }
+
+    #[test]
+    fn tenants_providers_names_and_limits_are_checked() {
+        let one = |name: &str, tenant: &str, extra: &str| {
+            format!("[[destination]]\nname = \"{name}\"\ntenant = \"{tenant}\"\nkind = \"lambda\"\nfunction = \"f\"\nevents = [\"*\"]\n{extra}")
+        };
+        assert_eq!(
+            problems(&one("a", "nobody", "")),
+            ["destination nobody/a: tenant `nobody` has no [[tenant]] entry"]
+        );
+        assert_eq!(
+            problems(&one("a", "demo", "provider = \"stirpe\"\n")),
+            ["destination demo/a: unknown provider `stirpe` (did you mean `stripe`?)"]
+        );
+        assert_eq!(
+            problems(&one("a", "demo", "provider = \"shopify\"\n")),
+            ["destination demo/a: no [[tenant]] entry for provider shopify and tenant demo"]
+        );
+        assert_eq!(
+            problems(&format!("{}{}", one("a", "demo", ""), one("a", "demo", ""))),
+            ["destination demo/a: configured twice for this tenant (names must be unique per tenant)"]
+        );
+        assert!(problems(&one("a#b", "demo", ""))[0].contains("may only use letters"));
+        let many: String = (0..=MAX_DESTINATIONS_PER_TENANT)
+            .map(|i| one(&format!("d{i}"), "demo", ""))
+            .collect();
+        assert_eq!(
+            problems(&many),
+            ["tenant demo: 9 destinations, at most 8 are allowed"]
+        );
+        let p = problems("[[destination]]\ntenant = \"demo\"\nkind = \"lambda\"\n");
+        assert_eq!(p, ["destination #1: missing `name`"]);
+    }
+
+    #[test]
+    fn patterns_and_filters_are_checked() {
+        let base = "[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"lambda\"\nfunction = \"f\"\n";
+        assert_eq!(
+            problems(base),
+            ["destination demo/a: neither `events` nor `outputs`: the destination would receive nothing"]
+        );
+        let p = problems(&format!("{base}events = [\"charge refunded\", \"\"]\n"));
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].contains("visible ASCII") && p[1].contains("empty"),
+            "{p:?}"
+        );
+        assert_eq!(
+            problems(&format!("{base}events = []\noutputs = []\n")),
+            ["destination demo/a: neither `events` nor `outputs`: the destination would receive nothing"]
+        );
+        assert_eq!(
+            problems(&format!("{base}events = \"*\"\n"))[0],
+            "destination demo/a: `events` must be a list of strings"
+        );
+        assert!(
+            problems(&format!("{base}events = [\"*\"]\nmax_attempts = 0\n"))[0]
+                .contains("`max_attempts` must be a whole number from 1")
+        );
+        assert!(
+            problems(&format!("{base}events = [\"*\"]\nordered = \"yes\"\n"))[0]
+                .contains("`ordered` must be true or false")
+        );
+    }
+
+    #[test]
+    fn postgres_needs_a_dsn_and_a_plain_table_name() {
+        let base = "[[destination]]\nname = \"db\"\ntenant = \"demo\"\nkind = \"postgres\"\nevents = [\"*\"]\n";
+        let p = problems(&format!("{base}table = \"t\"\n"));
+        assert_eq!(p, ["destination demo/db: missing `dsn` (a connection string, inline or { env = \"VARIABLE\" })"]);
+        let p = problems(&format!(
+            "{base}dsn = {{ env = \"PG_DSN\" }}\ntable = \"events; drop table x\"\n"
+        ));
+        assert!(p[0].contains("is not a valid table name"), "{p:?}");
+        let p = problems(&format!(
+            "{base}dsn = \"postgresql://u:hunter2@h:notaport/db\"\ntable = \"t\"\n"
+        ));
+        assert_eq!(p, ["destination demo/db: `dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)"]);
+        for good in ["events", "_t1", "app.events"] {
+            assert!(is_valid_table(good), "{good}");
+        }
+        for bad in ["", "1t", "a.b.c", "a-b", "\"t\"", &"x".repeat(64)] {
+            assert!(!is_valid_table(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn problems_carry_their_lines() {
+        let text = format!("{TENANTS}\n[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"http\"\nevents = [\"*\"]\nurl = \"http://shop.example/\"\nsecrets = [\"{SECRET}\"]\n");
+        let err = Config::from_toml_named(&text, "e.toml", |_| None).unwrap_err();
+        let url_line = text.lines().position(|l| l.starts_with("url")).unwrap() + 1;
+        assert!(
+            err.lines()[0].starts_with(&format!("e.toml:{url_line}: destination demo/a: `url`")),
+            "{:?}",
+            err.lines()
+        );
+    }
+}
