@@ -6,6 +6,9 @@
 //! - every `EINMAL_*` variable the template sets is one the code reads, and each
 //!   function gets the ones it requires;
 //! - least privilege: the receiver may do exactly what the ack path needs, no `*`;
+//!   each AWS sink's call (`SINK_ACTIONS`) is granted to the processor and the sweeper
+//!   (the functions that deliver) on exactly its destination parameter's ARNs, only
+//!   when that parameter is set, and to no other function;
 //! - the queue: visibility timeout >= 6x the processor timeout, `maxReceiveCount` ==
 //!   the processor's `EINMAL_MAX_RECEIVE_COUNT`, partial batch responses;
 //! - tables, functions and routes mirror what the code and the README expect.
@@ -20,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use einmal::adapters::aws::AUDIT_TABLE_ENV;
+use einmal::adapters::aws::SINK_ACTIONS;
 use einmal::adapters::aws::{
     CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
@@ -838,6 +842,99 @@ fn functions_have_least_privilege_and_no_wildcard_actions() {
         granted["kms:Decrypt"],
         BTreeSet::from(["Ref:ConfigKmsKeyArn".to_string()])
     );
+}
+
+/// The template parameter that lists the ARNs of each AWS sink kind's destinations.
+fn destination_parameter(kind: &str) -> &'static str {
+    match kind {
+        "sqs" => "DestinationQueueArns",
+        "eventbridge" => "DestinationEventBusArns",
+        "lambda" => "DestinationFunctionArns",
+        other => panic!("AWS sink kind {other} has no destination parameter in this test"),
+    }
+}
+
+/// Statements of `function` (rendered) that name a destination parameter: (action,
+/// parameter) pairs.
+fn destination_grants(t: &Value, function: &str) -> BTreeSet<(String, String)> {
+    let (inline, _) = statements(resource(t, function));
+    let mut grants = BTreeSet::new();
+    for s in &inline {
+        for r in list(get(s, "Resource")) {
+            let Some(param) = ref_target(&r).filter(|p| p.starts_with("Destination")) else {
+                continue;
+            };
+            for action in list(get(s, "Action")) {
+                grants.insert((action.as_str().unwrap().to_string(), param.to_string()));
+            }
+        }
+    }
+    grants
+}
+
+#[test]
+fn each_aws_sink_call_is_granted_on_its_destination_arns_only_when_set() {
+    let t = template();
+    let expected: BTreeSet<(String, String)> = SINK_ACTIONS
+        .iter()
+        .map(|(kind, action)| (action.to_string(), destination_parameter(kind).to_string()))
+        .collect();
+    for (_, param) in &expected {
+        let p = path(&t, &["Parameters", param]).unwrap_or_else(|| panic!("no parameter {param}"));
+        assert_eq!(
+            get(p, "Type").and_then(Value::as_str),
+            Some("CommaDelimitedList"),
+            "{param}"
+        );
+        assert_eq!(
+            get(p, "Default").and_then(Value::as_str),
+            Some(""),
+            "{param}"
+        );
+    }
+    // Unset (the defaults): no destination statement anywhere.
+    let unset = render(&t, &[]);
+    for (name, _) in resources_of(&unset, "AWS::Serverless::Function") {
+        let grants = destination_grants(&unset, &name);
+        assert!(
+            grants.is_empty(),
+            "{name} has destination grants by default: {grants:?}"
+        );
+    }
+    // Each set alone: exactly its call, to the processor and the sweeper.
+    for (action, param) in &expected {
+        let set = render(
+            &t,
+            &[(
+                param,
+                "arn:aws:sqs:eu-west-1:123456789012:a,arn:aws:sqs:eu-west-1:123456789012:b",
+            )],
+        );
+        for (name, _) in resources_of(&set, "AWS::Serverless::Function") {
+            let grants = destination_grants(&set, &name);
+            let delivers = name == "ProcessorFunction" || name == "SweeperFunction";
+            let want = if delivers {
+                BTreeSet::from([(action.clone(), param.clone())])
+            } else {
+                BTreeSet::new()
+            };
+            assert_eq!(grants, want, "{name} with {param} set");
+        }
+    }
+    // All set: all calls (a sink added to SINK_ACTIONS without a statement fails here).
+    let all: Vec<(&str, &str)> = expected
+        .iter()
+        .map(|(_, p)| {
+            (
+                p.as_str(),
+                "arn:aws:lambda:eu-west-1:123456789012:function:f",
+            )
+        })
+        .collect();
+    let set = render(&t, &all);
+    for function in ["ProcessorFunction", "SweeperFunction"] {
+        assert_eq!(destination_grants(&set, function), expected, "{function}");
+    }
 }
 
 // ------------------------------------------------------------------ queue

@@ -34,10 +34,10 @@ const CARGO_LAMBDA_ENV: &str = "EINMAL_CARGO_LAMBDA";
 const REQUIRE_ENV: &str = "EINMAL_REQUIRE_CARGO_LAMBDA";
 /// The first invocation of each function compiles it (and may wait for the cargo lock
 /// while other builds run).
-const FIRST_INVOKE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+pub(crate) const FIRST_INVOKE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 const INVOKE_TIMEOUT: Duration = Duration::from_secs(90);
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests crate lives in the workspace")
@@ -61,13 +61,13 @@ fn cargo_lambda() -> Option<PathBuf> {
 }
 
 /// A process group we started; killed (TERM, then KILL) on drop.
-struct Group {
+pub(crate) struct Group {
     what: &'static str,
     child: Child,
 }
 
 impl Group {
-    fn spawn(what: &'static str, command: &mut Command) -> Group {
+    pub(crate) fn spawn(what: &'static str, command: &mut Command) -> Group {
         use std::os::unix::process::CommandExt;
         let child = command
             .process_group(0)
@@ -166,14 +166,14 @@ impl Drop for Group {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind(("127.0.0.1", 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -260,9 +260,11 @@ impl Watch {
     }
 }
 
-#[test]
-fn each_function_answers_its_sample_event_under_cargo_lambda_watch() {
-    let Some(bin) = cargo_lambda() else {
+/// The cargo-lambda binary, or `None` (the caller skips) when it is missing and
+/// neither `CI` nor [`REQUIRE_ENV`] is set; missing but required fails here.
+pub(crate) fn cargo_lambda_or_skip() -> Option<PathBuf> {
+    let bin = cargo_lambda();
+    if bin.is_none() {
         let required = [REQUIRE_ENV, "CI"]
             .iter()
             .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
@@ -273,6 +275,13 @@ fn each_function_answers_its_sample_event_under_cargo_lambda_watch() {
              (tests/run.sh installs it into .venv: pip install cargo-lambda)"
         );
         eprintln!("SKIPPED: cargo-lambda not found (set {CARGO_LAMBDA_ENV} or put it on PATH)");
+    }
+    bin
+}
+
+#[test]
+fn each_function_answers_its_sample_event_under_cargo_lambda_watch() {
+    let Some(bin) = cargo_lambda_or_skip() else {
         return;
     };
     let test_started = Instant::now();

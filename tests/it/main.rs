@@ -12,6 +12,7 @@ mod aws_relay;
 mod capacity;
 mod config_refresh;
 mod conformance;
+mod destination_aws;
 mod hint_limits;
 mod infra;
 mod lambda_events;

@@ -135,13 +135,21 @@ pub fn resolve_number(t: &Value, v: &Value) -> Option<f64> {
 
 // ------------------------------------------------------------------ conditions
 
-/// A condition's operand: a literal, or a parameter's value.
+/// A condition's operand: a literal, a parameter's value, or `!Join [delimiter, !Ref
+/// List]` of a `CommaDelimitedList` parameter (its items joined with the delimiter).
 fn condition_operand(params: &BTreeMap<String, String>, v: &Value) -> String {
     if let Some(name) = ref_target(v) {
         return params
             .get(name)
             .unwrap_or_else(|| panic!("condition refers to {name}, not a parameter with a default"))
             .clone();
+    }
+    if let Some((f, Value::Sequence(args))) = intrinsic(v) {
+        if f == "Fn::Join" && args.len() == 2 {
+            let delimiter = args[0].as_str().expect("Fn::Join delimiter");
+            let list = condition_operand(params, &args[1]);
+            return list.split(',').collect::<Vec<_>>().join(delimiter);
+        }
     }
     match v {
         Value::String(s) => s.clone(),

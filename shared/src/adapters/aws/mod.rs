@@ -5,7 +5,8 @@
 //! (the business records' `StateStore`), `audit`; the shared parts are
 //! `item` (the inbox item's attributes), `batch_get`, `query` (paged index reads),
 //! `waiting` (the waiters' index), `error` (SDK error classification) and `setup`
-//! (tables, queues, config).
+//! (tables, queues, config). `sinks` holds the destinations on SQS, EventBridge and
+//! Lambda (the relay's `Sink`s).
 //!
 //! Round trips are paid for, so each port method is one call where possible:
 //! `put_new` is a single conditional PutItem that returns the existing item on a
@@ -31,6 +32,7 @@ mod queue;
 mod relay;
 mod replay;
 mod setup;
+pub mod sinks;
 mod state;
 mod sweep;
 mod waiting;
@@ -44,6 +46,7 @@ pub use setup::{
     load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,
     CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
+pub use sinks::{AwsSinkError, AwsSinkFactory, EventBridgeSink, LambdaSink, SqsSink, SINK_ACTIONS};
 pub use state::{create_state_table, DynamoStateStore, STATE_INDEX, STATE_TABLE_ENV};
 
 use crate::envelope::InboxKey;
