@@ -1,0 +1,173 @@
+//! The relay of the AWS functions: the processor delivers right after its commit, the
+//! sweeper retries what failed (`Relay::run_due`) and gauges the backlog. Both build it
+//! the same way, once at start, from the tenant configuration they already load.
+
+use std::sync::Arc;
+
+use aws_config::SdkConfig;
+
+use super::sinks::AwsSinkFactory;
+use crate::config::Config;
+use crate::destinations::http::HttpSink;
+use crate::destinations::{DestinationConfig, DestinationKind, Sink};
+use crate::https::HttpsClient;
+use crate::pipeline::relay::{Relay, RelayError, SinkFactory};
+use crate::ports::InboxRelay;
+
+/// The sinks the functions link: HTTP (Standard Webhooks, on the process's outbound
+/// client) and the AWS kinds (SQS, EventBridge, Lambda, on the process's SDK config).
+pub struct FunctionSinks {
+    https: HttpsClient,
+    aws: AwsSinkFactory,
+}
+
+impl FunctionSinks {
+    pub fn new(sdk: &SdkConfig, https: HttpsClient) -> Self {
+        FunctionSinks {
+            https,
+            aws: AwsSinkFactory::new(sdk),
+        }
+    }
+}
+
+impl SinkFactory for FunctionSinks {
+    fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
+        match &destination.kind {
+            DestinationKind::Http(http) => HttpSink::new(http, &self.https)
+                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
+                .map_err(|e| RelayError::new(destination, e.to_string())),
+            kind if AwsSinkFactory::handles(kind) => self
+                .aws
+                .build(destination)
+                .map_err(|e| RelayError::new(destination, e.to_string())),
+            // Refused at start, naming the destination, rather than left undelivered.
+            other => Err(RelayError::new(
+                destination,
+                format!(
+                    "kind {} is not linked into the AWS functions (http, sqs, eventbridge \
+                     and lambda are)",
+                    other.name()
+                ),
+            )),
+        }
+    }
+}
+
+/// The relay of `config`'s destinations on `store`, or `None` when none is configured
+/// (nothing to deliver). A destination that cannot be built stops the start, named.
+pub fn function_relay(
+    store: Arc<dyn InboxRelay>,
+    config: &Config,
+    sinks: &dyn SinkFactory,
+) -> Result<Option<Arc<Relay>>, RelayError> {
+    if config.destinations().is_empty() {
+        return Ok(None);
+    }
+    Relay::build(store, config.destinations(), sinks).map(|relay| Some(Arc::new(relay)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn postgres_is_refused_by_name_and_http_builds() {
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .build();
+        let sinks = FunctionSinks::new(&sdk, HttpsClient::new());
+        let toml = r#"
+[[tenant]]
+provider = "stripe"
+tenant = "t1"
+secrets = ["whsec_test"]
+
+[[destination]]
+name = "app"
+tenant = "t1"
+kind = "http"
+events = ["*"]
+url = "http://127.0.0.1:9/hook"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+"#;
+        let config = Config::from_toml(toml).expect("config");
+        let relay = function_relay(Arc::new(NoStore), &config, &sinks).expect("relay");
+        assert_eq!(
+            relay.map(|r| r.destination_names()),
+            Some(vec!["app".to_string()])
+        );
+        let mut pg = config.destinations()[0].clone();
+        pg.name = "warehouse".into();
+        pg.kind = DestinationKind::Postgres(crate::destinations::config::PostgresDestination {
+            dsn: crate::config::Secret::new("host=/tmp dbname=x"),
+            table: "events".into(),
+            tls: false,
+            pool_size: 1,
+        });
+        let err = sinks.build(&pg).err().expect("refused");
+        assert_eq!(err.destination, "warehouse");
+        assert!(err.reason.contains("postgres"), "{err}");
+        let empty = Config::from_toml(
+            "[[tenant]]\nprovider = \"stripe\"\ntenant = \"t1\"\nsecrets = [\"whsec_test\"]\n",
+        )
+        .expect("config");
+        assert!(function_relay(Arc::new(NoStore), &empty, &sinks)
+            .expect("no relay")
+            .is_none());
+    }
+
+    /// Building a relay touches no store.
+    struct NoStore;
+
+    #[async_trait::async_trait]
+    impl InboxRelay for NoStore {
+        async fn relay_due(
+            &self,
+            _: i64,
+            _: usize,
+        ) -> Result<Vec<crate::envelope::InboxKey>, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
+        async fn relay_pending(
+            &self,
+            _: usize,
+        ) -> Result<Vec<crate::ports::InboxItem>, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
+        async fn claim_relay(
+            &self,
+            _: &crate::envelope::InboxKey,
+            _: &str,
+            _: i64,
+            _: i64,
+        ) -> Result<Option<crate::ports::InboxItem>, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
+        async fn finish_relay(
+            &self,
+            _: &crate::envelope::InboxKey,
+            _: &str,
+            _: &[crate::ports::DeliveryStatus],
+            _: Option<i64>,
+            _: i64,
+        ) -> Result<bool, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
+        async fn order_acquire(
+            &self,
+            _: &crate::ports::OrderClaim,
+            _: i64,
+        ) -> Result<crate::ports::OrderGate, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
+        async fn order_release(
+            &self,
+            _: &str,
+            _: &str,
+            _: Option<&crate::ports::OrderPosition>,
+            _: i64,
+        ) -> Result<Option<crate::envelope::InboxKey>, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
+    }
+}
