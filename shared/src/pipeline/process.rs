@@ -85,9 +85,11 @@ use futures::FutureExt;
 use thiserror::Error;
 use tracing::Level;
 
+use super::relay::Relay;
 use crate::body;
 use crate::config::Config;
 use crate::config_source::ConfigSource;
+use crate::destinations::Output;
 use crate::domain::state::{
     CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_APPLIED_KEYS,
 };
@@ -336,7 +338,9 @@ impl From<StoreError> for Failure {
 /// What a successful attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Applied {
-    Completed(String, Option<Committed>),
+    /// The result, what this attempt committed, and the decision's domain outputs
+    /// (of ALL its changes, so a re-run after a crash finds the same ones).
+    Completed(String, Option<Committed>, Vec<Output>),
     Ignored(String),
 }
 
@@ -388,6 +392,8 @@ pub struct Processor {
     lookup: Option<(Arc<dyn ResourceLookup>, Arc<ConfigSource>)>,
     metrics: Arc<WorkerMetrics>,
     sli_threshold_ms: i64,
+    /// Delivers finished events to the destinations before the finish write.
+    relay: Option<Arc<Relay>>,
 }
 
 impl Processor {
@@ -419,7 +425,20 @@ impl Processor {
             lookup: None,
             metrics: Arc::new(WorkerMetrics::default()),
             sli_threshold_ms: DEFAULT_SLI_THRESHOLD_MS,
+            relay: None,
         }
+    }
+
+    /// Deliver every `completed` / `ignored` event (and its decision's outputs) to the
+    /// relay's destinations right after the commit; the finish write records the
+    /// deliveries (no write of their own). Without a relay nothing is delivered.
+    pub fn with_relay(mut self, relay: Arc<Relay>) -> Self {
+        self.relay = Some(relay);
+        self
+    }
+
+    pub fn relay(&self) -> Option<&Arc<Relay>> {
+        self.relay.as_ref()
     }
 
     /// The business SLI threshold: a payment event's effect within this many
@@ -546,10 +565,18 @@ impl Processor {
 
         let result = self.apply(&item).await;
         let attempt = item.attempts;
+        // Deliver before the finish, so the same write records the deliveries.
+        let delivered = match (&self.relay, &result) {
+            (Some(relay), Ok(Applied::Completed(_, _, outputs))) => {
+                Some(relay.deliver_event(&item, outputs).await)
+            }
+            (Some(relay), Ok(Applied::Ignored(_))) => Some(relay.deliver_event(&item, &[]).await),
+            _ => None,
+        };
         let mut retry_cause = None;
         let mut parked = None;
         let (mut finish, outcome) = match result {
-            Ok(Applied::Completed(result, committed)) => {
+            Ok(Applied::Completed(result, committed, _)) => {
                 if let Some(committed) = committed {
                     self.count_effect(&item, committed, trace_id);
                 }
@@ -638,6 +665,12 @@ impl Processor {
         if finish.state != InboxState::Waiting && item.waiting.is_some() {
             finish.wait = WaitChange::Clear;
         }
+        let mut handoffs = Vec::new();
+        if let Some(delivered) = delivered {
+            finish.deliveries = Some(delivered.deliveries);
+            finish.relay_due_ms = delivered.relay_due_ms;
+            handoffs = delivered.handoffs;
+        }
         let log = |level, message: &str, detail: Option<&str>| {
             log_attempt(
                 level,
@@ -679,6 +712,11 @@ impl Processor {
                 log(level, message, detail);
                 if let Some((record, seen_version)) = parked {
                     self.recheck_parked(key, &record, seen_version).await;
+                }
+                if let (Some(relay), false) = (&self.relay, handoffs.is_empty()) {
+                    // The next events of the objects this one released, now that its
+                    // record is written.
+                    relay.hand_on(handoffs).await;
                 }
                 outcome
             }
@@ -839,8 +877,8 @@ impl Processor {
         event: &DomainEvent<'_>,
     ) -> Result<EffectOutcome, EffectError> {
         match self.commit_event(event, None).await {
-            Ok(Applied::Completed(result, Some(_))) => Ok(EffectOutcome::Committed(result)),
-            Ok(Applied::Completed(result, None)) => Ok(EffectOutcome::Unchanged(result)),
+            Ok(Applied::Completed(result, Some(_), _)) => Ok(EffectOutcome::Committed(result)),
+            Ok(Applied::Completed(result, None, _)) => Ok(EffectOutcome::Unchanged(result)),
             Ok(Applied::Ignored(reason)) => Ok(EffectOutcome::Ignored(reason)),
             Err(Failure::Permanent(reason)) => Err(EffectError::Permanent(reason)),
             Err(Failure::Transient(_, reason)) => Err(EffectError::Transient(reason)),
@@ -887,16 +925,21 @@ impl Processor {
                 Decision::Apply { changes, result } => (changes, result),
             };
             if changes.is_empty() {
-                return Ok(Applied::Completed(result, None));
+                return Ok(Applied::Completed(result, None, Vec::new()));
             }
             // The records this decision changes: their waiters are woken once the
             // change is in (also when it was in already: a crash may have cut the
             // wake off after the commit).
             let changed: Vec<String> = changes.iter().map(|c| c.key.pk()).collect();
+            let outputs = self.domain.outputs(&event, &changes);
             let writes = plan_writes(&current, changes)?;
             if writes.is_empty() {
                 self.wake_waiters(&changed, own).await;
-                return Ok(Applied::Completed(ALREADY_APPLIED.to_string(), None));
+                return Ok(Applied::Completed(
+                    ALREADY_APPLIED.to_string(),
+                    None,
+                    outputs,
+                ));
             }
             let reads = read_checks(&current, &writes, |key| {
                 self.domain.guards_read(&event, key)
@@ -908,7 +951,7 @@ impl Processor {
                         at_ms: (self.now_ms)(),
                         payment: moves_payment_status(&current, &writes),
                     };
-                    return Ok(Applied::Completed(result, Some(committed)));
+                    return Ok(Applied::Completed(result, Some(committed), outputs));
                 }
                 CommitOutcome::Conflict => {
                     tracing::debug!(event_id = %event.envelope.event_id, round, "state conflict; deciding again");

@@ -43,13 +43,14 @@ use futures::stream::{self, StreamExt};
 use thiserror::Error;
 
 use crate::body;
+use crate::destinations::http::envelope_body;
 use crate::destinations::{
     delivery_key, BodyFormat, DestinationConfig, DestinationKind, Message, Output, Sink, SinkError,
 };
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
-    order_cursor_id, DeliveryState, DeliveryStatus, InboxItem, InboxRelay, InboxState, OrderClaim,
-    OrderGate, OrderPosition, StoreError,
+    order_cursor_id, DeliveryState, DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate,
+    OrderPosition, StoreError,
 };
 use crate::telemetry::catalog;
 use crate::telemetry::emf::Emf;
@@ -202,46 +203,22 @@ pub struct RelayDestination {
     pub sink: Arc<dyn Sink>,
 }
 
-/// `*` matches any run of characters (also none); everything else literally.
-pub fn pattern_matches(pattern: &str, value: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    if parts.len() == 1 {
-        return pattern == value;
-    }
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if !value.starts_with(first) || value.len() < first.len() + last.len() {
-        return false;
-    }
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    if !value.ends_with(last) {
-        return false;
-    }
-    for middle in &parts[1..parts.len() - 1] {
-        match rest.find(middle) {
-            Some(at) => rest = &rest[at + middle.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
-fn scope_matches(d: &DestinationConfig, provider: &str, tenant: &str) -> bool {
-    d.tenant == tenant && d.provider.as_deref().is_none_or(|p| p == provider)
-}
-
-/// Whether `d` takes the provider event `event_type` of `provider` / `tenant`.
+/// Whether `d` takes the provider event `event_type` of `provider` / `tenant`
+/// (tenant here, provider and patterns in [`DestinationConfig::matches_event`]).
 pub fn matches_event(
     d: &DestinationConfig,
     provider: &str,
     tenant: &str,
     event_type: &str,
 ) -> bool {
-    scope_matches(d, provider, tenant) && d.events.iter().any(|p| pattern_matches(p, event_type))
+    d.tenant == tenant && d.matches_event(provider, event_type)
 }
 
 /// Whether `d` takes the domain output `kind` of an event of `provider` / `tenant`.
 pub fn matches_output(d: &DestinationConfig, provider: &str, tenant: &str, kind: &str) -> bool {
-    scope_matches(d, provider, tenant) && d.outputs.iter().any(|p| pattern_matches(p, kind))
+    d.tenant == tenant
+        && d.provider.as_deref().is_none_or(|p| p == provider)
+        && d.matches_output(kind)
 }
 
 /// The order position of an event: its object version as a number or an RFC 3339
@@ -943,7 +920,7 @@ pub fn build_message(
     }
     if let DestinationKind::Http(http) = &config.kind {
         if http.body == BodyFormat::Envelope {
-            message.body = envelope_body(&message, item.state);
+            message.body = envelope_body(&message);
             message.content_type = "application/json".into();
         }
     }
@@ -956,30 +933,6 @@ fn content_type_of(raw: &[u8]) -> &'static str {
         Some(b'{') | Some(b'[') | None => "application/json",
         _ => "application/x-www-form-urlencoded",
     }
-}
-
-/// einmal's normalised envelope: `{type, timestamp, data: {provider, tenant, event_id,
-/// object_id, object_version, occurred_at, body}}`; a JSON body is embedded as JSON,
-/// anything else as a string.
-pub fn envelope_body(message: &Message, state: InboxState) -> Vec<u8> {
-    let body = serde_json::from_slice::<serde_json::Value>(&message.body).unwrap_or_else(|_| {
-        serde_json::Value::String(String::from_utf8_lossy(&message.body).into_owned())
-    });
-    let doc = serde_json::json!({
-        "type": message.event_type,
-        "timestamp": time::format_rfc3339(time::now_secs()),
-        "data": {
-            "provider": message.provider,
-            "tenant": message.tenant,
-            "event_id": message.event_id,
-            "object_id": message.object_id,
-            "object_version": message.object_version,
-            "occurred_at": message.occurred_at,
-            "state": state.as_str(),
-            "body": body,
-        }
-    });
-    serde_json::to_vec(&doc).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -1075,22 +1028,6 @@ mod tests {
             p.after_failure(&d, 1, NOW, NOW, &permanent, 0.5),
             NextStep::DeadLetter(r) if r.contains("permanent")
         ));
-    }
-
-    #[test]
-    fn patterns_match_with_wildcards() {
-        assert!(pattern_matches(
-            "payment_intent.*",
-            "payment_intent.succeeded"
-        ));
-        assert!(pattern_matches("*", "anything"));
-        assert!(pattern_matches("orders/*", "orders/updated"));
-        assert!(pattern_matches("*.refunded", "charge.refunded"));
-        assert!(pattern_matches("a*b*c", "axxbyyc"));
-        assert!(!pattern_matches("a*b*c", "axxc"));
-        assert!(!pattern_matches("charge.refunded", "charge.refunded.x"));
-        assert!(!pattern_matches("payment_intent.*", "charge.succeeded"));
-        assert!(!pattern_matches("ab*ba", "aba"));
     }
 
     #[test]

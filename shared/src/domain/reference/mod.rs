@@ -32,7 +32,8 @@ mod view;
 use serde_json::Value;
 
 use super::state::{StateKey, StateRecord};
-use super::{Decision, Domain, DomainError, DomainEvent};
+use super::{Change, Decision, Domain, DomainError, DomainEvent};
+use crate::destinations::Output;
 pub use model::{
     order_key, seed_sku, sku_key, EffectKeys, Invoice, LineItem, Notification, NotificationKind,
     Order, OrderStatus, Payment, PaymentStatus, Refund, Shipment, Sku, StockLine, MINOR_PER_POINT,
@@ -133,7 +134,53 @@ impl Domain for ReferenceDomain {
     fn guards_read(&self, _event: &DomainEvent<'_>, record: &StateKey) -> bool {
         record.kind != SKU
     }
+
+    /// The customer notifications this decision put in an order's outbox: each order
+    /// change's notification whose `dedup_key` is that change's effect key (kind
+    /// `notification.<kind>`, key = the dedup key), so each is delivered once per
+    /// dedup key, also when a re-run finds the change already applied.
+    fn outputs(&self, _event: &DomainEvent<'_>, changes: &[Change]) -> Vec<Output> {
+        let mut outputs: Vec<Output> = Vec::new();
+        for change in changes.iter().filter(|c| c.key.kind == ORDER) {
+            let Ok(order) = serde_json::from_value::<Order>(change.data.clone()) else {
+                continue;
+            };
+            for n in order
+                .notifications
+                .iter()
+                .filter(|n| n.dedup_key == change.effect_key)
+            {
+                if outputs.iter().any(|o| o.key == n.dedup_key) {
+                    continue;
+                }
+                let kind = serde_json::to_value(n.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                outputs.push(Output {
+                    kind: format!("{NOTIFICATION_PREFIX}{kind}"),
+                    key: n.dedup_key.clone(),
+                    object_id: Some(order.order_id.clone()),
+                    data: serde_json::json!({
+                        "kind": kind,
+                        "dedup_key": n.dedup_key,
+                        "tenant": change.key.tenant,
+                        "order_id": order.order_id,
+                        "order_status": order.status,
+                        "payment_status": order.payment_status,
+                        "currency": order.currency,
+                        "total_minor": order.total_minor,
+                        "refunded_minor": order.refunded_minor,
+                    }),
+                });
+            }
+        }
+        outputs
+    }
 }
+
+/// The kind prefix of the reference domain's notification outputs.
+pub const NOTIFICATION_PREFIX: &str = "notification.";
 
 fn unsupported(event: &DomainEvent<'_>) -> String {
     format!(

@@ -1651,3 +1651,33 @@ fn shopify_bodies_under_a_topic_they_contradict_are_ignored() {
         Err(DomainError::Wait(_))
     ));
 }
+
+#[test]
+fn notifications_become_outputs_once_per_dedup_key_also_on_a_rerun() {
+    let mut w = World::new();
+    let ev = pi_succeeded("1001", "pi_1", 12_970, 100);
+    let d = w.ok(&ev);
+    let outputs = ReferenceDomain.outputs(&ev.view(), changes(&d));
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let o = &outputs[0];
+    assert_eq!(o.kind, "notification.payment_received");
+    assert_eq!(o.key, "t1#order-1001#paid");
+    assert_eq!(o.object_id.as_deref(), Some("1001"));
+    assert_eq!(o.data["payment_status"], "paid");
+    // The crash between commit and finish: the re-run decides "already applied" and
+    // finds the same output.
+    let again = w.decide(&ev).unwrap();
+    assert_eq!(
+        ReferenceDomain.outputs(&ev.view(), changes(&again)),
+        outputs
+    );
+    // A later event of the order (a refund) yields only its own notification.
+    let refund = refund_created("1001", "re_1", 12_970, 200);
+    let d = w.ok(&refund);
+    let kinds: Vec<String> = ReferenceDomain
+        .outputs(&refund.view(), changes(&d))
+        .into_iter()
+        .map(|o| o.kind)
+        .collect();
+    assert_eq!(kinds, ["notification.refunded"]);
+}
