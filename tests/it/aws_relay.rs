@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::ports::{
-    ClaimOutcome, DeliveryState, DeliveryStatus, Finish, Inbox, InboxFilter, InboxItem,
-    InboxProcessing, InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition, Source,
+    ClaimOutcome, DeliveryState, DeliveryStatus, Finish, Inbox, InboxFilter, InboxItem, InboxRelay,
+    InboxState, OrderClaim, OrderGate, OrderPosition, Source,
 };
 use einmal_tests::moto::{self, aws_store, OperationLog};
 
@@ -54,7 +54,11 @@ fn delivery(destination: &str, state: DeliveryState, next: Option<i64>) -> Deliv
         key: format!("msg_{destination}"),
         state,
         attempts: 1,
-        last_status: Some(if state == DeliveryState::Delivered { 200 } else { 503 }),
+        last_status: Some(if state == DeliveryState::Delivered {
+            200
+        } else {
+            503
+        }),
         last_latency_ms: Some(12),
         last_attempt_ms: Some(1_000),
         next_attempt_ms: next,
@@ -113,7 +117,10 @@ async fn a_pending_delivery_is_due_claimed_once_and_leaves_the_index_when_delive
 
     operations.take();
     assert!(logged.relay_due(due - 1, 10).await.unwrap().is_empty());
-    assert_eq!(logged.relay_due(due, 10).await.unwrap(), vec![it.key.clone()]);
+    assert_eq!(
+        logged.relay_due(due, 10).await.unwrap(),
+        vec![it.key.clone()]
+    );
     let ops = operations.take();
     // One Query per shard of the relay's index for each call, nothing else.
     assert_eq!(ops.len(), 32, "{ops:?}");
@@ -139,11 +146,17 @@ async fn a_pending_delivery_is_due_claimed_once_and_leaves_the_index_when_delive
     assert_eq!(claimed.body, it.body);
     assert_eq!(claimed.deliveries, recorded);
     assert_eq!(
-        store.claim_relay(&it.key, "relay-b", due + 1, 10_000).await.unwrap(),
+        store
+            .claim_relay(&it.key, "relay-b", due + 1, 10_000)
+            .await
+            .unwrap(),
         None
     );
     // The claim leaves the index alone: still due (a relay that dies keeps it due).
-    assert_eq!(store.relay_due(due + 1, 10).await.unwrap(), vec![it.key.clone()]);
+    assert_eq!(
+        store.relay_due(due + 1, 10).await.unwrap(),
+        vec![it.key.clone()]
+    );
     let delivered = vec![
         delivery("shop", DeliveryState::Delivered, None),
         delivery("crm", DeliveryState::Delivered, None),
@@ -176,28 +189,65 @@ async fn a_retry_moves_the_due_time_and_only_finished_items_are_claimed() {
     let (store, _) = aws_store(moto::shared(), None).await;
     let a = item("evt_a", 1);
     let b = item("evt_b", 2);
-    finished(&store, &a, vec![delivery("shop", DeliveryState::Pending, Some(3_000))], Some(3_000)).await;
-    finished(&store, &b, vec![delivery("shop", DeliveryState::Pending, Some(2_000))], Some(2_000)).await;
+    finished(
+        &store,
+        &a,
+        vec![delivery("shop", DeliveryState::Pending, Some(3_000))],
+        Some(3_000),
+    )
+    .await;
+    finished(
+        &store,
+        &b,
+        vec![delivery("shop", DeliveryState::Pending, Some(2_000))],
+        Some(2_000),
+    )
+    .await;
     // Earliest first, across shards.
     assert_eq!(
         store.relay_due(10_000, 10).await.unwrap(),
         vec![b.key.clone(), a.key.clone()]
     );
-    assert_eq!(store.relay_due(10_000, 1).await.unwrap(), vec![b.key.clone()]);
+    assert_eq!(
+        store.relay_due(10_000, 1).await.unwrap(),
+        vec![b.key.clone()]
+    );
 
     // A failed retry: the next attempt moves later, the item stays pending.
-    store.claim_relay(&b.key, "r", 2_000, 1_000).await.unwrap().expect("claimed");
+    store
+        .claim_relay(&b.key, "r", 2_000, 1_000)
+        .await
+        .unwrap()
+        .expect("claimed");
     let again = vec![delivery("shop", DeliveryState::Pending, Some(20_000))];
-    assert!(store.finish_relay(&b.key, "r", &again, Some(20_000), 2_100).await.unwrap());
-    assert_eq!(store.relay_due(10_000, 10).await.unwrap(), vec![a.key.clone()]);
+    assert!(store
+        .finish_relay(&b.key, "r", &again, Some(20_000), 2_100)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.relay_due(10_000, 10).await.unwrap(),
+        vec![a.key.clone()]
+    );
     assert_eq!(
         store.relay_due(20_000, 10).await.unwrap(),
         vec![a.key.clone(), b.key.clone()]
     );
     // An expired relay lease is taken over.
-    store.claim_relay(&a.key, "dead", 3_000, 100).await.unwrap().expect("claimed");
-    assert!(store.claim_relay(&a.key, "next", 3_050, 100).await.unwrap().is_none());
-    assert!(store.claim_relay(&a.key, "next", 3_101, 100).await.unwrap().is_some());
+    store
+        .claim_relay(&a.key, "dead", 3_000, 100)
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(store
+        .claim_relay(&a.key, "next", 3_050, 100)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .claim_relay(&a.key, "next", 3_101, 100)
+        .await
+        .unwrap()
+        .is_some());
     assert!(!store
         .finish_relay(&a.key, "dead", &again, None, 3_200)
         .await
@@ -206,9 +256,17 @@ async fn a_retry_moves_the_due_time_and_only_finished_items_are_claimed() {
     // Not finished yet (the processor holds it), or missing: no relay claim.
     let open = item("evt_open", 3);
     store.put_new(&open).await.unwrap();
-    assert!(store.claim_relay(&open.key, "r", 5_000, 1_000).await.unwrap().is_none());
+    assert!(store
+        .claim_relay(&open.key, "r", 5_000, 1_000)
+        .await
+        .unwrap()
+        .is_none());
     let missing = item("evt_missing", 4).key;
-    assert!(store.claim_relay(&missing, "r", 5_000, 1_000).await.unwrap().is_none());
+    assert!(store
+        .claim_relay(&missing, "r", 5_000, 1_000)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(store.get(&missing).await.unwrap(), None, "no item created");
 
     // The dead relay's lease is gone, its record untouched.
@@ -235,35 +293,66 @@ fn claim(object: &str, key: &str, at: i64, window_ms: i64) -> OrderClaim {
 async fn order_cursors_hand_an_object_to_one_key_at_a_time_in_version_order() {
     let (store, _) = aws_store(moto::shared(), None).await;
     // A shuffled burst: v2 opens the window, v1 arrives inside it.
-    let gate = store.order_acquire(&claim("o1", "k2", 2, 1_000), 100).await.unwrap();
+    let gate = store
+        .order_acquire(&claim("o1", "k2", 2, 1_000), 100)
+        .await
+        .unwrap();
     assert_eq!(gate, OrderGate::Wait { until_ms: 1_100 });
-    let gate = store.order_acquire(&claim("o1", "k1", 1, 1_000), 200).await.unwrap();
+    let gate = store
+        .order_acquire(&claim("o1", "k1", 1, 1_000), 200)
+        .await
+        .unwrap();
     assert!(matches!(gate, OrderGate::Wait { .. }), "{gate:?}");
     // After the window the oldest goes first; asking again gives the same answer.
-    let gate = store.order_acquire(&claim("o1", "k2", 2, 1_000), 1_200).await.unwrap();
+    let gate = store
+        .order_acquire(&claim("o1", "k2", 2, 1_000), 1_200)
+        .await
+        .unwrap();
     assert!(matches!(gate, OrderGate::Wait { .. }), "{gate:?}");
     for _ in 0..2 {
-        let gate = store.order_acquire(&claim("o1", "k1", 1, 1_000), 1_200).await.unwrap();
+        let gate = store
+            .order_acquire(&claim("o1", "k1", 1, 1_000), 1_200)
+            .await
+            .unwrap();
         assert_eq!(gate, OrderGate::Go);
     }
     // Another object is not held back by this one.
-    let gate = store.order_acquire(&claim("o2", "x1", 7, 0), 1_200).await.unwrap();
+    let gate = store
+        .order_acquire(&claim("o2", "x1", 7, 0), 1_200)
+        .await
+        .unwrap();
     assert_eq!(gate, OrderGate::Go);
     // The release hands the turn on and raises the delivered position.
     let next = store
-        .order_release(&claim("o1", "k1", 1, 0).cursor, "k1", Some(&claim("o1", "k1", 1, 0).position), 1_300)
+        .order_release(
+            &claim("o1", "k1", 1, 0).cursor,
+            "k1",
+            Some(&claim("o1", "k1", 1, 0).position),
+            1_300,
+        )
         .await
         .unwrap();
     assert_eq!(next, Some(InboxKey::from_stored("shopify#t1#evt_k2")));
-    let gate = store.order_acquire(&claim("o1", "k2", 2, 1_000), 1_300).await.unwrap();
+    let gate = store
+        .order_acquire(&claim("o1", "k2", 2, 1_000), 1_300)
+        .await
+        .unwrap();
     assert_eq!(gate, OrderGate::Go);
     let next = store
-        .order_release(&claim("o1", "k2", 2, 0).cursor, "k2", Some(&claim("o1", "k2", 2, 0).position), 1_400)
+        .order_release(
+            &claim("o1", "k2", 2, 0).cursor,
+            "k2",
+            Some(&claim("o1", "k2", 2, 0).position),
+            1_400,
+        )
         .await
         .unwrap();
     assert_eq!(next, None);
     // A straggler at or below the delivered position is superseded.
-    let gate = store.order_acquire(&claim("o1", "k0", 0, 1_000), 1_500).await.unwrap();
+    let gate = store
+        .order_acquire(&claim("o1", "k0", 0, 1_000), 1_500)
+        .await
+        .unwrap();
     assert_eq!(
         gate,
         OrderGate::Superseded {
@@ -272,13 +361,22 @@ async fn order_cursors_hand_an_object_to_one_key_at_a_time_in_version_order() {
     );
     // Releasing what is not there is no error.
     let cursor = claim("o9", "k", 1, 0).cursor;
-    assert_eq!(store.order_release(&cursor, "k", None, 1_600).await.unwrap(), None);
+    assert_eq!(
+        store
+            .order_release(&cursor, "k", None, 1_600)
+            .await
+            .unwrap(),
+        None
+    );
 
     // Cursors share the table with the events but never show up as events.
     let it = item("evt_listed", 1);
     store.put_new(&it).await.unwrap();
     let listed = store.list(&InboxFilter::default()).await.unwrap();
-    assert_eq!(listed.iter().map(|i| i.key.clone()).collect::<Vec<_>>(), vec![it.key]);
+    assert_eq!(
+        listed.iter().map(|i| i.key.clone()).collect::<Vec<_>>(),
+        vec![it.key]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

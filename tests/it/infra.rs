@@ -466,6 +466,7 @@ fn every_alarm_and_dashboard_metric_is_one_the_code_or_aws_emits() {
         ("AWS/Lambda", "Throttles"),
         (catalog::NAMESPACE, catalog::STUCK_ITEMS),
         (catalog::NAMESPACE, catalog::OLDEST_WAITING_AGE),
+        (catalog::NAMESPACE, catalog::DELIVERY_BACKLOG_AGE),
         (catalog::NAMESPACE, catalog::SIGNATURE_FAILURES),
         (catalog::NAMESPACE, catalog::WEBHOOKS_ACCEPTED),
         (catalog::NAMESPACE, catalog::WEBHOOKS_DUPLICATE),
@@ -1700,4 +1701,53 @@ fn the_function_url_is_optional_public_and_reaches_only_the_receiver() {
     // The function URL is additional: the HTTP API keeps every route.
     assert_eq!(resources_of(&on, "AWS::Serverless::HttpApi").len(), 1);
     assert_eq!(api_routes(&on), 4);
+}
+
+/// The relay's retries run in the sweeper: it alone queries the `by_relay_due` index
+/// (as `shared/src/adapters/aws/relay.rs`), reads the tenant configuration (the
+/// destinations), and both delivering functions may read and update the inbox table
+/// (relay lease, order cursors).
+#[test]
+fn the_sweeper_queries_the_relay_index_and_both_relays_reach_the_inbox() {
+    let t = template();
+    let grants = |function: &str, wanted: &str| -> Vec<String> {
+        let (inline, _) = statements(resource(&t, function));
+        inline
+            .iter()
+            .filter(|s| {
+                list(get(s, "Action"))
+                    .iter()
+                    .any(|a| a.as_str() == Some(wanted))
+            })
+            .flat_map(|s| list(get(s, "Resource")))
+            .map(|r| describe_value(&r))
+            .collect()
+    };
+    let relay_index = |function: &str| {
+        grants(function, "dynamodb:Query")
+            .iter()
+            .any(|r| r.contains("${InboxTable.Arn}/index/by_relay_due"))
+    };
+    assert!(relay_index("SweeperFunction"), "the sweeper runs run_due");
+    for function in [
+        "ReceiverFunction",
+        "ProcessorFunction",
+        "ReconcilerFunction",
+    ] {
+        assert!(!relay_index(function), "{function} queries the relay index");
+    }
+    for function in ["ProcessorFunction", "SweeperFunction"] {
+        for action in ["dynamodb:GetItem", "dynamodb:UpdateItem"] {
+            assert!(
+                grants(function, action).contains(&"GetAtt:InboxTable.Arn".to_string()),
+                "{function} lacks {action} on the inbox table"
+            );
+        }
+        assert!(
+            grants(function, "ssm:GetParameter")
+                .iter()
+                .any(|r| r.contains("parameter${ConfigParameterName}")),
+            "{function} cannot read the destinations"
+        );
+    }
 }

@@ -54,7 +54,15 @@ pub async fn handle_and_emit(
     worker: &str,
 ) -> SqsBatchResponse {
     let (response, tally) = handle_observed(processor, event, worker).await;
-    emf::print(&tally.emf(deployment, einmal::time::now_millis()).render());
+    let now = einmal::time::now_millis();
+    emf::print(&tally.emf(deployment, now).render());
+    // The deliveries made right after the commits, per destination.
+    if let Some(relay) = processor.relay() {
+        let deliveries = relay.drain_tally().emf(deployment, now);
+        if !deliveries.is_empty() {
+            emf::print(&deliveries.render());
+        }
+    }
     response
 }
 

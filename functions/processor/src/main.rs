@@ -3,7 +3,10 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
-use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore, DynamoStateStore};
+use einmal::adapters::aws::{
+    config_source_from_env, function_relay, AwsSetupError, AwsStore, DynamoStateStore,
+    FunctionSinks,
+};
 use einmal::domain::reference::ReferenceDomain;
 use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
@@ -20,7 +23,7 @@ async fn main() -> Result<(), Error> {
     let store = Arc::new(store);
     let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
     let domain = Arc::new(ReferenceDomain::new());
-    let mut engine = Processor::from_store(store, state, domain)
+    let mut engine = Processor::from_store(store.clone(), state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
@@ -30,10 +33,13 @@ async fn main() -> Result<(), Error> {
         Ok(source) => {
             // The log redaction masks the tenants' secrets and API credentials.
             einmal::telemetry::redact::register_config(&source.snapshot());
-            engine = engine.with_lookup_source(
-                Arc::new(HttpLookup::with_client(HttpsClient::new())),
-                source,
-            )
+            let https = HttpsClient::new();
+            // The destinations, delivered right after each commit (the sweeper retries).
+            let sinks = FunctionSinks::new(&sdk_config, https.clone());
+            if let Some(relay) = function_relay(store, &source.snapshot(), &sinks)? {
+                engine = engine.with_relay(relay);
+            }
+            engine = engine.with_lookup_source(Arc::new(HttpLookup::with_client(https)), source)
         }
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")

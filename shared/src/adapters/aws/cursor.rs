@@ -78,7 +78,9 @@ pub(super) struct Cursor {
 impl Cursor {
     /// The queued key with the lowest position.
     fn head(&self) -> Option<(&String, &Entry)> {
-        self.queue.iter().min_by(|a, b| a.1.position.cmp(&b.1.position))
+        self.queue
+            .iter()
+            .min_by(|a, b| a.1.position.cmp(&b.1.position))
     }
 
     fn drop_stale(&mut self, stale_before_ms: i64, keep: &str) -> bool {
@@ -296,11 +298,7 @@ impl AwsStore {
         cursor: &Cursor,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let mut set = vec![
-            "#version = :next",
-            "#queue = :queue",
-            "#expires = :expires",
-        ];
+        let mut set = vec!["#version = :next", "#queue = :queue", "#expires = :expires"];
         let mut remove = Vec::new();
         let mut request = self
             .dynamodb
@@ -312,10 +310,7 @@ impl AwsStore {
             .expression_attribute_names("#expires", item::EXPIRES_AT)
             .expression_attribute_values(":next", n_attr(cursor.version + 1))
             .expression_attribute_values(":queue", queue_attr(&cursor.queue))
-            .expression_attribute_values(
-                ":expires",
-                n_attr(now_ms / 1000 + cursor_ttl_secs()),
-            );
+            .expression_attribute_values(":expires", n_attr(now_ms / 1000 + cursor_ttl_secs()));
         request = if cursor.version == 0 {
             request
                 .condition_expression("attribute_not_exists(#pk)")
@@ -445,17 +440,32 @@ mod tests {
             c.acquire(&claim("k3", 3), 100),
             (OrderGate::Wait { until_ms: 2_100 }, true)
         );
-        assert!(matches!(c.acquire(&claim("k1", 1), 200).0, OrderGate::Wait { .. }));
-        assert!(matches!(c.acquire(&claim("k2", 2), 300).0, OrderGate::Wait { .. }));
+        assert!(matches!(
+            c.acquire(&claim("k1", 1), 200).0,
+            OrderGate::Wait { .. }
+        ));
+        assert!(matches!(
+            c.acquire(&claim("k2", 2), 300).0,
+            OrderGate::Wait { .. }
+        ));
         // After the window: only the oldest goes, then holds the object.
-        assert!(matches!(c.acquire(&claim("k3", 3), 2_200).0, OrderGate::Wait { .. }));
+        assert!(matches!(
+            c.acquire(&claim("k3", 3), 2_200).0,
+            OrderGate::Wait { .. }
+        ));
         assert_eq!(c.acquire(&claim("k1", 1), 2_200), (OrderGate::Go, true));
         // Asking again: the same answer, nothing to write.
         assert_eq!(c.acquire(&claim("k1", 1), 2_300), (OrderGate::Go, false));
-        assert!(matches!(c.acquire(&claim("k2", 2), 2_300).0, OrderGate::Wait { .. }));
+        assert!(matches!(
+            c.acquire(&claim("k2", 2), 2_300).0,
+            OrderGate::Wait { .. }
+        ));
         let (changed, next) = c.release("k1", Some(&claim("k1", 1).position));
         assert!(changed);
-        assert_eq!(next.as_ref().map(InboxKey::as_str), Some("shopify#t1#evt_k2"));
+        assert_eq!(
+            next.as_ref().map(InboxKey::as_str),
+            Some("shopify#t1#evt_k2")
+        );
         assert_eq!(c.acquire(&claim("k2", 2), 2_400).0, OrderGate::Go);
         c.release("k2", Some(&claim("k2", 2).position));
         assert_eq!(c.acquire(&claim("k3", 3), 2_500).0, OrderGate::Go);

@@ -172,7 +172,12 @@ impl Inbox for AwsStore {
                 .await
                 .map_err(|e| StoreError::Unavailable(describe("DynamoDB Scan", &e)))?;
             // The relay's ordering cursors share the table; they are no events.
-            for m in out.items.unwrap_or_default().into_iter().filter(item::is_event) {
+            for m in out
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .filter(item::is_event)
+            {
                 found.push(item::decode(m).map_err(StoreError::Corrupt)?);
             }
             // Keep memory bounded by the limit, not by the table.
@@ -366,10 +371,8 @@ impl InboxProcessing for AwsStore {
                 remove.push_str(", #deliveries");
             } else {
                 set.push("#deliveries = :deliveries".into());
-                request = request.expression_attribute_values(
-                    ":deliveries",
-                    item::deliveries_attr(deliveries),
-                );
+                request = request
+                    .expression_attribute_values(":deliveries", item::deliveries_attr(deliveries));
             }
             match finish.relay_due_ms {
                 Some(due) => {

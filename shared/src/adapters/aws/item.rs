@@ -204,7 +204,8 @@ fn delivery_attr(d: &DeliveryStatus) -> AttributeValue {
         (D_STATUS, d.last_status.map(i64::from)),
         (
             D_LATENCY_MS,
-            d.last_latency_ms.map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
+            d.last_latency_ms
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
         ),
         (D_AT_MS, d.last_attempt_ms),
         (D_NEXT_MS, d.next_attempt_ms),
@@ -680,7 +681,10 @@ mod tests {
             }
         }
         let err = decode(m).unwrap_err();
-        assert!(err.contains("deliveries[0]") && err.contains("state"), "{err}");
+        assert!(
+            err.contains("deliveries[0]") && err.contains("state"),
+            "{err}"
+        );
         // A cursor item is no event.
         let cursor = Item::from([(PK.to_string(), AttributeValue::S("cursor#d#p#t#o".into()))]);
         assert!(!is_event(&cursor));

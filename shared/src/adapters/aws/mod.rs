@@ -42,7 +42,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 pub use audit::{create_audit_table, DynamoAuditLog, AUDIT_TABLE_ENV};
 pub use item::RELAY_INDEX_PROJECTION;
-pub use relay_setup::{function_relay, FunctionSinks};
+pub use relay_setup::{function_relay, relay_pass, FunctionSinks, RelayPass};
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,
     load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,

@@ -185,7 +185,10 @@ impl InboxRelay for AwsStore {
             Some(due) => {
                 request = request
                     .expression_attribute_values(":due", n_attr(due))
-                    .expression_attribute_values(":shard", s_attr(&item::sweep_shard(key.as_str())));
+                    .expression_attribute_values(
+                        ":shard",
+                        s_attr(&item::sweep_shard(key.as_str())),
+                    );
                 "SET #deliveries = :deliveries, #due = :due, #shard = :shard \
                  REMOVE #owner, #lease_until"
             }

@@ -66,6 +66,63 @@ pub fn function_relay(
     Relay::build(store, config.destinations(), sinks).map(|relay| Some(Arc::new(relay)))
 }
 
+/// What one scheduled relay pass did: the retries, the backlog it saw (per
+/// destination: pending deliveries, oldest pending event's age in ms), and the EMF
+/// lines to print (the backlog gauges of every destination, zeros too, and the
+/// delivery counters).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RelayPass {
+    pub items: usize,
+    pub attempts: usize,
+    pub backlog: std::collections::BTreeMap<String, (u64, i64)>,
+    pub held_objects: u64,
+    /// Store calls that failed (the next pass tries again).
+    pub errors: usize,
+    #[serde(skip)]
+    pub emf: Vec<String>,
+}
+
+/// The sweeper's relay pass at `now_ms`: `run_due` (at most `limit` items), then the
+/// backlog gauges. A store failure is counted and logged, never fatal: the next
+/// scheduled pass tries again.
+pub async fn relay_pass(relay: &Relay, now_ms: i64, limit: usize, deployment: &str) -> RelayPass {
+    let mut pass = RelayPass::default();
+    match relay.run_due(now_ms, limit).await {
+        Ok(report) => {
+            pass.items = report.items;
+            pass.attempts = report.attempts;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "relay: cannot run the due deliveries");
+            pass.errors += 1;
+        }
+    }
+    let counters = relay.drain_tally().emf(deployment, now_ms);
+    match relay.backlog(now_ms).await {
+        Ok(backlog) => {
+            let gauges = backlog.emf(&relay.destination_names(), deployment, now_ms);
+            pass.emf.extend(gauges.render());
+            pass.backlog = backlog.per_destination;
+            pass.held_objects = backlog.held_objects;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "relay: cannot read the backlog");
+            pass.errors += 1;
+        }
+    }
+    if !counters.is_empty() {
+        pass.emf.extend(counters.render());
+    }
+    tracing::info!(
+        items = pass.items,
+        attempts = pass.attempts,
+        held_objects = pass.held_objects,
+        errors = pass.errors,
+        "relay pass"
+    );
+    pass
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
