@@ -75,7 +75,7 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
                     serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
                 );
             } else {
-                println!("{}", line(&item));
+                println!("{}{}", line(&item), delivery_lines(&item));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -131,4 +131,37 @@ fn line(item: &InboxItem) -> String {
         ));
     }
     line
+}
+
+/// One line per delivery: where it went, how it stands, its last attempt.
+fn delivery_lines(item: &InboxItem) -> String {
+    let mut line = String::new();
+    for d in &item.deliveries {
+        line.push_str(&format!("\n  delivery {} {}", d.destination, d.state));
+        if let Some(output) = &d.output {
+            line.push_str(&format!(" output={}", output.kind));
+        }
+        line.push_str(&format!(" attempts={}", d.attempts));
+        if let Some(status) = d.last_status {
+            line.push_str(&format!(" status={status}"));
+        }
+        if let Some(ms) = d.last_latency_ms {
+            line.push_str(&format!(" latency_ms={ms}"));
+        }
+        if let Some(at) = d.last_attempt_ms {
+            line.push_str(&format!(" last_attempt={}", rfc3339_ms(at)));
+        }
+        if let Some(at) = d.next_attempt_ms {
+            line.push_str(&format!(" next_attempt={}", rfc3339_ms(at)));
+        }
+        line.push_str(&format!(" key={}", d.key));
+        if let Some(detail) = &d.detail {
+            line.push_str(&format!(" detail={detail:?}"));
+        }
+    }
+    line
+}
+
+fn rfc3339_ms(ms: i64) -> String {
+    einmal::time::format_rfc3339(ms.div_euclid(1000))
 }

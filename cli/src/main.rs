@@ -5,6 +5,7 @@ mod config_check;
 mod events;
 mod ops;
 mod reconcile;
+mod relay;
 mod send;
 mod serve;
 mod serve_http;

@@ -286,10 +286,11 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
         }
         let s = &report.summary;
         println!(
-            "{}matched={} replayed={} already_done={} busy={} missing={} failed={} dead_letters_removed={}{}",
+            "{}matched={} replayed={} redelivered={} already_done={} busy={} missing={} failed={} dead_letters_removed={}{}",
             if s.dry_run { "dry run (nothing changed): " } else { "" },
             s.matched,
             s.replayed,
+            s.redelivered,
             s.already_done,
             s.busy,
             s.missing,

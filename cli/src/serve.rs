@@ -28,6 +28,7 @@ use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::pipeline::process::{ProcessSettings, Processor};
+use einmal::pipeline::relay::RelayTally;
 use einmal::pipeline::sweep::Sweeper;
 use einmal::providers::paypal::{self, PayPalVerifier};
 use einmal::request::WebhookRequest;
@@ -94,6 +95,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     if paypal::install(PayPalVerifier::production(https.clone())).is_err() {
         tracing::debug!("the PayPal verifier was already in use: it keeps its own client");
     }
+    // Every destination's sink is built (and checked) before anything is served: a
+    // bad one stops the start with its name.
+    let relay = crate::relay::build(store.clone(), config.destinations(), https.clone()).await?;
     let lookup = HttpLookup::with_client(https);
     let processor = Processor::from_store(store.clone(), state, Arc::new(ReferenceDomain::new()))
         .with_settings(settings)
@@ -101,6 +105,10 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
             einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
         )
         .with_lookup(Arc::new(lookup), config.clone());
+    let processor = match &relay {
+        Some(relay) => processor.with_relay(relay.clone()),
+        None => processor,
+    };
     let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::from_store(store.clone());
     let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
@@ -118,6 +126,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let (figures_stop_tx, mut figures_stop) = tokio::sync::watch::channel(false);
     let figures = {
         let intake = metrics.clone();
+        let relay = relay.clone();
         tokio::spawn(async move {
             let mut last = intake.snapshot();
             loop {
@@ -127,8 +136,12 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
                 };
                 let now = intake.snapshot();
                 let worker = worker_metrics.drain();
-                if now != last || worker != WorkerTally::default() {
-                    log_figures(&now, &worker);
+                let delivered = relay.as_ref().map(|r| r.drain_tally()).unwrap_or_default();
+                if now != last
+                    || worker != WorkerTally::default()
+                    || delivered != RelayTally::default()
+                {
+                    log_figures(&now, &worker, &delivered);
                     last = now;
                 }
                 if stopping {
@@ -148,6 +161,16 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
             })
             .await;
     });
+    // The relay's retries (pending deliveries, the next events of ordered objects).
+    let relay_loop = relay.clone().map(|relay| {
+        let mut stop = stop_tx.subscribe();
+        tokio::spawn(async move {
+            crate::relay::run_loop(relay, async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            })
+            .await;
+        })
+    });
     // The sweeper: stuck items, dead leases, dead letters, backlog figures.
     let sweep = tokio::spawn(async move {
         sweeper
@@ -162,6 +185,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let _ = stop_tx.send(true);
     let _ = worker.await;
     let _ = sweep.await;
+    if let Some(relay_loop) = relay_loop {
+        let _ = relay_loop.await;
+    }
     // The last figures, after the worker finished its batch.
     let _ = figures_stop_tx.send(true);
     let _ = figures.await;
@@ -174,7 +200,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode, String> {
 
 /// One log line with the intake counters (since start) and the worker's tally (since
 /// the last line).
-fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
+fn log_figures(intake: &IngestCounts, worker: &WorkerTally, relay: &RelayTally) {
+    let (delivered, delivery_retries, deliveries_dead, superseded) =
+        crate::relay::tally_fields(relay);
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
     let avg = |s: &Samples| {
         if s.count == 0 {
@@ -206,6 +234,10 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally) {
         effect_lag_ms_max = worker.effect_lag_ms.max,
         payment_events = worker.payment_within_slo.count,
         payment_within_slo = avg(&worker.payment_within_slo),
+        delivered,
+        delivery_retries,
+        deliveries_dead,
+        superseded,
         "metrics"
     );
 }

@@ -13,6 +13,7 @@ mod capacity;
 mod config_refresh;
 mod conformance;
 mod destination_aws;
+mod destinations;
 mod hint_limits;
 mod infra;
 mod lambda_events;

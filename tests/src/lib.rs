@@ -1,6 +1,7 @@
 //! Shared support for einmal's integration tests.
 
 pub mod cfn;
+pub mod destination_server;
 pub mod fake_thin_api;
 pub mod fixtures;
 pub mod moto;

@@ -11,6 +11,7 @@ use einmal::domain::reference::ReferenceDomain;
 use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{ProcessSettings, Processor};
+use einmal::pipeline::relay::RelaySettings;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
@@ -36,7 +37,14 @@ async fn main() -> Result<(), Error> {
             let https = HttpsClient::new();
             // The destinations, delivered right after each commit (the sweeper retries).
             let sinks = FunctionSinks::new(&sdk_config, https.clone());
-            if let Some(relay) = function_relay(store, &source.snapshot(), &sinks)? {
+            if let Some(relay) = function_relay(
+                store,
+                &source.snapshot(),
+                &sinks,
+                RelaySettings::from_env()?,
+            )
+            .await?
+            {
                 engine = engine.with_relay(relay);
             }
             engine = engine.with_lookup_source(Arc::new(HttpLookup::with_client(https)), source)

@@ -8,6 +8,7 @@ use einmal::adapters::aws::{
     config_source_from_env, function_relay, relay_pass, AwsSetupError, AwsStore, FunctionSinks,
 };
 use einmal::https::HttpsClient;
+use einmal::pipeline::relay::RelaySettings;
 use einmal::pipeline::sweep::{SweepSettings, Sweeper};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::{json, Value};
@@ -26,7 +27,7 @@ async fn main() -> Result<(), Error> {
             let config = source.snapshot();
             einmal::telemetry::redact::register_config(&config);
             let sinks = FunctionSinks::new(&sdk_config, HttpsClient::new());
-            function_relay(store.clone(), &config, &sinks)?
+            function_relay(store.clone(), &config, &sinks, RelaySettings::from_env()?).await?
         }
         Err(AwsSetupError::NoConfigSource) => None,
         Err(e) => return Err(e.into()),

@@ -171,6 +171,52 @@ impl Default for RelaySettings {
     }
 }
 
+/// `EINMAL_RELAY_BACKOFF_BASE_MS`, `EINMAL_RELAY_BACKOFF_CAP_MS`,
+/// `EINMAL_RELAY_ORDER_WINDOW_MS`, `EINMAL_RELAY_LEASE_MS`: the relay's settings.
+pub const RELAY_BACKOFF_BASE_MS_ENV: &str = "EINMAL_RELAY_BACKOFF_BASE_MS";
+pub const RELAY_BACKOFF_CAP_MS_ENV: &str = "EINMAL_RELAY_BACKOFF_CAP_MS";
+pub const RELAY_ORDER_WINDOW_MS_ENV: &str = "EINMAL_RELAY_ORDER_WINDOW_MS";
+pub const RELAY_LEASE_MS_ENV: &str = "EINMAL_RELAY_LEASE_MS";
+
+impl RelaySettings {
+    /// Defaults overridden by the `EINMAL_RELAY_*` variables (empty = unset).
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`RelaySettings::from_env`] with an injectable lookup.
+    pub fn from_lookup(env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let read = |name: &str, default: Duration| -> Result<Duration, String> {
+            match env(name).filter(|v| !v.trim().is_empty()) {
+                None => Ok(default),
+                Some(raw) => raw
+                    .trim()
+                    .parse::<u64>()
+                    .map(Duration::from_millis)
+                    .map_err(|_| format!("{name}: {raw:?} is not a number of milliseconds")),
+            }
+        };
+        let d = RelaySettings::default();
+        let settings = RelaySettings {
+            policy: RetryPolicy {
+                base: read(RELAY_BACKOFF_BASE_MS_ENV, d.policy.base)?,
+                cap: read(RELAY_BACKOFF_CAP_MS_ENV, d.policy.cap)?,
+            },
+            lease: read(RELAY_LEASE_MS_ENV, d.lease)?,
+            order_window: read(RELAY_ORDER_WINDOW_MS_ENV, d.order_window)?,
+        };
+        if settings.policy.cap < settings.policy.base {
+            return Err(format!(
+                "{RELAY_BACKOFF_CAP_MS_ENV}: must be at least {RELAY_BACKOFF_BASE_MS_ENV}"
+            ));
+        }
+        if settings.lease.is_zero() {
+            return Err(format!("{RELAY_LEASE_MS_ENV}: must be above 0"));
+        }
+        Ok(settings)
+    }
+}
+
 /// Why a destination could not be set up (the wiring stops with it, naming it).
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("destination {destination} (tenant {tenant}): {reason}")]
@@ -191,9 +237,11 @@ impl RelayError {
 }
 
 /// Builds the sink of one destination, once, at start (HTTP, PostgreSQL, AWS kinds:
-/// the wiring knows which technologies it links).
+/// the wiring knows which technologies it links). Async so a sink can check its
+/// destination at start (a PostgreSQL DSN that does not connect stops the start).
+#[async_trait::async_trait]
 pub trait SinkFactory: Send + Sync {
-    fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
+    async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
 }
 
 /// One configured destination with its built sink.
@@ -370,20 +418,18 @@ struct Work {
 impl Relay {
     /// Build every destination's sink once through `factory`; the first that fails
     /// stops the start, naming the destination.
-    pub fn build(
+    pub async fn build(
         store: Arc<dyn InboxRelay>,
         configs: &[DestinationConfig],
         factory: &dyn SinkFactory,
     ) -> Result<Self, RelayError> {
-        let destinations = configs
-            .iter()
-            .map(|config| {
-                Ok(RelayDestination {
-                    sink: factory.build(config)?,
-                    config: config.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>, RelayError>>()?;
+        let mut destinations = Vec::with_capacity(configs.len());
+        for config in configs {
+            destinations.push(RelayDestination {
+                sink: factory.build(config).await?,
+                config: config.clone(),
+            });
+        }
         Ok(Self::new(store, destinations))
     }
 
@@ -781,48 +827,45 @@ impl Relay {
                 .is_some_and(|d| d.config.ordered)
         }))
     }
+}
 
-    /// Re-schedule the dead-lettered deliveries of a finished event (`einmal replay`):
-    /// attempts reset, same keys, due now. Returns how many, `None` when the item is
-    /// not finished or a relay holds it.
-    pub async fn reschedule_dead_letters(
-        &self,
-        key: &InboxKey,
-        now_ms: i64,
-    ) -> Result<Option<usize>, StoreError> {
-        let lease = millis(self.settings.lease);
-        let Some(item) = self
-            .store
-            .claim_relay(key, &self.owner, now_ms, lease)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let mut deliveries = item.deliveries.clone();
-        let mut n = 0;
-        for d in deliveries
-            .iter_mut()
-            .filter(|d| d.state == DeliveryState::DeadLetter)
-        {
-            d.state = DeliveryState::Pending;
-            d.attempts = 0;
-            d.next_attempt_ms = Some(now_ms);
-            n += 1;
-        }
-        let due = deliveries
-            .iter()
-            .filter(|d| d.state == DeliveryState::Pending)
-            .filter_map(|d| d.next_attempt_ms)
-            .min();
-        if !self
-            .store
-            .finish_relay(key, &self.owner, &deliveries, due, now_ms)
-            .await?
-        {
-            return Ok(None);
-        }
-        Ok(Some(n))
+/// Re-schedule the dead-lettered deliveries of a finished event (`einmal replay`):
+/// attempts reset, same keys, due at `now_ms`, under a short relay lease taken as
+/// `owner`. Returns how many; `None` when the item is not finished, missing, or a relay
+/// holds it.
+pub async fn reschedule_dead_deliveries(
+    store: &dyn InboxRelay,
+    key: &InboxKey,
+    owner: &str,
+    now_ms: i64,
+) -> Result<Option<usize>, StoreError> {
+    const LEASE_MS: i64 = 30_000;
+    let Some(item) = store.claim_relay(key, owner, now_ms, LEASE_MS).await? else {
+        return Ok(None);
+    };
+    let mut deliveries = item.deliveries;
+    let mut n = 0;
+    for d in deliveries
+        .iter_mut()
+        .filter(|d| d.state == DeliveryState::DeadLetter)
+    {
+        d.state = DeliveryState::Pending;
+        d.attempts = 0;
+        d.next_attempt_ms = Some(now_ms);
+        n += 1;
     }
+    let due = deliveries
+        .iter()
+        .filter(|d| d.state == DeliveryState::Pending)
+        .filter_map(|d| d.next_attempt_ms)
+        .min();
+    if !store
+        .finish_relay(key, owner, &deliveries, due, now_ms)
+        .await?
+    {
+        return Ok(None);
+    }
+    Ok(Some(n))
 }
 
 fn fresh(destination: &str, key: String, output: Option<Output>) -> DeliveryStatus {

@@ -27,9 +27,10 @@ use thiserror::Error;
 
 use crate::audit::{AuditLog, AuditRecord};
 use crate::envelope::InboxKey;
+use crate::pipeline::relay::reschedule_dead_deliveries;
 use crate::ports::{
-    DeadLetterQueue, Inbox, InboxFilter, InboxItem, InboxReplay, InboxState, Queue, QueueMessage,
-    RequeueOutcome, StoreError,
+    DeadLetterQueue, DeliveryState, Inbox, InboxFilter, InboxItem, InboxRelay, InboxReplay,
+    InboxState, Queue, QueueMessage, RequeueOutcome, StoreError,
 };
 use crate::time::now_millis;
 
@@ -87,6 +88,9 @@ impl BulkSelector {
 #[serde(rename_all = "snake_case")]
 pub enum ItemOutcome {
     Replayed,
+    /// A finished event whose dead-lettered deliveries were scheduled again (same
+    /// keys, attempts reset); the relay delivers them on its next pass.
+    Redelivered,
     AlreadyDone,
     Busy,
     Missing,
@@ -98,6 +102,7 @@ impl ItemOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
             ItemOutcome::Replayed => "replayed",
+            ItemOutcome::Redelivered => "redelivered",
             ItemOutcome::AlreadyDone => "already_done",
             ItemOutcome::Busy => "busy",
             ItemOutcome::Missing => "missing",
@@ -111,6 +116,9 @@ impl ItemOutcome {
 pub struct ReplaySummary {
     pub matched: usize,
     pub replayed: usize,
+    /// Finished events whose dead-lettered deliveries were scheduled again.
+    #[serde(default)]
+    pub redelivered: usize,
     pub already_done: usize,
     pub busy: usize,
     pub missing: usize,
@@ -124,6 +132,7 @@ impl ReplaySummary {
     fn count(&mut self, outcome: ItemOutcome) {
         match outcome {
             ItemOutcome::Replayed => self.replayed += 1,
+            ItemOutcome::Redelivered => self.redelivered += 1,
             ItemOutcome::AlreadyDone => self.already_done += 1,
             ItemOutcome::Busy => self.busy += 1,
             ItemOutcome::Missing => self.missing += 1,
@@ -159,12 +168,22 @@ pub struct Replayer {
     dead_letters: Arc<dyn DeadLetterQueue>,
     audit: Arc<dyn AuditLog>,
     now_ms: Arc<dyn Fn() -> i64 + Send + Sync>,
+    /// Re-schedules the dead-lettered deliveries of finished events.
+    relay: Option<Arc<dyn InboxRelay>>,
 }
 
 impl Replayer {
     /// Every inbox port from one backend store.
     pub fn from_store(store: Arc<dyn crate::ports::InboxStore>, audit: Arc<dyn AuditLog>) -> Self {
-        Self::new(store.clone(), store.clone(), store.clone(), store, audit)
+        let relay: Arc<dyn InboxRelay> = store.clone();
+        Self::new(store.clone(), store.clone(), store.clone(), store, audit).with_relay(relay)
+    }
+
+    /// Replay of a finished event with dead-lettered deliveries schedules those again
+    /// ([`ItemOutcome::Redelivered`]); without it such an event is `already_done`.
+    pub fn with_relay(mut self, relay: Arc<dyn InboxRelay>) -> Self {
+        self.relay = Some(relay);
+        self
     }
 
     pub fn new(
@@ -181,6 +200,7 @@ impl Replayer {
             dead_letters,
             audit,
             now_ms: Arc::new(now_millis),
+            relay: None,
         }
     }
 
@@ -331,11 +351,32 @@ impl Replayer {
                     }
                 }
             }
-            Ok(RequeueOutcome::AlreadyDone(_)) => ItemOutcome::AlreadyDone,
+            Ok(RequeueOutcome::AlreadyDone(_)) => self.redeliver(key).await,
             Ok(RequeueOutcome::Busy { .. }) => ItemOutcome::Busy,
             Ok(RequeueOutcome::Missing) => ItemOutcome::Missing,
             Err(e) => {
                 tracing::error!(pk = %key, error = %e, "replay: requeue failed");
+                ItemOutcome::Failed
+            }
+        }
+    }
+
+    /// A finished event: schedule its dead-lettered deliveries again, if any.
+    async fn redeliver(&self, key: &InboxKey) -> ItemOutcome {
+        let Some(relay) = &self.relay else {
+            return ItemOutcome::AlreadyDone;
+        };
+        let owner = format!("replay-{}", hex::encode(rand::random::<[u8; 4]>()));
+        match reschedule_dead_deliveries(relay.as_ref(), key, &owner, (self.now_ms)()).await {
+            Ok(Some(n)) if n > 0 => {
+                tracing::info!(pk = %key, deliveries = n, "replay: dead-lettered deliveries rescheduled");
+                ItemOutcome::Redelivered
+            }
+            Ok(Some(_)) => ItemOutcome::AlreadyDone,
+            // A relay holds it right now: try again shortly.
+            Ok(None) => ItemOutcome::Busy,
+            Err(e) => {
+                tracing::error!(pk = %key, error = %e, "replay: cannot reschedule deliveries");
                 ItemOutcome::Failed
             }
         }
@@ -430,6 +471,15 @@ impl Replayer {
 /// What a replay would do, from the item as read (dry run).
 fn would_replay(item: &InboxItem, force: bool, now_ms: i64) -> ItemOutcome {
     match item.state {
+        InboxState::Completed | InboxState::Ignored
+            if !force
+                && item
+                    .deliveries
+                    .iter()
+                    .any(|d| d.state == DeliveryState::DeadLetter) =>
+        {
+            ItemOutcome::Redelivered
+        }
         InboxState::Completed | InboxState::Ignored if !force => ItemOutcome::AlreadyDone,
         InboxState::Processing if item.lease_until_ms.is_some_and(|u| u > now_ms) => {
             ItemOutcome::Busy

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::destinations::http::HttpSink;
 use crate::destinations::{DestinationConfig, DestinationKind, Sink};
 use crate::https::HttpsClient;
-use crate::pipeline::relay::{Relay, RelayError, SinkFactory};
+use crate::pipeline::relay::{Relay, RelayError, RelaySettings, SinkFactory};
 use crate::ports::InboxRelay;
 
 /// The sinks the functions link: HTTP (Standard Webhooks, on the process's outbound
@@ -30,8 +30,9 @@ impl FunctionSinks {
     }
 }
 
+#[async_trait::async_trait]
 impl SinkFactory for FunctionSinks {
-    fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
+    async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
         match &destination.kind {
             DestinationKind::Http(http) => HttpSink::new(http, &self.https)
                 .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
@@ -54,16 +55,19 @@ impl SinkFactory for FunctionSinks {
 }
 
 /// The relay of `config`'s destinations on `store`, or `None` when none is configured
-/// (nothing to deliver). A destination that cannot be built stops the start, named.
-pub fn function_relay(
+/// (nothing to deliver), with `settings` (`RelaySettings::from_env`, as `einmal serve`
+/// reads them). A destination that cannot be built stops the start, named.
+pub async fn function_relay(
     store: Arc<dyn InboxRelay>,
     config: &Config,
     sinks: &dyn SinkFactory,
+    settings: RelaySettings,
 ) -> Result<Option<Arc<Relay>>, RelayError> {
     if config.destinations().is_empty() {
         return Ok(None);
     }
-    Relay::build(store, config.destinations(), sinks).map(|relay| Some(Arc::new(relay)))
+    let relay = Relay::build(store, config.destinations(), sinks).await?;
+    Ok(Some(Arc::new(relay.with_settings(settings))))
 }
 
 /// What one scheduled relay pass did: the retries, the backlog it saw (per
@@ -148,7 +152,9 @@ url = "http://127.0.0.1:9/hook"
 secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
 "#;
         let config = Config::from_toml(toml).expect("config");
-        let relay = function_relay(Arc::new(NoStore), &config, &sinks).expect("relay");
+        let relay = function_relay(Arc::new(NoStore), &config, &sinks, RelaySettings::default())
+            .await
+            .expect("relay");
         assert_eq!(
             relay.map(|r| r.destination_names()),
             Some(vec!["app".to_string()])
@@ -161,16 +167,19 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
             tls: false,
             pool_size: 1,
         });
-        let err = sinks.build(&pg).err().expect("refused");
+        let err = sinks.build(&pg).await.err().expect("refused");
         assert_eq!(err.destination, "warehouse");
         assert!(err.reason.contains("postgres"), "{err}");
         let empty = Config::from_toml(
             "[[tenant]]\nprovider = \"stripe\"\ntenant = \"t1\"\nsecrets = [\"whsec_test\"]\n",
         )
         .expect("config");
-        assert!(function_relay(Arc::new(NoStore), &empty, &sinks)
-            .expect("no relay")
-            .is_none());
+        assert!(
+            function_relay(Arc::new(NoStore), &empty, &sinks, RelaySettings::default())
+                .await
+                .expect("no relay")
+                .is_none()
+        );
     }
 
     /// Building a relay touches no store.

@@ -1,0 +1,107 @@
+//! The relay of `einmal serve`: the sinks of the configured destinations (one
+//! factory, one match arm per kind), and the retry loop beside the processor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use einmal::destinations::http::HttpSink;
+use einmal::destinations::{DestinationConfig, DestinationKind, Sink};
+use einmal::https::HttpsClient;
+use einmal::pipeline::relay::{
+    Relay, RelayError, RelaySettings, RelayTally, SinkFactory, DEFAULT_RUN_LIMIT,
+};
+use einmal::ports::InboxRelay;
+
+/// How often the loop looks for due deliveries.
+pub const RELAY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the backlog is logged (when there is one, or it just cleared).
+const BACKLOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The sinks `einmal serve` links. Adding a technology is one match arm here.
+pub struct ServeSinks {
+    pub https: HttpsClient,
+}
+
+#[async_trait]
+impl SinkFactory for ServeSinks {
+    async fn build(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
+        match &d.kind {
+            DestinationKind::Http(http) => HttpSink::new(http, &self.https)
+                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
+                .map_err(|e| RelayError::new(d, e.to_string())),
+            other => Err(RelayError::new(
+                d,
+                format!("kind {} is not available in einmal serve yet", other.name()),
+            )),
+        }
+    }
+}
+
+/// The relay of the configured destinations; `None` when there are none. A
+/// destination that cannot be set up stops the start, named in the message.
+pub async fn build(
+    store: Arc<dyn InboxRelay>,
+    destinations: &[DestinationConfig],
+    https: HttpsClient,
+) -> Result<Option<Arc<Relay>>, String> {
+    if destinations.is_empty() {
+        return Ok(None);
+    }
+    let settings = RelaySettings::from_env()?;
+    let relay = Relay::build(store, destinations, &ServeSinks { https })
+        .await
+        .map_err(|e| e.to_string())?
+        .with_settings(settings);
+    Ok(Some(Arc::new(relay)))
+}
+
+/// Retry what is due every [`RELAY_INTERVAL`] until `stop` resolves; log the backlog
+/// every minute while there is one.
+pub async fn run_loop(relay: Arc<Relay>, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut last_backlog = tokio::time::Instant::now();
+    let mut had_backlog = false;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(RELAY_INTERVAL) => {}
+        }
+        let now = einmal::time::now_millis();
+        if let Err(e) = relay.run_due(now, DEFAULT_RUN_LIMIT).await {
+            tracing::warn!(error = %e, "relay: cannot read due deliveries");
+        }
+        if last_backlog.elapsed() >= BACKLOG_INTERVAL {
+            last_backlog = tokio::time::Instant::now();
+            match relay.backlog(now).await {
+                Ok(backlog) => {
+                    let pending: u64 = backlog.per_destination.values().map(|(n, _)| n).sum();
+                    if pending > 0 || had_backlog {
+                        for (destination, (count, age_ms)) in &backlog.per_destination {
+                            tracing::info!(destination = %destination, pending = count,
+                                oldest_age_s = age_ms / 1000, "delivery backlog");
+                        }
+                        tracing::info!(
+                            pending,
+                            held_objects = backlog.held_objects,
+                            "delivery backlog"
+                        );
+                    }
+                    had_backlog = pending > 0;
+                }
+                Err(e) => tracing::warn!(error = %e, "relay: cannot read the backlog"),
+            }
+        }
+    }
+}
+
+/// The relay's counters as one log line's fields (with the minute's other figures).
+pub fn tally_fields(tally: &RelayTally) -> (u64, u64, u64, u64) {
+    let sum = |m: &std::collections::BTreeMap<String, u64>| m.values().sum::<u64>();
+    (
+        sum(&tally.delivered),
+        sum(&tally.failed),
+        sum(&tally.dead_lettered),
+        sum(&tally.superseded),
+    )
+}

@@ -1,0 +1,660 @@
+//! The relay end to end on the embedded store: the processor delivers right after its
+//! commit through the real `HttpSink` to a real axum server on loopback
+//! (`einmal_tests::destination_server`), which verifies every call with the
+//! `standardwebhooks` crate and applies each `webhook-id` once; `Relay::run_due`
+//! retries. Failing, stalling, 429 and 4xx destinations, a destination down for a
+//! while, per-object order, the reference domain's notifications, and replay.
+//!
+//! Waiting is by condition (poll until the store says so, with a generous deadline),
+//! never by a fixed sleep or a timed assertion.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use einmal::adapters::embedded::{
+    EmbeddedAuditLog, EmbeddedOptions, EmbeddedStateStore, EmbeddedStore,
+};
+use einmal::config::Secret;
+use einmal::destinations::config::HttpDestination;
+use einmal::destinations::http::HttpSink;
+use einmal::destinations::{delivery_key, BodyFormat, DestinationConfig, DestinationKind, Sink};
+use einmal::domain::reference::ReferenceDomain;
+use einmal::domain::state::{StateKey, StateRecord};
+use einmal::domain::{Decision, Domain, DomainError, DomainEvent};
+use einmal::envelope::Envelope;
+use einmal::https::HttpsClient;
+use einmal::pipeline::process::{AckMode, Processor};
+use einmal::pipeline::relay::{Relay, RelayError, RelaySettings, RetryPolicy, SinkFactory};
+use einmal::pipeline::replay::{ItemOutcome, Operator, Replayer};
+use einmal::ports::{
+    DeliveryState, Inbox, InboxFilter, InboxItem, InboxState, Queue, QueueMessage, Source,
+};
+use einmal_tests::destination_server::{Answer, Call, DestinationServer, SECRET};
+use serde_json::json;
+
+const TENANT: &str = "t1";
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// Every event is ignored (and so still delivered): the relay, not a domain, is tested.
+struct IgnoreAll;
+
+impl Domain for IgnoreAll {
+    fn targets(&self, _event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
+        Ok(Vec::new())
+    }
+    fn decide(
+        &self,
+        _event: &DomainEvent<'_>,
+        _current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        Ok(Decision::Ignore {
+            reason: "relay test".into(),
+        })
+    }
+}
+
+struct HttpSinks(HttpsClient);
+
+#[async_trait]
+impl SinkFactory for HttpSinks {
+    async fn build(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
+        match &d.kind {
+            DestinationKind::Http(http) => HttpSink::new(http, &self.0)
+                .map(|s| Arc::new(s) as Arc<dyn Sink>)
+                .map_err(|e| RelayError::new(d, e.to_string())),
+            other => Err(RelayError::new(d, format!("no {} sink here", other.name()))),
+        }
+    }
+}
+
+fn destination(name: &str, url: &str) -> DestinationConfig {
+    DestinationConfig {
+        name: name.into(),
+        tenant: TENANT.into(),
+        provider: None,
+        events: vec!["*".into()],
+        outputs: Vec::new(),
+        ordered: false,
+        max_attempts: 50,
+        max_age: Duration::from_secs(3600),
+        kind: DestinationKind::Http(HttpDestination {
+            url: url.into(),
+            secrets: vec![Secret::new(SECRET)],
+            body: BodyFormat::Original,
+            timeout: Duration::from_millis(500),
+            allow_private: false,
+        }),
+    }
+}
+
+/// Fast retries for tests; the policy's shape is unit-tested in `pipeline::relay`.
+fn settings(order_window_ms: u64) -> RelaySettings {
+    RelaySettings {
+        policy: RetryPolicy {
+            base: Duration::from_millis(50),
+            cap: Duration::from_millis(200),
+        },
+        lease: Duration::from_secs(10),
+        order_window: Duration::from_millis(order_window_ms),
+    }
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    store: Arc<EmbeddedStore>,
+    processor: Processor,
+    relay: Arc<Relay>,
+    audit: Arc<EmbeddedAuditLog>,
+}
+
+impl Rig {
+    async fn new(
+        destinations: Vec<DestinationConfig>,
+        domain: Arc<dyn Domain>,
+        settings: RelaySettings,
+    ) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap());
+        let state = Arc::new(EmbeddedStateStore::open(dir.path()).unwrap());
+        let audit = Arc::new(EmbeddedAuditLog::open(dir.path()).unwrap());
+        let relay = Relay::build(store.clone(), &destinations, &HttpSinks(HttpsClient::new()))
+            .await
+            .unwrap()
+            .with_settings(settings);
+        let relay = Arc::new(relay);
+        let processor =
+            Processor::from_store(store.clone(), state, domain).with_relay(relay.clone());
+        Rig {
+            _dir: dir,
+            store,
+            processor,
+            relay,
+            audit,
+        }
+    }
+
+    async fn ingest(&self, item: &InboxItem) {
+        self.store.put_new(item).await.unwrap();
+        self.store
+            .send(&QueueMessage {
+                pk: item.key.clone(),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Process every queued message (concurrently, as a batch), until the queue is empty.
+    async fn process_all(&self) {
+        loop {
+            let batch = self
+                .store
+                .receive(10, Duration::from_secs(30))
+                .await
+                .unwrap();
+            if batch.is_empty() {
+                return;
+            }
+            let outcomes = self.processor.process_batch(&batch, "w1").await;
+            for (d, (_, outcome)) in batch.iter().zip(outcomes) {
+                self.processor.settle(d, outcome, AckMode::Delete).await;
+            }
+        }
+    }
+
+    async fn items(&self) -> Vec<InboxItem> {
+        self.store
+            .list(&InboxFilter {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Run the relay's retry pass until `done` holds for the stored items.
+    async fn relay_until(&self, what: &str, done: impl Fn(&[InboxItem]) -> bool) -> Vec<InboxItem> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let items = self.items().await;
+            if done(&items) {
+                return items;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "relay never got to: {what}; {items:#?}"
+            );
+            self.relay
+                .run_due(einmal::time::now_millis(), 100)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn all_in(items: &[InboxItem], state: DeliveryState) -> bool {
+    !items.is_empty()
+        && items
+            .iter()
+            .all(|i| !i.deliveries.is_empty() && i.deliveries.iter().all(|d| d.state == state))
+}
+
+fn event(
+    provider: &str,
+    event_id: &str,
+    event_type: &str,
+    object: &str,
+    version: &str,
+) -> InboxItem {
+    let envelope = Envelope {
+        provider: provider.into(),
+        tenant: TENANT.into(),
+        event_id: event_id.into(),
+        event_type: event_type.into(),
+        object_id: Some(object.into()),
+        object_version: Some(version.into()),
+        occurred_at: Some(1_764_400_000),
+        delivery_id: None,
+    };
+    let body = json!({"id": event_id, "type": event_type, "object": object, "version": version});
+    item_with_body(envelope, body.to_string().into_bytes())
+}
+
+fn item_with_body(envelope: Envelope, body: Vec<u8>) -> InboxItem {
+    let now = einmal::time::now_millis();
+    InboxItem {
+        key: envelope.key(),
+        envelope,
+        state: InboxState::Received,
+        source: Source::Webhook,
+        attempts: 0,
+        received_at_ms: now,
+        updated_at_ms: now,
+        expires_at: now / 1000 + 86_400,
+        enqueue_failed: false,
+        last_error: None,
+        last_error_class: None,
+        lease_until_ms: None,
+        lease_owner: None,
+        result: None,
+        body_encoding: einmal::body::BODY_ENCODING.into(),
+        body_len: body.len() as u64,
+        body: einmal::body::compress(&body).unwrap(),
+        waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
+    }
+}
+
+/// Every call verified; every applied id is the delivery key of one stored event.
+fn assert_exactly_once(server: &DestinationServer, items: &[InboxItem], destination: &str) {
+    assert!(
+        server.calls().iter().all(|c| c.verified),
+        "a call did not verify"
+    );
+    let effects = server.effects();
+    assert_eq!(effects.len(), items.len(), "one effect per event");
+    for item in items {
+        let e = &item.envelope;
+        let key = delivery_key(destination, &e.provider, &e.tenant, &e.event_id);
+        let call = effects
+            .get(&key)
+            .unwrap_or_else(|| panic!("no effect for {}", e.event_id));
+        assert_eq!(
+            call.idempotency_key.as_deref(),
+            Some(format!("\"{key}\"").as_str())
+        );
+        // The original body, byte for byte.
+        let raw = einmal::body::decompress(&item.body, item.body_len as usize).unwrap();
+        assert_eq!(call.body, raw);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_429_and_timeouts_are_retried_until_every_event_is_delivered_once() {
+    // Calls 1-3 fail, 4 is a 429 with Retry-After: 1, 5 stalls past the timeout.
+    let n = Arc::new(AtomicUsize::new(0));
+    let counter = n.clone();
+    let server =
+        DestinationServer::start(move |_, _| match counter.fetch_add(1, Ordering::SeqCst) {
+            0..=2 => Answer::Status(503, "busy"),
+            3 => Answer::TooMany(1),
+            4 => Answer::Stall(Duration::from_secs(2)),
+            _ => Answer::Ok,
+        })
+        .await;
+    let rig = Rig::new(
+        vec![destination("shop", &server.url)],
+        Arc::new(IgnoreAll),
+        settings(0),
+    )
+    .await;
+    let events: Vec<InboxItem> = (0..12)
+        .map(|i| {
+            event(
+                "stripe",
+                &format!("evt_{i}"),
+                "customer.updated",
+                &format!("cus_{i}"),
+                "1",
+            )
+        })
+        .collect();
+    for e in &events {
+        rig.ingest(e).await;
+    }
+    rig.process_all().await;
+    // Some deliveries failed inline: they wait in the backlog, nothing is lost.
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert!(
+        backlog
+            .per_destination
+            .get("shop")
+            .is_some_and(|(n, _)| *n >= 1),
+        "{backlog:?}"
+    );
+    let items = rig
+        .relay_until("every delivery delivered", |items| {
+            all_in(items, DeliveryState::Delivered)
+        })
+        .await;
+    assert_exactly_once(&server, &items, "shop");
+    assert!(items
+        .iter()
+        .all(|i| i.state == InboxState::Ignored && i.relay_due_ms.is_none()));
+    // The failed calls were retried with the same id; the 429's retry came after its
+    // Retry-After.
+    let calls = server.calls();
+    assert!(calls.len() >= 17, "{} calls", calls.len());
+    let too_many = calls
+        .iter()
+        .find(|c| c.answer == Answer::TooMany(1))
+        .unwrap();
+    let next = calls
+        .iter()
+        .find(|c| c.id == too_many.id && c.at > too_many.at)
+        .expect("the 429 was retried");
+    assert!(next.at.duration_since(too_many.at) >= Duration::from_secs(1));
+    let retried = items
+        .iter()
+        .filter(|i| i.deliveries[0].attempts > 1)
+        .count();
+    assert!(
+        retried >= 4,
+        "{retried} deliveries needed more than one attempt"
+    );
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert!(backlog.per_destination.is_empty(), "{backlog:?}");
+    let tally = rig.relay.drain_tally();
+    assert_eq!(tally.delivered.get("shop"), Some(&12));
+    assert!(tally.failed.get("shop").is_some_and(|n| *n >= 5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_key() {
+    let server = DestinationServer::start(|_, nth| match nth {
+        1 => Answer::Status(422, "invalid order reference ord_9"),
+        _ => Answer::Ok,
+    })
+    .await;
+    let rig = Rig::new(
+        vec![destination("crm", &server.url)],
+        Arc::new(IgnoreAll),
+        settings(0),
+    )
+    .await;
+    let e = event("stripe", "evt_422", "customer.created", "cus_1", "1");
+    rig.ingest(&e).await;
+    rig.process_all().await;
+    let item = rig.store.get(&e.key).await.unwrap().unwrap();
+    let d = &item.deliveries[0];
+    assert_eq!(
+        (d.state, d.attempts, d.last_status),
+        (DeliveryState::DeadLetter, 1, Some(422))
+    );
+    let detail = d.detail.as_deref().unwrap();
+    assert!(
+        detail.contains("permanent") && detail.contains("invalid order reference"),
+        "{detail}"
+    );
+    assert_eq!(item.relay_due_ms, None);
+    assert!(server.effects().is_empty());
+
+    // Replay of the finished event re-schedules its dead-lettered delivery, audited.
+    let replayer = Replayer::from_store(rig.store.clone(), rig.audit.clone());
+    let operator = Operator {
+        actor: "test".into(),
+        reason: "crm fixed".into(),
+    };
+    let report = replayer.replay_one(&e.key, false, &operator).await.unwrap();
+    assert_eq!(report.outcomes[0].1, ItemOutcome::Redelivered);
+    assert_eq!(report.summary.redelivered, 1);
+    assert!(report.audit_id.is_some());
+    let items = rig
+        .relay_until("the replayed delivery delivered", |items| {
+            all_in(items, DeliveryState::Delivered)
+        })
+        .await;
+    assert_exactly_once(&server, &items, "crm");
+    let calls = server.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].id, calls[1].id, "the same key on replay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destination_down_keeps_events_pending_then_gets_every_one() {
+    let down = Arc::new(AtomicBool::new(true));
+    let is_down = down.clone();
+    let server = DestinationServer::start(move |_, _| {
+        if is_down.load(Ordering::SeqCst) {
+            Answer::Status(503, "maintenance")
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let rig = Rig::new(
+        vec![destination("erp", &server.url)],
+        Arc::new(IgnoreAll),
+        settings(0),
+    )
+    .await;
+    let events: Vec<InboxItem> = (0..20)
+        .map(|i| {
+            event(
+                "shopify",
+                &format!("evt_{i}"),
+                "orders/updated",
+                &format!("{i}"),
+                "1",
+            )
+        })
+        .collect();
+    for e in &events {
+        rig.ingest(e).await;
+    }
+    rig.process_all().await;
+    // Retried while down: still pending, each with its next attempt scheduled.
+    let items = rig
+        .relay_until("three attempts each while down", |items| {
+            items.len() == 20
+                && items
+                    .iter()
+                    .all(|i| i.deliveries[0].attempts >= 3 && i.relay_due_ms.is_some())
+        })
+        .await;
+    assert!(items
+        .iter()
+        .all(|i| i.deliveries[0].state == DeliveryState::Pending
+            && i.deliveries[0].last_status == Some(503)));
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert_eq!(backlog.per_destination["erp"].0, 20);
+    assert!(server.effects().is_empty());
+    let emf = backlog
+        .emf(&["erp".to_string()], "test", 0)
+        .render()
+        .join("\n");
+    assert!(
+        emf.contains("\"DeliveryBacklog\":20") && emf.contains("\"Destination\":\"erp\""),
+        "{emf}"
+    );
+
+    down.store(false, Ordering::SeqCst);
+    let items = rig
+        .relay_until("everything delivered after the outage", |items| {
+            all_in(items, DeliveryState::Delivered)
+        })
+        .await;
+    assert_exactly_once(&server, &items, "erp");
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert!(backlog.per_destination.is_empty());
+}
+
+/// Shopify-style versions: `updated_at` of the order.
+fn version(v: usize) -> String {
+    format!("2026-11-30T10:{v:02}:00Z")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordered_destination_gets_each_objects_versions_in_order_and_a_failing_object_holds_only_itself(
+) {
+    const OBJECTS: usize = 8;
+    const VERSIONS: usize = 5;
+    let hold = Arc::new(AtomicBool::new(true));
+    let holding = hold.clone();
+    // Object 0's oldest version fails until released; everything else succeeds, with
+    // a short pause so a second call of the same object would overlap.
+    let server = DestinationServer::start(move |call: &Call, _| {
+        if call.object_id.as_deref() == Some("obj-0")
+            && call.object_version.as_deref() == Some(version(1).as_str())
+            && holding.load(Ordering::SeqCst)
+        {
+            Answer::Status(500, "boom")
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let mut ordered = destination("ledger", &server.url);
+    ordered.ordered = true;
+    // A window long enough that every shuffled event is processed inside it.
+    let rig = Rig::new(vec![ordered], Arc::new(IgnoreAll), settings(3_000)).await;
+    let mut events = Vec::new();
+    for o in 0..OBJECTS {
+        for v in 1..=VERSIONS {
+            events.push(event(
+                "shopify",
+                &format!("o{o}-v{v}"),
+                "orders/updated",
+                &format!("obj-{o}"),
+                &version(v),
+            ));
+        }
+    }
+    // Shuffled deterministically: a stride walk over the list.
+    let n = events.len();
+    let shuffled: Vec<&InboxItem> = (0..n).map(|i| &events[(i * 17 + 5) % n]).collect();
+    for e in shuffled {
+        rig.ingest(e).await;
+    }
+    rig.process_all().await;
+    let object_done = |items: &[InboxItem], o: usize| {
+        items
+            .iter()
+            .filter(|i| i.envelope.object_id.as_deref() == Some(format!("obj-{o}").as_str()))
+            .all(|i| {
+                i.deliveries
+                    .iter()
+                    .all(|d| d.state != DeliveryState::Pending)
+            })
+    };
+    let items = rig
+        .relay_until("every object but the failing one done", |items| {
+            items.len() == n && (1..OBJECTS).all(|o| object_done(items, o))
+        })
+        .await;
+    // The failing object is held: its first version retrying, the later ones waiting.
+    assert!(!object_done(&items, 0));
+    let held = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert_eq!(held.held_objects, 1);
+    assert_eq!(held.per_destination["ledger"].0, VERSIONS as u64);
+    assert!(server
+        .effects()
+        .values()
+        .all(|c| c.object_id.as_deref() != Some("obj-0")));
+
+    hold.store(false, Ordering::SeqCst);
+    let items = rig
+        .relay_until("the failing object done too", |items| {
+            (0..OBJECTS).all(|o| object_done(items, o))
+        })
+        .await;
+    // Every version delivered (none arrived after a newer one was sent), in order,
+    // one call in flight per object.
+    assert!(all_in(&items, DeliveryState::Delivered), "{items:#?}");
+    assert_exactly_once(&server, &items, "ledger");
+    let mut applied: Vec<Call> = server.effects().into_values().collect();
+    applied.sort_by_key(|c| c.at);
+    for o in 0..OBJECTS {
+        let versions: Vec<String> = applied
+            .iter()
+            .filter(|c| c.object_id.as_deref() == Some(format!("obj-{o}").as_str()))
+            .filter_map(|c| c.object_version.clone())
+            .collect();
+        let expected: Vec<String> = (1..=VERSIONS).map(version).collect();
+        assert_eq!(versions, expected, "obj-{o} out of order");
+    }
+    assert!(
+        server.max_in_flight().values().all(|n| *n == 1),
+        "{:?}",
+        server.max_in_flight()
+    );
+
+    // A straggler older than what the destination has is superseded, never sent.
+    let late = event("shopify", "o3-v0", "orders/updated", "obj-3", &version(0));
+    rig.ingest(&late).await;
+    rig.process_all().await;
+    let item = rig.store.get(&late.key).await.unwrap().unwrap();
+    assert_eq!(item.deliveries[0].state, DeliveryState::Superseded);
+    assert_eq!(item.deliveries[0].attempts, 0);
+    assert!(server
+        .calls()
+        .iter()
+        .all(|c| c.object_version != Some(version(0))));
+}
+
+fn payment_succeeded(order: &str, pi: &str) -> InboxItem {
+    let event_id = format!("evt_ps_{pi}");
+    let body = json!({
+        "id": event_id, "object": "event", "type": "payment_intent.succeeded", "created": 1_764_400_000,
+        "data": {"object": {"id": pi, "object": "payment_intent", "amount": 2_000,
+            "amount_received": 2_000, "currency": "eur", "status": "succeeded",
+            "metadata": {"order_id": order}}}
+    });
+    let envelope = Envelope {
+        provider: "stripe".into(),
+        tenant: TENANT.into(),
+        event_id,
+        event_type: "payment_intent.succeeded".into(),
+        object_id: Some(pi.into()),
+        object_version: None,
+        occurred_at: Some(1_764_400_000),
+        delivery_id: None,
+    };
+    item_with_body(envelope, body.to_string().into_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notifications_are_delivered_once_per_dedup_key() {
+    let server = DestinationServer::start(|_, _| Answer::Ok).await;
+    let mut notify = destination("mailer", &server.url);
+    notify.events = Vec::new();
+    notify.outputs = vec!["notification.*".into()];
+    let rig = Rig::new(vec![notify], Arc::new(ReferenceDomain::new()), settings(0)).await;
+    // Two payments of one order: one "payment received" notification.
+    let first = payment_succeeded("1001", "pi_1");
+    let second = payment_succeeded("1001", "pi_2");
+    rig.ingest(&first).await;
+    rig.process_all().await;
+    rig.ingest(&second).await;
+    rig.process_all().await;
+    // A forced replay re-runs the decision ("already applied") and finds the same output.
+    let replayer = Replayer::from_store(rig.store.clone(), rig.audit.clone());
+    let operator = Operator {
+        actor: "test".into(),
+        reason: "re-run".into(),
+    };
+    replayer
+        .replay_one(&first.key, true, &operator)
+        .await
+        .unwrap();
+    rig.process_all().await;
+
+    let effects = server.effects();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    let key = delivery_key("mailer", "stripe", TENANT, "t1#order-1001#paid");
+    let call = &effects[&key];
+    assert_eq!(call.event_type, "notification.payment_received");
+    assert_eq!(call.object_id.as_deref(), Some("1001"));
+    let body: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(
+        (body["order_id"].as_str(), body["payment_status"].as_str()),
+        (Some("1001"), Some("paid"))
+    );
+    assert!(server.calls().iter().all(|c| c.verified && c.id == key));
+    let first = rig.store.get(&first.key).await.unwrap().unwrap();
+    let d = &first.deliveries[0];
+    assert_eq!(
+        (d.state, d.key.as_str()),
+        (DeliveryState::Delivered, key.as_str())
+    );
+    assert_eq!(
+        d.output.as_ref().map(|o| o.kind.as_str()),
+        Some("notification.payment_received")
+    );
+    // The second payment's decision notified nothing new.
+    let second = rig.store.get(&second.key).await.unwrap().unwrap();
+    assert!(second.deliveries.is_empty(), "{:?}", second.deliveries);
+}
