@@ -5,13 +5,18 @@ use std::sync::Arc;
 
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
-use einmal::ports::{Inbox, InboxItem, InboxState, PutOutcome, Queue, Source};
+use einmal::ports::{
+    ClaimOutcome, DeliveryState, DeliveryStatus, Finish, Inbox, InboxItem, InboxProcessing,
+    InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition, PutOutcome, Queue, Source,
+};
 use einmal_tests::fixtures::{all_items, config, drain, signed, stripe_body, FailingQueue};
 
 /// One backend under test: both ports plus whatever keeps it alive.
 pub struct Backend {
     pub inbox: Arc<dyn Inbox>,
     pub queue: Arc<dyn Queue>,
+    pub processing: Arc<dyn InboxProcessing>,
+    pub relay: Arc<dyn InboxRelay>,
     _keep: Box<dyn std::any::Any + Send>,
 }
 
@@ -23,7 +28,9 @@ async fn embedded() -> Backend {
     );
     Backend {
         inbox: store.clone(),
-        queue: store,
+        queue: store.clone(),
+        processing: store.clone(),
+        relay: store,
         _keep: Box::new(dir),
     }
 }
@@ -34,7 +41,9 @@ async fn aws() -> Backend {
     let store = Arc::new(store);
     Backend {
         inbox: store.clone(),
-        queue: store,
+        queue: store.clone(),
+        processing: store.clone(),
+        relay: store,
         _keep: Box::new(()),
     }
 }
@@ -353,6 +362,258 @@ async fn tenants_are_isolated_and_each_provider_ingests(b: Backend) {
     assert_eq!(drain(&*b.queue).await.len(), cases.len());
 }
 
+// ---------------------------------------------------------------------------
+// The relay port
+
+/// A stored, claimed and finished (`completed`) event with `deliveries`.
+async fn finished_with(
+    b: &Backend,
+    event_id: &str,
+    deliveries: Vec<DeliveryStatus>,
+    relay_due_ms: Option<i64>,
+) -> InboxKey {
+    let body = stripe_body(event_id, 1);
+    let resp = ingestor(b)
+        .ingest(
+            "stripe",
+            "t1",
+            &signed(&config(), "stripe", "t1", "", &body),
+        )
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let key = InboxKey::new("stripe", "t1", event_id);
+    let now = einmal::time::now_millis();
+    assert!(matches!(
+        b.processing.claim(&key, "w1", now, 30_000).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+    let finish = Finish {
+        state: InboxState::Completed,
+        error_class: None,
+        error: None,
+        result: Some("done".into()),
+        now_ms: now,
+        wait: Default::default(),
+        deliveries: Some(deliveries),
+        relay_due_ms,
+    };
+    assert!(b.processing.finish(&key, "w1", &finish).await.unwrap());
+    key
+}
+
+fn delivery(destination: &str, state: DeliveryState, next: Option<i64>) -> DeliveryStatus {
+    DeliveryStatus {
+        destination: destination.into(),
+        key: format!("msg_{destination}"),
+        state,
+        attempts: 1,
+        last_status: Some(if state == DeliveryState::Delivered {
+            200
+        } else {
+            503
+        }),
+        last_latency_ms: Some(12),
+        last_attempt_ms: Some(1_000),
+        next_attempt_ms: next,
+        detail: (state != DeliveryState::Delivered).then(|| "retryable (status 503): busy".into()),
+        output: None,
+    }
+}
+
+async fn due_keys(b: &Backend, now_ms: i64) -> Vec<InboxKey> {
+    b.relay.relay_due(now_ms, 100).await.unwrap()
+}
+
+async fn the_finish_records_deliveries_and_the_due_index_finds_pending_ones(b: Backend) {
+    let due_at = einmal::time::now_millis() + 60_000;
+    let deliveries = vec![
+        delivery("shop", DeliveryState::Delivered, None),
+        delivery("crm", DeliveryState::Pending, Some(due_at)),
+    ];
+    let pending = finished_with(&b, "evt_rel_1", deliveries.clone(), Some(due_at)).await;
+    let done = finished_with(
+        &b,
+        "evt_rel_2",
+        vec![delivery("shop", DeliveryState::Delivered, None)],
+        None,
+    )
+    .await;
+    let stored = b.inbox.get(&pending).await.unwrap().unwrap();
+    assert_eq!(stored.deliveries, deliveries);
+    assert_eq!(stored.relay_due_ms, Some(due_at));
+    let stored = b.inbox.get(&done).await.unwrap().unwrap();
+    assert_eq!(stored.relay_due_ms, None);
+    assert_eq!(stored.deliveries.len(), 1);
+    // Only the pending one is indexed, and only once due. (The AWS index is eventually
+    // consistent: poll briefly.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while due_keys(&b, due_at).await != vec![pending.clone()] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "due index never showed the item"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(due_keys(&b, due_at - 1).await.is_empty());
+    let backlog = b.relay.relay_pending(100).await.unwrap();
+    assert_eq!(backlog.len(), 1);
+    assert_eq!(backlog[0].key, pending);
+    assert_eq!(backlog[0].deliveries, deliveries);
+}
+
+async fn the_relay_lease_is_exclusive_and_its_finish_clears_the_due_time(b: Backend) {
+    let now = einmal::time::now_millis();
+    let key = finished_with(
+        &b,
+        "evt_rel_3",
+        vec![delivery("crm", DeliveryState::Pending, Some(now))],
+        Some(now),
+    )
+    .await;
+    let claimed = b.relay.claim_relay(&key, "r1", now, 5_000).await.unwrap();
+    let claimed = claimed.expect("a finished item is claimable");
+    assert_eq!(claimed.deliveries.len(), 1);
+    assert!(!claimed.body.is_empty(), "the claim returns the body");
+    assert!(b
+        .relay
+        .claim_relay(&key, "r2", now + 1, 5_000)
+        .await
+        .unwrap()
+        .is_none());
+    let delivered = vec![delivery("crm", DeliveryState::Delivered, None)];
+    assert!(!b
+        .relay
+        .finish_relay(&key, "r2", &delivered, None, now + 2)
+        .await
+        .unwrap());
+    assert!(b
+        .relay
+        .finish_relay(&key, "r1", &delivered, None, now + 2)
+        .await
+        .unwrap());
+    let stored = b.inbox.get(&key).await.unwrap().unwrap();
+    assert_eq!((stored.deliveries, stored.relay_due_ms), (delivered, None));
+    // Released: claimable again at once; an expired lease is too.
+    assert!(b
+        .relay
+        .claim_relay(&key, "r2", now + 3, 1)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(b
+        .relay
+        .claim_relay(&key, "r3", now + 10, 5_000)
+        .await
+        .unwrap()
+        .is_some());
+    // An item that is not finished is never the relay's.
+    let resp = ingestor(&b)
+        .ingest(
+            "stripe",
+            "t1",
+            &signed(&config(), "stripe", "t1", "", &stripe_body("evt_rel_4", 1)),
+        )
+        .await;
+    assert_eq!(resp.status, 200);
+    let queued = InboxKey::new("stripe", "t1", "evt_rel_4");
+    assert!(b
+        .relay
+        .claim_relay(&queued, "r1", now, 5_000)
+        .await
+        .unwrap()
+        .is_none());
+    let missing = InboxKey::new("stripe", "t1", "evt_nope");
+    assert!(b
+        .relay
+        .claim_relay(&missing, "r1", now, 5_000)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+fn order_claim(cursor: &str, version: i64) -> OrderClaim {
+    OrderClaim {
+        cursor: cursor.into(),
+        key: format!("msg_v{version}"),
+        item: InboxKey::new("shopify", "t1", &format!("v{version}")),
+        position: OrderPosition {
+            at: version,
+            event_id: format!("v{version}"),
+        },
+        window_ms: 0,
+        stale_before_ms: 0,
+    }
+}
+
+async fn the_order_cursor_hands_an_object_out_lowest_version_first(b: Backend) {
+    let now = einmal::time::now_millis();
+    let cursor = format!("ledger#shopify#t1#{now}");
+    let (v1, v2, v3) = (
+        order_claim(&cursor, 1),
+        order_claim(&cursor, 2),
+        order_claim(&cursor, 3),
+    );
+    assert_eq!(
+        b.relay.order_acquire(&v3, now).await.unwrap(),
+        OrderGate::Go
+    );
+    // v3 holds the object until released; v1 queues below it and goes next, only
+    // after v3 is done: one in flight at a time.
+    assert!(matches!(
+        b.relay.order_acquire(&v1, now).await.unwrap(),
+        OrderGate::Wait { .. }
+    ));
+    assert!(matches!(
+        b.relay.order_acquire(&v2, now).await.unwrap(),
+        OrderGate::Wait { .. }
+    ));
+    // The same key asking again gets the same answer.
+    assert_eq!(
+        b.relay.order_acquire(&v3, now).await.unwrap(),
+        OrderGate::Go
+    );
+    // Dead-lettered (no delivered position): the turn goes to the lowest left.
+    let next = b
+        .relay
+        .order_release(&cursor, &v3.key, None, now)
+        .await
+        .unwrap();
+    assert_eq!(next, Some(v1.item.clone()));
+    assert_eq!(
+        b.relay.order_acquire(&v1, now).await.unwrap(),
+        OrderGate::Go
+    );
+    let next = b
+        .relay
+        .order_release(&cursor, &v1.key, Some(&v1.position), now)
+        .await
+        .unwrap();
+    assert_eq!(next, Some(v2.item.clone()));
+    assert_eq!(
+        b.relay.order_acquire(&v2, now).await.unwrap(),
+        OrderGate::Go
+    );
+    let next = b
+        .relay
+        .order_release(&cursor, &v2.key, Some(&v2.position), now)
+        .await
+        .unwrap();
+    assert_eq!(next, None);
+    // At or below the delivered position: superseded, never sent.
+    assert!(matches!(
+        b.relay.order_acquire(&v1, now).await.unwrap(),
+        OrderGate::Superseded { delivered } if delivered == v2.position
+    ));
+    // A release of an unknown key or cursor is no error.
+    assert_eq!(
+        b.relay
+            .order_release("nope", "msg_x", None, now)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
 macro_rules! conformance {
     ($($scenario:ident),* $(,)?) => {
         mod embedded_store {
@@ -383,4 +644,7 @@ conformance!(
     every_rejected_request_leaves_inbox_and_queue_empty,
     body_that_cannot_fit_one_item_compressed_is_refused,
     tenants_are_isolated_and_each_provider_ingests,
+    the_finish_records_deliveries_and_the_due_index_finds_pending_ones,
+    the_relay_lease_is_exclusive_and_its_finish_clears_the_due_time,
+    the_order_cursor_hands_an_object_out_lowest_version_first,
 );

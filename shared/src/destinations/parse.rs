@@ -254,7 +254,7 @@ fn parse_one(
         );
         return None;
     }
-    let provider = f.string("provider").map(|(line, p)| (line, p));
+    let provider = f.string("provider");
     let mut ok = true;
     if let Some((pline, p)) = &provider {
         if providers::lookup(p).is_none() {
@@ -309,9 +309,7 @@ fn parse_one(
     ) as u32;
     let max_age =
         Duration::from_secs(f.number("max_age_secs", DEFAULT_MAX_AGE_SECS, 1, 365 * 24 * 3600));
-    let Some((kind_line, kind_name)) = f.required_string("kind") else {
-        return None;
-    };
+    let (kind_line, kind_name) = f.required_string("kind")?;
     let Some((_, kind_fields)) = KINDS.iter().find(|(k, _)| *k == kind_name) else {
         let kinds = KINDS.iter().map(|(k, _)| *k);
         f.problem(

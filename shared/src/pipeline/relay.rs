@@ -550,12 +550,10 @@ impl Relay {
             .buffer_unordered(ITEM_CONCURRENCY)
             .collect()
             .await;
-        for result in results {
-            if let Some((attempts, more)) = result {
-                report.items += 1;
-                report.attempts += attempts;
-                handoffs.extend(more);
-            }
+        for (attempts, more) in results.into_iter().flatten() {
+            report.items += 1;
+            report.attempts += attempts;
+            handoffs.extend(more);
         }
         let more = self.hand_on(handoffs).await;
         report.items += more.items;
@@ -695,6 +693,14 @@ impl Relay {
         if let Some(claim) = &order {
             match self.store.order_acquire(claim, now).await {
                 Ok(OrderGate::Go) => {}
+                // This very event already went out (a re-run after a crash between
+                // the delivery and the record): it is delivered, not superseded.
+                Ok(OrderGate::Superseded { delivered }) if delivered == claim.position => {
+                    status.state = DeliveryState::Delivered;
+                    status.next_attempt_ms = None;
+                    status.detail = Some("delivered before (order cursor)".into());
+                    return (status, None);
+                }
                 Ok(OrderGate::Superseded { delivered }) => {
                     status.state = DeliveryState::Superseded;
                     status.next_attempt_ms = None;

@@ -101,10 +101,13 @@ struct Cursor {
     /// Nothing is sent before this time (the window opened by the first queued event).
     #[serde(default)]
     window_until_ms: i64,
-    /// The events waiting for their turn, lowest position first; the head holds the
-    /// object (in flight or failing).
+    /// The events waiting for their turn, lowest position first.
     #[serde(default)]
     queue: Vec<Queued>,
+    /// The key told `Go`: it holds the object (in flight or failing) until released,
+    /// so an older event arriving meanwhile waits instead of going out beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -143,9 +146,17 @@ fn acquire(cursor: &mut Cursor, claim: &OrderClaim, now_ms: i64) -> OrderGate {
     cursor
         .queue
         .retain(|q| q.since_ms >= claim.stale_before_ms || q.key == claim.key);
+    if let Some(holder) = &cursor.holder {
+        if *holder != claim.key && !cursor.queue.iter().any(|q| q.key == *holder) {
+            cursor.holder = None;
+        }
+    }
     if let Some(delivered) = &cursor.delivered {
         if claim.position <= *delivered {
             cursor.queue.retain(|q| q.key != claim.key);
+            if cursor.holder.as_deref() == Some(claim.key.as_str()) {
+                cursor.holder = None;
+            }
             return OrderGate::Superseded {
                 delivered: delivered.clone(),
             };
@@ -174,8 +185,12 @@ fn acquire(cursor: &mut Cursor, claim: &OrderClaim, now_ms: i64) -> OrderGate {
             until_ms: cursor.window_until_ms,
         };
     }
-    match cursor.queue.first() {
-        Some(head) if head.key == claim.key => OrderGate::Go,
+    match (&cursor.holder, cursor.queue.first()) {
+        (Some(holder), _) if *holder == claim.key => OrderGate::Go,
+        (None, Some(head)) if head.key == claim.key => {
+            cursor.holder = Some(claim.key.clone());
+            OrderGate::Go
+        }
         // Another event of the object goes first; its release hands the turn on, the
         // retry is the fallback should that hand-over be lost.
         _ => OrderGate::Wait {
@@ -186,6 +201,9 @@ fn acquire(cursor: &mut Cursor, claim: &OrderClaim, now_ms: i64) -> OrderGate {
 
 fn release(cursor: &mut Cursor, key: &str, delivered: Option<&OrderPosition>) -> Option<InboxKey> {
     cursor.queue.retain(|q| q.key != key);
+    if cursor.holder.as_deref() == Some(key) {
+        cursor.holder = None;
+    }
     if let Some(position) = delivered {
         if cursor.delivered.as_ref().is_none_or(|d| position > d) {
             cursor.delivered = Some(position.clone());
@@ -375,6 +393,24 @@ mod tests {
             OrderGate::Superseded { delivered } if delivered.at == 3
         ));
         assert!(c.queue.is_empty());
+    }
+
+    #[test]
+    fn an_older_event_arriving_while_one_is_in_flight_waits_then_is_superseded() {
+        let mut c = Cursor::default();
+        let mut v3 = claim("v3", 3);
+        v3.window_ms = 0;
+        assert_eq!(acquire(&mut c, &v3, 0), OrderGate::Go);
+        let mut v1 = claim("v1", 1);
+        v1.window_ms = 0;
+        assert!(matches!(acquire(&mut c, &v1, 1), OrderGate::Wait { .. }));
+        assert_eq!(acquire(&mut c, &v3, 2), OrderGate::Go);
+        release(&mut c, "v3", Some(&v3.position));
+        assert!(matches!(
+            acquire(&mut c, &v1, 3),
+            OrderGate::Superseded { .. }
+        ));
+        assert!(c.queue.is_empty() && c.holder.is_none());
     }
 
     #[test]
