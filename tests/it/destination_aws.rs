@@ -11,7 +11,7 @@
 //!   and the key and body in its detail; an event over the `PutEvents` limit is
 //!   permanent without a call;
 //! - Lambda (`cargo lambda watch`, as `lambda_watch` runs it): `echo-destination`
-//!   (tests/src/bin) receives the payload and answers, so the sink reports delivered;
+//!   (tests/echo-destination) receives the payload and answers, so the sink reports delivered;
 //!   for a key it refuses, its function error is a retry.
 
 use std::process::{Command, Stdio};
@@ -127,10 +127,7 @@ fn attr<'a>(m: &'a aws_sdk_sqs::types::Message, name: &str) -> Option<&'a str> {
         .and_then(|v| v.string_value())
 }
 
-fn system_attr<'a>(
-    m: &'a aws_sdk_sqs::types::Message,
-    name: MessageSystemAttributeName,
-) -> Option<&'a str> {
+fn system_attr(m: &aws_sdk_sqs::types::Message, name: MessageSystemAttributeName) -> Option<&str> {
     m.attributes()
         .and_then(|a| a.get(&name))
         .map(String::as_str)
@@ -513,8 +510,11 @@ mod aws_answers {
 
     use super::*;
 
+    /// Each invocation: the function name and its `X-Amz-Invocation-Type`.
+    type Calls = Vec<(String, Option<String>)>;
+
     #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<(String, Option<String>)>>>);
+    struct Seen(Arc<Mutex<Calls>>);
 
     fn lambda_error(
         status: StatusCode,
