@@ -46,13 +46,19 @@ use aws_sdk_dynamodb::types::ProjectionType;
 use base64::Engine;
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
+use einmal::config::Secret;
+use einmal::destinations::config::HttpDestination;
+use einmal::destinations::http::HttpSink;
+use einmal::destinations::{BodyFormat, DestinationConfig, DestinationKind};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, ReferenceDomain, Sku};
 use einmal::domain::state::{CommitOutcome, ReadCheck, StateKey, StateStore, StateWrite};
 use einmal::domain::DomainEvent;
 use einmal::envelope::Envelope;
+use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{EffectOutcome, MessageOutcome, Processor};
-use einmal::ports::Queue;
+use einmal::pipeline::relay::{Relay, RelayDestination};
+use einmal::ports::{DeliveryState, Inbox, Queue};
 use einmal_tests::moto::{self, OperationLog};
 use einmal_tests::scenario::{self, sample, Event, Kind, TENANT};
 use serde_json::{json, Value};
@@ -623,6 +629,13 @@ fn label(capture: &Capture, call: &Call) -> String {
             let expr = call.request["UpdateExpression"].as_str().unwrap_or("");
             if expr.starts_with("SET #state = :processing") {
                 "processor: claim (received → processing)".to_string()
+            } else if expr.starts_with("SET #lease_until = :until, #owner") {
+                "relay: claim (relay lease)".to_string()
+            } else if call.request["ConditionExpression"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("#owner = :owner"))
+            {
+                "relay: finish (outcomes, lease released)".to_string()
             } else {
                 let state = call.request["ExpressionAttributeValues"][":state"]["S"]
                     .as_str()
@@ -656,6 +669,12 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_with(None).await
+}
+
+/// [`rig`] whose processor delivers to an HTTP destination at `url` (every event type
+/// of the tenant), the outcome on its finish write.
+async fn rig_with(destination: Option<&str>) -> Rig {
     let moto = moto::shared();
     let sdk = moto.sdk_config().await;
     let plain = aws_sdk_dynamodb::Client::new(&sdk);
@@ -710,6 +729,10 @@ async fn rig() -> Rig {
         Arc::new(ReferenceDomain::new()),
     )
     .with_settings(scenario::settings(30_000, 3));
+    let processor = match destination {
+        None => processor,
+        Some(url) => processor.with_relay(Arc::new(http_relay(store.clone(), url))),
+    };
     Rig {
         capture,
         sqs_ops,
@@ -1245,4 +1268,263 @@ async fn a_read_check_costs_a_condition_check_in_the_commit() {
     // Without the check this would be one PutItem of 1 WRU (+ its index entry); the
     // check makes it a transaction: 2 WRU for the put, 2 for the checked item.
     assert_eq!(c.table_wru, 4.0, "{}", c.sizes);
+}
+
+// ---------------------------------------------------------------------------
+// Delivered events: one HTTP destination (a real axum server on loopback)
+
+/// A destination that answers 500 to its first `failures` calls, then 200.
+struct Hook {
+    url: String,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn hook(failures: usize) -> Hook {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("destination binds");
+    let url = format!("http://{}/hooks", listener.local_addr().expect("address"));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < failures {
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .await
+            .expect("destination serves");
+    });
+    Hook { url, calls }
+}
+
+impl Hook {
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The relay of one HTTP destination `shop-app` for every event of the tenant; jitter
+/// 0, so a failed attempt is due again at once.
+fn http_relay(store: Arc<AwsStore>, url: &str) -> Relay {
+    let config = DestinationConfig {
+        name: "shop-app".into(),
+        tenant: TENANT.into(),
+        provider: None,
+        events: vec!["*".into()],
+        outputs: Vec::new(),
+        ordered: false,
+        max_attempts: 10,
+        max_age: Duration::from_secs(3 * 86_400),
+        kind: DestinationKind::Http(HttpDestination {
+            url: url.into(),
+            secrets: vec![Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
+            body: BodyFormat::Original,
+            timeout: Duration::from_secs(10),
+            allow_private: false,
+        }),
+    };
+    let sink = HttpSink::new(
+        match &config.kind {
+            DestinationKind::Http(http) => http,
+            _ => unreachable!("an HTTP destination"),
+        },
+        &HttpsClient::new(),
+    )
+    .expect("the HTTP sink builds");
+    Relay::new(
+        store,
+        vec![RelayDestination {
+            config,
+            sink: Arc::new(sink),
+        }],
+    )
+    .with_jitter(|| 0.0)
+}
+
+fn sum_wru(costs: &[Cost]) -> f64 {
+    let (t, i, _) = total(costs);
+    t + i
+}
+
+/// Calls and write units per delivered event (DynamoDB, on moto), against the same
+/// event without a destination: the delivery rides on the processor's finish write, so
+/// a delivered event makes no extra call and at most one extra write unit (the bigger
+/// finish item); a failed-then-retried one pays the relay's index entry, its claim and
+/// its finish, and one Query per shard of the relay's index per `run_due`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_and_write_units_per_delivered_event() {
+    let event = || sample("stripe-payment_intent.succeeded");
+    let plain = rig().await;
+    let base = measure(&plain, "no destination", &event()).await;
+
+    let up = hook(0).await;
+    let delivered = rig_with(Some(&up.url)).await;
+    let happy = measure(&delivered, "one HTTP destination, answers 200", &event()).await;
+    assert_eq!(up.calls(), 1, "one delivery");
+    let item = delivered
+        .store
+        .get(&event().inbox_key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(item.deliveries.len(), 1);
+    assert_eq!(item.deliveries[0].state, DeliveryState::Delivered);
+    assert_eq!(item.deliveries[0].last_status, Some(200));
+    assert_eq!(
+        item.relay_due_ms, None,
+        "nothing pending: not in the relay's index"
+    );
+    // The same calls as without a destination; the outcome rides on the finish write.
+    let ops = |m: &Measured| -> Vec<String> {
+        m.ingest
+            .iter()
+            .chain(&m.process)
+            .map(|c| c.label.clone())
+            .collect()
+    };
+    assert_eq!(ops(&happy), ops(&base));
+    let all = |m: &Measured| -> Vec<Cost> { m.ingest.iter().chain(&m.process).cloned().collect() };
+    let extra = sum_wru(&all(&happy)) - sum_wru(&all(&base));
+    assert!(
+        (0.0..=1.0).contains(&extra),
+        "a delivered event costs {extra} extra WRU"
+    );
+    let reads = |m: &Measured| total(&all(m)).2;
+    assert_eq!(reads(&happy), reads(&base), "no extra read");
+
+    // Fails once: pending on the finish (entering the relay's index), then one run_due
+    // of the relay (the sweeper's pass) delivers it.
+    let flaky = hook(1).await;
+    let retried = rig_with(Some(&flaky.url)).await;
+    let first = measure(&retried, "one HTTP destination, fails once", &event()).await;
+    assert_eq!(flaky.calls(), 1);
+    let item = retried
+        .store
+        .get(&event().inbox_key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(item.deliveries[0].state, DeliveryState::Pending);
+    assert_eq!(item.deliveries[0].last_status, Some(500));
+    assert!(item.relay_due_ms.is_some());
+    let finish = first
+        .process
+        .iter()
+        .find(|c| c.label.contains("finish"))
+        .expect("the finish");
+    assert_eq!(
+        finish.index_wru_of("by_relay_due"),
+        1.0,
+        "{:?}",
+        finish.index
+    );
+    assert_eq!(ops(&first), ops(&base));
+
+    retried.capture.take();
+    let relay = retried.processor.relay().expect("a relay").clone();
+    let report = relay
+        .run_due(einmal::time::now_millis(), 10)
+        .await
+        .expect("run_due");
+    assert_eq!((report.items, report.attempts), (1, 1), "{report:?}");
+    assert_eq!(flaky.calls(), 2, "delivered on the retry");
+    let run_calls = retried.capture.take();
+    let run: Vec<Cost> = run_calls
+        .iter()
+        .map(|c| cost(&retried.capture, c))
+        .collect();
+    let queries = run_calls.iter().filter(|c| c.op == "Query").count();
+    let writes: Vec<&Cost> = run
+        .iter()
+        .zip(&run_calls)
+        .filter(|(_, c)| c.op != "Query")
+        .map(|(cost, _)| cost)
+        .collect();
+    assert_eq!(queries, 16, "one Query per shard of by_relay_due");
+    assert!(
+        run_calls
+            .iter()
+            .filter(|c| c.op == "Query")
+            .all(|c| c.request["IndexName"] == "by_relay_due"),
+        "only the relay's index"
+    );
+    let labels: Vec<&str> = writes.iter().map(|c| c.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "relay: claim (relay lease) [UpdateItem]",
+            "relay: finish (outcomes, lease released) [UpdateItem]"
+        ]
+    );
+    assert_eq!(
+        writes[0].index_wru(),
+        0.0,
+        "the claim leaves the index alone"
+    );
+    assert_eq!(
+        writes[1].index_wru_of("by_relay_due"),
+        1.0,
+        "delivered: it leaves"
+    );
+    let item = retried
+        .store
+        .get(&event().inbox_key())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(item.deliveries[0].state, DeliveryState::Delivered);
+    assert_eq!(item.deliveries[0].attempts, 2);
+    assert_eq!(item.relay_due_ms, None);
+
+    for m in [&base, &happy, &first] {
+        print(m);
+    }
+    println!("\n## relay run_due: the retry of the event above (delivered)\n");
+    println!("| call | table WRU | index WRU | RRU | items (old→new) |");
+    println!("|---|---|---|---|---|");
+    let (mut qn, mut qr) = (0, 0.0);
+    for (c, call) in run.iter().zip(&run_calls) {
+        if call.op == "Query" {
+            qn += 1;
+            qr += c.rru;
+            continue;
+        }
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            c.label,
+            c.table_wru,
+            c.index_wru(),
+            c.rru,
+            c.sizes
+        );
+    }
+    println!("| {qn} × Query by_relay_due | 0 | 0 | {qr} | per run_due, not per event |");
+    let retry_wru = sum_wru(&run) + finish.index_wru_of("by_relay_due");
+    println!(
+        "DELIVERY-CAPACITY: base wru={} rru={} calls={}; delivered (200) wru={} rru={} calls={} (extra wru {extra}); \
+         failed-then-retried: processing wru={} + retry wru={} (index enter {} + claim + finish), \
+         retry calls={} ({qn} Query + {} UpdateItem), retry rru={qr}",
+        sum_wru(&all(&base)),
+        reads(&base),
+        ops(&base).len(),
+        sum_wru(&all(&happy)),
+        reads(&happy),
+        ops(&happy).len(),
+        sum_wru(&all(&first)),
+        retry_wru,
+        finish.index_wru_of("by_relay_due"),
+        run_calls.len(),
+        writes.len(),
+    );
 }

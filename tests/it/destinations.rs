@@ -5,6 +5,9 @@
 //! retries. Failing, stalling, 429 and 4xx destinations, a destination down for a
 //! while, per-object order, the reference domain's notifications, and replay.
 //!
+//! Every case runs on both backends: the embedded store and DynamoDB + SQS on moto
+//! (`embedded_store::…`, `aws_moto::…`).
+//!
 //! Waiting is by condition (poll until the store says so, with a generous deadline),
 //! never by a fixed sleep or a timed assertion.
 
@@ -13,15 +16,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use einmal::adapters::aws::{
+    create_audit_table, create_queues, create_state_table, create_tables, AwsStore, DynamoAuditLog,
+    DynamoStateStore,
+};
 use einmal::adapters::embedded::{
     EmbeddedAuditLog, EmbeddedOptions, EmbeddedStateStore, EmbeddedStore,
 };
+use einmal::audit::AuditLog;
 use einmal::config::Secret;
 use einmal::destinations::config::HttpDestination;
 use einmal::destinations::http::HttpSink;
 use einmal::destinations::{delivery_key, BodyFormat, DestinationConfig, DestinationKind, Sink};
 use einmal::domain::reference::ReferenceDomain;
-use einmal::domain::state::{StateKey, StateRecord};
+use einmal::domain::state::{StateKey, StateRecord, StateStore};
 use einmal::domain::{Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::Envelope;
 use einmal::https::HttpsClient;
@@ -29,9 +37,11 @@ use einmal::pipeline::process::{AckMode, Processor};
 use einmal::pipeline::relay::{Relay, RelayError, RelaySettings, RetryPolicy, SinkFactory};
 use einmal::pipeline::replay::{ItemOutcome, Operator, Replayer};
 use einmal::ports::{
-    DeliveryState, Inbox, InboxFilter, InboxItem, InboxState, Queue, QueueMessage, Source,
+    DeliveryState, InboxFilter, InboxItem, InboxState, InboxStore, QueueMessage, Source,
 };
 use einmal_tests::destination_server::{Answer, Call, DestinationServer, SECRET};
+use einmal_tests::moto;
+use einmal_tests::scenario::Kind;
 use serde_json::json;
 
 const TENANT: &str = "t1";
@@ -102,23 +112,67 @@ fn settings(order_window_ms: u64) -> RelaySettings {
 }
 
 struct Rig {
-    _dir: tempfile::TempDir,
-    store: Arc<EmbeddedStore>,
+    _keep: Box<dyn std::any::Any + Send + Sync>,
+    store: Arc<dyn InboxStore>,
     processor: Processor,
     relay: Arc<Relay>,
-    audit: Arc<EmbeddedAuditLog>,
+    audit: Arc<dyn AuditLog>,
+}
+
+/// The stores of one backend: inbox + queue, business state, audit log.
+async fn stores(
+    kind: Kind,
+) -> (
+    Arc<dyn InboxStore>,
+    Arc<dyn StateStore>,
+    Arc<dyn AuditLog>,
+    Box<dyn std::any::Any + Send + Sync>,
+) {
+    match kind {
+        Kind::Embedded => {
+            let dir = tempfile::tempdir().unwrap();
+            let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+            let state = EmbeddedStateStore::open(dir.path()).unwrap();
+            let audit = EmbeddedAuditLog::open(dir.path()).unwrap();
+            (
+                Arc::new(store),
+                Arc::new(state),
+                Arc::new(audit),
+                Box::new(dir),
+            )
+        }
+        Kind::Aws => {
+            let moto = moto::shared();
+            let sdk = moto.sdk_config().await;
+            let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+            let name = moto::unique_name("einmal-dest");
+            create_tables(&dynamodb, &name).await.unwrap();
+            let names = create_queues(&aws_sdk_sqs::Client::new(&sdk), &name, 5)
+                .await
+                .unwrap();
+            let state_table = format!("{name}-state");
+            create_state_table(&dynamodb, &state_table).await.unwrap();
+            let audit_table = format!("{name}-audit");
+            create_audit_table(&dynamodb, &audit_table).await.unwrap();
+            let store = AwsStore::new(dynamodb.clone(), aws_sdk_sqs::Client::new(&sdk), names);
+            (
+                Arc::new(store),
+                Arc::new(DynamoStateStore::new(dynamodb.clone(), state_table)),
+                Arc::new(DynamoAuditLog::new(dynamodb, audit_table)),
+                Box::new(()),
+            )
+        }
+    }
 }
 
 impl Rig {
     async fn new(
+        kind: Kind,
         destinations: Vec<DestinationConfig>,
         domain: Arc<dyn Domain>,
         settings: RelaySettings,
     ) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap());
-        let state = Arc::new(EmbeddedStateStore::open(dir.path()).unwrap());
-        let audit = Arc::new(EmbeddedAuditLog::open(dir.path()).unwrap());
+        let (store, state, audit, keep) = stores(kind).await;
         let relay = Relay::build(store.clone(), &destinations, &HttpSinks(HttpsClient::new()))
             .await
             .unwrap()
@@ -127,7 +181,7 @@ impl Rig {
         let processor =
             Processor::from_store(store.clone(), state, domain).with_relay(relay.clone());
         Rig {
-            _dir: dir,
+            _keep: keep,
             store,
             processor,
             relay,
@@ -272,8 +326,7 @@ fn assert_exactly_once(server: &DestinationServer, items: &[InboxItem], destinat
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn failures_429_and_timeouts_are_retried_until_every_event_is_delivered_once() {
+async fn failures_429_and_timeouts_are_retried_until_every_event_is_delivered_once(kind: Kind) {
     // Calls 1-3 fail, 4 is a 429 with Retry-After: 1, 5 stalls past the timeout.
     let n = Arc::new(AtomicUsize::new(0));
     let counter = n.clone();
@@ -286,6 +339,7 @@ async fn failures_429_and_timeouts_are_retried_until_every_event_is_delivered_on
         })
         .await;
     let rig = Rig::new(
+        kind,
         vec![destination("shop", &server.url)],
         Arc::new(IgnoreAll),
         settings(0),
@@ -352,14 +406,14 @@ async fn failures_429_and_timeouts_are_retried_until_every_event_is_delivered_on
     assert!(tally.failed.get("shop").is_some_and(|n| *n >= 5));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_key() {
+async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_key(kind: Kind) {
     let server = DestinationServer::start(|_, nth| match nth {
         1 => Answer::Status(422, "invalid order reference ord_9"),
         _ => Answer::Ok,
     })
     .await;
     let rig = Rig::new(
+        kind,
         vec![destination("crm", &server.url)],
         Arc::new(IgnoreAll),
         settings(0),
@@ -403,8 +457,7 @@ async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_
     assert_eq!(calls[0].id, calls[1].id, "the same key on replay");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_destination_down_keeps_events_pending_then_gets_every_one() {
+async fn a_destination_down_keeps_events_pending_then_gets_every_one(kind: Kind) {
     let down = Arc::new(AtomicBool::new(true));
     let is_down = down.clone();
     let server = DestinationServer::start(move |_, _| {
@@ -416,6 +469,7 @@ async fn a_destination_down_keeps_events_pending_then_gets_every_one() {
     })
     .await;
     let rig = Rig::new(
+        kind,
         vec![destination("erp", &server.url)],
         Arc::new(IgnoreAll),
         settings(0),
@@ -477,8 +531,8 @@ fn version(v: usize) -> String {
     format!("2026-11-30T10:{v:02}:00Z")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ordered_destination_gets_each_objects_versions_in_order_and_a_failing_object_holds_only_itself(
+    kind: Kind,
 ) {
     const OBJECTS: usize = 8;
     const VERSIONS: usize = 5;
@@ -500,7 +554,7 @@ async fn an_ordered_destination_gets_each_objects_versions_in_order_and_a_failin
     let mut ordered = destination("ledger", &server.url);
     ordered.ordered = true;
     // A window long enough that every shuffled event is processed inside it.
-    let rig = Rig::new(vec![ordered], Arc::new(IgnoreAll), settings(3_000)).await;
+    let rig = Rig::new(kind, vec![ordered], Arc::new(IgnoreAll), settings(3_000)).await;
     let mut events = Vec::new();
     for o in 0..OBJECTS {
         for v in 1..=VERSIONS {
@@ -606,13 +660,18 @@ fn payment_succeeded(order: &str, pi: &str) -> InboxItem {
     item_with_body(envelope, body.to_string().into_bytes())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn notifications_are_delivered_once_per_dedup_key() {
+async fn notifications_are_delivered_once_per_dedup_key(kind: Kind) {
     let server = DestinationServer::start(|_, _| Answer::Ok).await;
     let mut notify = destination("mailer", &server.url);
     notify.events = Vec::new();
     notify.outputs = vec!["notification.*".into()];
-    let rig = Rig::new(vec![notify], Arc::new(ReferenceDomain::new()), settings(0)).await;
+    let rig = Rig::new(
+        kind,
+        vec![notify],
+        Arc::new(ReferenceDomain::new()),
+        settings(0),
+    )
+    .await;
     // Two payments of one order: one "payment received" notification.
     let first = payment_succeeded("1001", "pi_1");
     let second = payment_succeeded("1001", "pi_2");
@@ -658,3 +717,32 @@ async fn notifications_are_delivered_once_per_dedup_key() {
     let second = rig.store.get(&second.key).await.unwrap().unwrap();
     assert!(second.deliveries.is_empty(), "{:?}", second.deliveries);
 }
+
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod embedded_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    super::$case(super::Kind::Embedded).await
+                }
+            )*
+        }
+        mod aws_moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    super::$case(super::Kind::Aws).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    failures_429_and_timeouts_are_retried_until_every_event_is_delivered_once,
+    a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_key,
+    a_destination_down_keeps_events_pending_then_gets_every_one,
+    an_ordered_destination_gets_each_objects_versions_in_order_and_a_failing_object_holds_only_itself,
+    notifications_are_delivered_once_per_dedup_key,
+);

@@ -27,7 +27,7 @@ use einmal::adapters::aws::SINK_ACTIONS;
 use einmal::adapters::aws::{
     CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
-use einmal::adapters::aws::{STATE_INDEX, STATE_TABLE_ENV};
+use einmal::adapters::aws::{RELAY_INDEX_PROJECTION, STATE_INDEX, STATE_TABLE_ENV};
 use einmal::pipeline::process::{LEASE_MS_ENV, MAX_RECEIVE_COUNT_ENV};
 use einmal::telemetry::catalog;
 // Every function gets the deployment (stack) name: the `Deployment` dimension.
@@ -466,6 +466,7 @@ fn every_alarm_and_dashboard_metric_is_one_the_code_or_aws_emits() {
         ("AWS/Lambda", "Throttles"),
         (catalog::NAMESPACE, catalog::STUCK_ITEMS),
         (catalog::NAMESPACE, catalog::OLDEST_WAITING_AGE),
+        (catalog::NAMESPACE, catalog::DELIVERY_BACKLOG_AGE),
         (catalog::NAMESPACE, catalog::SIGNATURE_FAILURES),
         (catalog::NAMESPACE, catalog::WEBHOOKS_ACCEPTED),
         (catalog::NAMESPACE, catalog::WEBHOOKS_DUPLICATE),
@@ -624,7 +625,10 @@ fn every_einmal_variable_is_read_by_the_code_and_each_function_has_what_it_needs
                 SLI_THRESHOLD_ENV,
             ],
         ),
-        ("SweeperFunction", &[TABLE_ENV, QUEUE_URL_ENV, DLQ_URL_ENV]),
+        (
+            "SweeperFunction",
+            &[TABLE_ENV, QUEUE_URL_ENV, DLQ_URL_ENV, CONFIG_PARAMETER_ENV],
+        ),
         (
             "ReconcilerFunction",
             &[
@@ -1147,6 +1151,32 @@ fn tables_mirror_the_code_and_are_protected() {
         BTreeSet::from(["state", "updated_at_ms", "waiting_since_ms"].map(String::from)),
         "by_wait_shard projects what the wake and the sweeper read, nothing else"
     );
+    // The relay's index, as `relay_index` in setup.rs: items with a pending delivery
+    // by next attempt, projecting what the backlog metrics decode (all but the body).
+    assert_eq!(types.get("relay_shard").map(String::as_str), Some("S"));
+    assert_eq!(types.get("relay_due_ms").map(String::as_str), Some("N"));
+    let relay = index(inbox, "by_relay_due");
+    assert_eq!(
+        key_schema(relay),
+        vec![pair("relay_shard", "HASH"), pair("relay_due_ms", "RANGE")]
+    );
+    assert_eq!(
+        path(relay, &["Projection", "ProjectionType"]).and_then(Value::as_str),
+        Some("INCLUDE")
+    );
+    let projected: BTreeSet<String> = list(path(relay, &["Projection", "NonKeyAttributes"]))
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        projected,
+        RELAY_INDEX_PROJECTION
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<BTreeSet<_>>(),
+        "by_relay_due projects what the code decodes from it"
+    );
     assert_eq!(
         path(inbox, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),
         Some("expires_at")
@@ -1468,8 +1498,9 @@ fn provisioned_mode_scales_every_table_and_index() {
             expected.insert((format!("table/${{{name}}}/index/{index}"), "index"));
         }
     }
-    // inbox + by_sweep_shard + by_hint, state + by_tenant_kind, audit
-    assert_eq!(expected.len(), 7, "{expected:?}");
+    // inbox + by_sweep_shard + by_hint + by_wait_shard + by_relay_due, state +
+    // by_tenant_kind, audit
+    assert_eq!(expected.len(), 8, "{expected:?}");
 
     // (ResourceId, Read/Write) → the scalable target's logical id
     let mut targets: BTreeMap<(String, String), String> = BTreeMap::new();
@@ -1712,4 +1743,53 @@ fn the_function_url_is_optional_public_and_reaches_only_the_receiver() {
     // The function URL is additional: the HTTP API keeps every route.
     assert_eq!(resources_of(&on, "AWS::Serverless::HttpApi").len(), 1);
     assert_eq!(api_routes(&on), 4);
+}
+
+/// The relay's retries run in the sweeper: it alone queries the `by_relay_due` index
+/// (as `shared/src/adapters/aws/relay.rs`), reads the tenant configuration (the
+/// destinations), and both delivering functions may read and update the inbox table
+/// (relay lease, order cursors).
+#[test]
+fn the_sweeper_queries_the_relay_index_and_both_relays_reach_the_inbox() {
+    let t = template();
+    let grants = |function: &str, wanted: &str| -> Vec<String> {
+        let (inline, _) = statements(resource(&t, function));
+        inline
+            .iter()
+            .filter(|s| {
+                list(get(s, "Action"))
+                    .iter()
+                    .any(|a| a.as_str() == Some(wanted))
+            })
+            .flat_map(|s| list(get(s, "Resource")))
+            .map(|r| describe_value(&r))
+            .collect()
+    };
+    let relay_index = |function: &str| {
+        grants(function, "dynamodb:Query")
+            .iter()
+            .any(|r| r.contains("${InboxTable.Arn}/index/by_relay_due"))
+    };
+    assert!(relay_index("SweeperFunction"), "the sweeper runs run_due");
+    for function in [
+        "ReceiverFunction",
+        "ProcessorFunction",
+        "ReconcilerFunction",
+    ] {
+        assert!(!relay_index(function), "{function} queries the relay index");
+    }
+    for function in ["ProcessorFunction", "SweeperFunction"] {
+        for action in ["dynamodb:GetItem", "dynamodb:UpdateItem"] {
+            assert!(
+                grants(function, action).contains(&"GetAtt:InboxTable.Arn".to_string()),
+                "{function} lacks {action} on the inbox table"
+            );
+        }
+        assert!(
+            grants(function, "ssm:GetParameter")
+                .iter()
+                .any(|r| r.contains("parameter${ConfigParameterName}")),
+            "{function} cannot read the destinations"
+        );
+    }
 }

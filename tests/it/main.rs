@@ -8,6 +8,7 @@ mod ack_path_calls;
 mod adyen;
 mod all_providers;
 mod aws_adapter;
+mod aws_relay;
 mod capacity;
 mod config_refresh;
 mod conformance;

@@ -26,11 +26,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
-use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore, DynamoStateStore};
+use einmal::adapters::aws::{
+    config_source_from_env, function_relay, AwsSetupError, AwsStore, DynamoStateStore,
+    FunctionSinks,
+};
 use einmal::domain::Domain;
 use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{AckMode, ProcessSettings, Processor};
+use einmal::pipeline::relay::RelaySettings;
 use einmal::ports::{Delivery, QueueMessage};
 use einmal::telemetry::emf::{self, WorkerTally};
 use einmal::telemetry::trace::AWS_TRACE_HEADER;
@@ -49,7 +53,7 @@ pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
     let (sdk_config, store) = AwsStore::from_env().await?;
     let store = Arc::new(store);
     let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
-    let mut engine = Processor::from_store(store, state, domain)
+    let mut engine = Processor::from_store(store.clone(), state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
@@ -59,10 +63,20 @@ pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
         Ok(source) => {
             // The log redaction masks the tenants' secrets and API credentials.
             einmal::telemetry::redact::register_config(&source.snapshot());
-            engine = engine.with_lookup_source(
-                Arc::new(HttpLookup::with_client(HttpsClient::new())),
-                source,
+            let https = HttpsClient::new();
+            // The destinations, delivered right after each commit (the sweeper retries).
+            let sinks = FunctionSinks::new(&sdk_config, https.clone());
+            if let Some(relay) = function_relay(
+                store,
+                &source.snapshot(),
+                &sinks,
+                RelaySettings::from_env()?,
             )
+            .await?
+            {
+                engine = engine.with_relay(relay);
+            }
+            engine = engine.with_lookup_source(Arc::new(HttpLookup::with_client(https)), source)
         }
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
@@ -104,7 +118,15 @@ pub async fn handle_and_emit(
     worker: &str,
 ) -> SqsBatchResponse {
     let (response, tally) = handle_observed(processor, event, worker).await;
-    emf::print(&tally.emf(deployment, einmal::time::now_millis()).render());
+    let now = einmal::time::now_millis();
+    emf::print(&tally.emf(deployment, now).render());
+    // The deliveries made right after the commits, per destination.
+    if let Some(relay) = processor.relay() {
+        let deliveries = relay.drain_tally().emf(deployment, now);
+        if !deliveries.is_empty() {
+            emf::print(&deliveries.render());
+        }
+    }
     response
 }
 

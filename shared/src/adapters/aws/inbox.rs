@@ -171,7 +171,13 @@ impl Inbox for AwsStore {
                 .send()
                 .await
                 .map_err(|e| StoreError::Unavailable(describe("DynamoDB Scan", &e)))?;
-            for m in out.items.unwrap_or_default() {
+            // The relay's ordering cursors share the table; they are no events.
+            for m in out
+                .items
+                .unwrap_or_default()
+                .into_iter()
+                .filter(item::is_event)
+            {
                 found.push(item::decode(m).map_err(StoreError::Corrupt)?);
             }
             // Keep memory bounded by the limit, not by the table.
@@ -353,6 +359,33 @@ impl InboxProcessing for AwsStore {
         if !item::in_sweep_index(finish.state) {
             remove.push_str(", #shard");
             request = request.expression_attribute_names("#shard", item::SWEEP_SHARD);
+        }
+        // The relay's record rides on this write: no write of its own on the happy
+        // path, and the relay's index only when something is pending.
+        if let Some(deliveries) = &finish.deliveries {
+            request = request
+                .expression_attribute_names("#deliveries", item::DELIVERIES)
+                .expression_attribute_names("#relay_due", item::RELAY_DUE_MS)
+                .expression_attribute_names("#relay_shard", item::RELAY_SHARD);
+            if deliveries.is_empty() {
+                remove.push_str(", #deliveries");
+            } else {
+                set.push("#deliveries = :deliveries".into());
+                request = request
+                    .expression_attribute_values(":deliveries", item::deliveries_attr(deliveries));
+            }
+            match finish.relay_due_ms {
+                Some(due) => {
+                    set.push("#relay_due = :relay_due, #relay_shard = :relay_shard".into());
+                    request = request
+                        .expression_attribute_values(":relay_due", n_attr(due))
+                        .expression_attribute_values(
+                            ":relay_shard",
+                            s_attr(&item::sweep_shard(key.as_str())),
+                        );
+                }
+                None => remove.push_str(", #relay_due, #relay_shard"),
+            }
         }
         let result = request
             .update_expression(format!("SET {} REMOVE {remove}", set.join(", ")))

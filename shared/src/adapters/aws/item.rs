@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::envelope::{Envelope, InboxKey};
-use crate::ports::{InboxItem, InboxState, Source, Waiting};
+use crate::ports::{DeliveryState, DeliveryStatus, InboxItem, InboxState, Source, Waiting};
 
 pub(crate) const PK: &str = "pk";
 pub(crate) const PROVIDER: &str = "provider";
@@ -120,7 +120,162 @@ pub(crate) const HINT_SCOPE: &str = "hint_scope";
 /// delete do); the reconciler reads the few attributes it needs with BatchGetItem.
 pub(crate) const BY_HINT: &str = "by_hint";
 
+/// The relay's delivery record ([`crate::ports::DeliveryStatus`]): a list of maps, one
+/// per destination (and per domain output), each with its last attempt only, so its
+/// size is bounded by the tenant's destinations, never by the attempts.
+pub(crate) const DELIVERIES: &str = "deliveries";
+/// Sparse: the earliest next attempt (Unix ms) of a pending delivery; absent when
+/// nothing is pending. The range key of [`BY_RELAY_DUE`].
+pub(crate) const RELAY_DUE_MS: &str = "relay_due_ms";
+/// Sparse hash key of [`BY_RELAY_DUE`]: [`sweep_shard`] of the item's pk, present
+/// exactly while [`RELAY_DUE_MS`] is (written and removed together).
+pub(crate) const RELAY_SHARD: &str = "relay_shard";
+/// The relay's lease on an item whose deliveries it retries (Unix ms) and its holder:
+/// separate from the processor's lease, which is gone once the item is finished.
+pub(crate) const RELAY_LEASE_UNTIL_MS: &str = "relay_lease_until_ms";
+pub(crate) const RELAY_OWNER: &str = "relay_owner";
+/// The relay's sparse GSI: hash [`RELAY_SHARD`], range [`RELAY_DUE_MS`], projecting
+/// [`RELAY_INDEX_PROJECTION`] (INCLUDE). Only items with a pending delivery are in it:
+/// the happy path (every destination answered at once) never writes it; a failed
+/// delivery enters it (one write), each retry moves it (the range key changes: a
+/// delete and a put) and the last outcome removes it (one delete).
+pub(crate) const BY_RELAY_DUE: &str = "by_relay_due";
+/// What [`BY_RELAY_DUE`] projects: the deliveries and the fields an [`InboxItem`]
+/// needs, all but the body and the processing bookkeeping, so the backlog metrics
+/// ([`crate::ports::InboxRelay::relay_pending`]) read the index alone. An entry is a
+/// few hundred bytes (one write unit) for one destination.
+pub const RELAY_INDEX_PROJECTION: [&str; 16] = [
+    DELIVERIES,
+    PROVIDER,
+    TENANT,
+    EVENT_ID,
+    EVENT_TYPE,
+    OBJECT_ID,
+    OBJECT_VERSION,
+    OCCURRED_AT,
+    STATE,
+    SOURCE,
+    ATTEMPTS,
+    RECEIVED_AT_MS,
+    UPDATED_AT_MS,
+    EXPIRES_AT,
+    BODY_ENCODING,
+    BODY_LEN,
+];
+
+// The attributes of one entry of [`DELIVERIES`] (a map each). Short names: the list
+// is rewritten by every finish and retry, and its bytes count in every write unit.
+const D_DESTINATION: &str = "dest";
+const D_KEY: &str = "key";
+const D_STATE: &str = "state";
+const D_ATTEMPTS: &str = "attempts";
+const D_STATUS: &str = "status";
+const D_LATENCY_MS: &str = "latency_ms";
+const D_AT_MS: &str = "at_ms";
+const D_NEXT_MS: &str = "next_ms";
+const D_DETAIL: &str = "detail";
+/// A domain output as its JSON text: the output's data is arbitrary JSON, whose
+/// numbers need not fit DynamoDB's number type.
+const D_OUTPUT: &str = "output";
+
+fn delivery_state(s: &str) -> Option<DeliveryState> {
+    [
+        DeliveryState::Delivered,
+        DeliveryState::Pending,
+        DeliveryState::DeadLetter,
+        DeliveryState::Superseded,
+    ]
+    .into_iter()
+    .find(|st| st.as_str() == s)
+}
+
+/// [`DELIVERIES`]' value: a list of maps, optional fields omitted.
+pub(crate) fn deliveries_attr(deliveries: &[DeliveryStatus]) -> AttributeValue {
+    AttributeValue::L(deliveries.iter().map(delivery_attr).collect())
+}
+
+fn delivery_attr(d: &DeliveryStatus) -> AttributeValue {
+    let mut m = Item::with_capacity(10);
+    m.insert(D_DESTINATION.into(), s_attr(&d.destination));
+    m.insert(D_KEY.into(), s_attr(&d.key));
+    m.insert(D_STATE.into(), s_attr(d.state.as_str()));
+    m.insert(D_ATTEMPTS.into(), n_attr(i64::from(d.attempts)));
+    let numbers = [
+        (D_STATUS, d.last_status.map(i64::from)),
+        (
+            D_LATENCY_MS,
+            d.last_latency_ms
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
+        ),
+        (D_AT_MS, d.last_attempt_ms),
+        (D_NEXT_MS, d.next_attempt_ms),
+    ];
+    for (name, value) in numbers {
+        if let Some(v) = value {
+            m.insert(name.into(), n_attr(v));
+        }
+    }
+    if let Some(detail) = &d.detail {
+        m.insert(D_DETAIL.into(), s_attr(detail));
+    }
+    if let Some(output) = &d.output {
+        // An Output is plain data: serialising it cannot fail.
+        let json = serde_json::to_string(output).unwrap_or_default();
+        m.insert(D_OUTPUT.into(), AttributeValue::S(json));
+    }
+    AttributeValue::M(m)
+}
+
+fn decode_deliveries(pk: &str, value: AttributeValue) -> Result<Vec<DeliveryStatus>, String> {
+    let bad = |why: String| format!("item {pk}: attribute {DELIVERIES}: {why}");
+    let AttributeValue::L(list) = value else {
+        return Err(bad("expected a list".into()));
+    };
+    list.into_iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let AttributeValue::M(mut m) = entry else {
+                return Err(bad(format!("entry {i} is not a map")));
+            };
+            let entry_pk = format!("{pk} {DELIVERIES}[{i}]");
+            let mut d = Decoder {
+                pk: &entry_pk,
+                m: &mut m,
+            };
+            let state = d.string(D_STATE)?;
+            Ok(DeliveryStatus {
+                destination: d.string(D_DESTINATION)?,
+                key: d.string(D_KEY)?,
+                state: delivery_state(&state).ok_or_else(|| d.bad(D_STATE, "unknown state"))?,
+                attempts: d.number(D_ATTEMPTS)?,
+                last_status: d.opt_number(D_STATUS)?,
+                last_latency_ms: d.opt_number(D_LATENCY_MS)?,
+                last_attempt_ms: d.opt_number(D_AT_MS)?,
+                next_attempt_ms: d.opt_number(D_NEXT_MS)?,
+                detail: d.opt_string(D_DETAIL)?,
+                output: match d.opt_string(D_OUTPUT)? {
+                    None => None,
+                    Some(json) => Some(
+                        serde_json::from_str(&json)
+                            .map_err(|_| d.bad(D_OUTPUT, "not an output's JSON"))?,
+                    ),
+                },
+            })
+        })
+        .collect()
+}
+
 pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// The pk prefix of the relay's ordering cursors (small items in the inbox table, one
+/// per destination and object; see `cursor.rs`). No event key starts with it: event
+/// keys start with a provider name.
+pub(crate) const CURSOR_PREFIX: &str = "cursor#";
+
+/// Whether a raw item of the inbox table is an event (not an ordering cursor).
+pub(crate) fn is_event(m: &Item) -> bool {
+    !matches!(m.get(PK), Some(AttributeValue::S(pk)) if pk.starts_with(CURSOR_PREFIX))
+}
 
 /// A string attribute.
 pub(crate) fn s_attr(v: &str) -> AttributeValue {
@@ -193,11 +348,28 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
         m.insert(WAIT_SHARD.into(), s(&sweep_shard(&w.on)));
         m.insert(WAITING_SINCE_MS.into(), n(w.since_ms.to_string()));
     }
+    if !item.deliveries.is_empty() {
+        m.insert(DELIVERIES.into(), deliveries_attr(&item.deliveries));
+    }
+    if let Some(due) = item.relay_due_ms {
+        m.insert(RELAY_DUE_MS.into(), n(due.to_string()));
+        m.insert(RELAY_SHARD.into(), s(&sweep_shard(item.key.as_str())));
+    }
     m
 }
 
 /// Decode a stored item. The error names the key and the attribute, never values.
-pub(crate) fn decode(mut m: Item) -> Result<InboxItem, String> {
+pub(crate) fn decode(m: Item) -> Result<InboxItem, String> {
+    decode_with(m, true)
+}
+
+/// Decode an entry of [`BY_RELAY_DUE`] ([`RELAY_INDEX_PROJECTION`]): the body and the
+/// bookkeeping the index does not project come back empty.
+pub(crate) fn decode_projected(m: Item) -> Result<InboxItem, String> {
+    decode_with(m, false)
+}
+
+fn decode_with(mut m: Item, with_body: bool) -> Result<InboxItem, String> {
     let pk = match m.remove(PK) {
         Some(AttributeValue::S(pk)) => pk,
         _ => return Err("item without a string pk".to_string()),
@@ -233,13 +405,20 @@ pub(crate) fn decode(mut m: Item) -> Result<InboxItem, String> {
         result: d.opt_string(RESULT)?,
         body_encoding: d.string(BODY_ENCODING)?,
         body_len: d.number(BODY_LEN)?,
-        body: d.binary(BODY)?,
+        body: if with_body {
+            d.binary(BODY)?
+        } else {
+            Vec::new()
+        },
         waiting: match (d.opt_string(WAIT_ON)?, d.opt_number(WAITING_SINCE_MS)?) {
             (Some(on), Some(since_ms)) => Some(Waiting { on, since_ms }),
             _ => None,
         },
-        deliveries: Vec::new(),
-        relay_due_ms: None,
+        deliveries: match d.m.remove(DELIVERIES) {
+            None | Some(AttributeValue::Null(_)) => Vec::new(),
+            Some(list) => decode_deliveries(&pk, list)?,
+        },
+        relay_due_ms: d.opt_number(RELAY_DUE_MS)?,
         key: InboxKey::from_stored(pk.clone()),
     };
     Ok(item)
@@ -422,6 +601,94 @@ mod tests {
             // Decoding ignores it: it is derived, not part of the item.
             assert_eq!(decode(m).unwrap(), item);
         }
+    }
+
+    #[test]
+    fn deliveries_and_the_relay_due_time_round_trip() {
+        let mut item = sample();
+        item.state = InboxState::Completed;
+        item.deliveries = vec![
+            DeliveryStatus {
+                destination: "shop-app".into(),
+                key: "msg_0123".into(),
+                state: DeliveryState::Pending,
+                attempts: 2,
+                last_status: Some(503),
+                last_latency_ms: Some(41),
+                last_attempt_ms: Some(1_700_000_001_000),
+                next_attempt_ms: Some(1_700_000_011_000),
+                detail: Some("retryable (status 503): busy".into()),
+                output: None,
+            },
+            DeliveryStatus {
+                destination: "mail".into(),
+                key: "msg_4567".into(),
+                state: DeliveryState::Delivered,
+                attempts: 1,
+                last_status: None,
+                last_latency_ms: None,
+                last_attempt_ms: None,
+                next_attempt_ms: None,
+                detail: None,
+                output: Some(crate::destinations::Output {
+                    kind: "notification.payment_received".into(),
+                    key: "t1#order-1#notify#1".into(),
+                    object_id: None,
+                    // Beyond DynamoDB's number range: kept as JSON text.
+                    data: serde_json::json!({"amount": 1e300, "to": ["a@example.com"]}),
+                }),
+            },
+        ];
+        item.relay_due_ms = Some(1_700_000_011_000);
+        let m = encode(&item);
+        let shard = sweep_shard(item.key.as_str());
+        assert_eq!(m.get(RELAY_SHARD), Some(&AttributeValue::S(shard)));
+        assert!(matches!(m.get(DELIVERIES), Some(AttributeValue::L(l)) if l.len() == 2));
+        assert_eq!(decode(m.clone()).unwrap(), item);
+        // The relay index's projection: everything but the body.
+        let projected: Item = m
+            .into_iter()
+            .filter(|(k, _)| k == PK || RELAY_INDEX_PROJECTION.contains(&k.as_str()))
+            .collect();
+        let partial = decode_projected(projected).unwrap();
+        assert_eq!(partial.deliveries, item.deliveries);
+        assert!(partial.body.is_empty());
+        assert_eq!(partial.envelope, item.envelope);
+        // Nothing pending: neither attribute, so not in the relay's index.
+        let m = encode(&sample());
+        assert!(!m.contains_key(RELAY_SHARD) && !m.contains_key(DELIVERIES));
+    }
+
+    #[test]
+    fn a_delivery_with_an_unknown_state_is_corrupt_and_named() {
+        let mut item = sample();
+        item.deliveries = vec![DeliveryStatus {
+            destination: "d".into(),
+            key: "k".into(),
+            state: DeliveryState::Delivered,
+            attempts: 1,
+            last_status: None,
+            last_latency_ms: None,
+            last_attempt_ms: None,
+            next_attempt_ms: None,
+            detail: None,
+            output: None,
+        }];
+        let mut m = encode(&item);
+        if let Some(AttributeValue::L(list)) = m.get_mut(DELIVERIES) {
+            if let AttributeValue::M(entry) = &mut list[0] {
+                entry.insert(D_STATE.into(), AttributeValue::S("lost".into()));
+            }
+        }
+        let err = decode(m).unwrap_err();
+        assert!(
+            err.contains("deliveries[0]") && err.contains("state"),
+            "{err}"
+        );
+        // A cursor item is no event.
+        let cursor = Item::from([(PK.to_string(), AttributeValue::S("cursor#d#p#t#o".into()))]);
+        assert!(!is_event(&cursor));
+        assert!(is_event(&encode(&sample())));
     }
 
     #[test]

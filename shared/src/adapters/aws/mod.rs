@@ -1,7 +1,8 @@
 //! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
 //!
 //! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`, `sweep`, `hints`,
-//! `replay`, `state` (the business records' `StateStore`), `audit`; the shared parts are
+//! `replay`, `relay` (`InboxRelay`, with the ordering cursors in `cursor`), `state`
+//! (the business records' `StateStore`), `audit`; the shared parts are
 //! `item` (the inbox item's attributes), `batch_get`, `query` (paged index reads),
 //! `waiting` (the waiters' index), `error` (SDK error classification) and `setup`
 //! (tables, queues, config). `sinks` holds the destinations on SQS, EventBridge and
@@ -21,6 +22,7 @@
 
 mod audit;
 mod batch_get;
+mod cursor;
 pub(crate) mod error;
 mod hints;
 mod inbox;
@@ -28,6 +30,7 @@ mod item;
 mod query;
 mod queue;
 mod relay;
+mod relay_setup;
 mod replay;
 mod setup;
 pub mod sinks;
@@ -38,6 +41,8 @@ mod waiting;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 pub use audit::{create_audit_table, DynamoAuditLog, AUDIT_TABLE_ENV};
+pub use item::RELAY_INDEX_PROJECTION;
+pub use relay_setup::{function_relay, relay_pass, FunctionSinks, RelayPass};
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,
     load_config_from_ssm, load_config_with, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV,

@@ -1,65 +1,222 @@
-//! The relay port (`InboxRelay`) on this backend: not supported yet; every call
-//! fails with a clear `StoreError::Unavailable`, so a relay configured on this
-//! backend stops at its first call instead of silently delivering nothing.
+//! [`InboxRelay`] on DynamoDB: the relay's retries of failed deliveries, on the inbox
+//! item itself (no table, no transaction of its own).
+//!
+//! - The processor's finish write records the deliveries (`deliveries`, a bounded list
+//!   of maps) and, when one is pending, `relay_due_ms` + `relay_shard`: the item enters
+//!   the sparse `by_relay_due` GSI (hash `relay_shard` = [`item::sweep_shard`] of the
+//!   pk, range `relay_due_ms`, KEYS_ONLY). A happy path (every destination answered at
+//!   once) writes neither attribute, so it costs no index write and no extra call.
+//! - [`InboxRelay::relay_due`]: one Query per shard (`relay_due_ms <= now`, oldest
+//!   first, paged), merged; never a Scan.
+//! - [`InboxRelay::claim_relay`]: one conditional UpdateItem that takes the relay lease
+//!   (`relay_lease_until_ms`, `relay_owner`) of a finished item with something pending,
+//!   and returns the item (body included, `ReturnValues=ALL_NEW`). The index keys are
+//!   untouched, so a claim writes no index entry, and a relay that dies holding the
+//!   lease leaves the item due: the next run claims it once the lease has run out.
+//! - [`InboxRelay::finish_relay`]: one conditional UpdateItem (only the lease holder)
+//!   that writes the outcomes, moves `relay_due_ms` to the next attempt (or removes it
+//!   with the shard: the item leaves the index) and releases the lease.
+//! - Per-object ordering: a small cursor item per destination and object in the same
+//!   table (pk `cursor#…`, see `cursor.rs`), updated conditionally.
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 
+use super::error;
+use super::item::{self, n_attr, s_attr};
+use super::query::{pk_of, query_up_to};
 use super::AwsStore;
 use crate::envelope::InboxKey;
 use crate::ports::{
-    DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate, OrderPosition, StoreError,
+    DeliveryStatus, InboxItem, InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition,
+    StoreError,
 };
 
-fn unsupported() -> StoreError {
-    StoreError::Unavailable("relay not supported yet".into())
+impl AwsStore {
+    /// Up to `limit` keys of one shard's items due at `now_ms`, earliest first, with
+    /// their due time.
+    async fn due_in_shard(
+        &self,
+        shard: &str,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let query = self
+            .dynamodb
+            .query()
+            .table_name(&self.table)
+            .index_name(item::BY_RELAY_DUE)
+            .key_condition_expression("#shard = :shard AND #due <= :now")
+            .expression_attribute_names("#shard", item::RELAY_SHARD)
+            .expression_attribute_names("#due", item::RELAY_DUE_MS)
+            .expression_attribute_values(":shard", s_attr(shard))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .scan_index_forward(true);
+        query_up_to(query, limit)
+            .await?
+            .iter()
+            .map(|m| {
+                let due = match m.get(item::RELAY_DUE_MS) {
+                    Some(AttributeValue::N(n)) => n.parse().unwrap_or(i64::MAX),
+                    _ => i64::MAX,
+                };
+                Ok((due, pk_of(m, item::BY_RELAY_DUE)?))
+            })
+            .collect()
+    }
 }
 
 #[async_trait]
 impl InboxRelay for AwsStore {
-    async fn relay_due(&self, _now_ms: i64, _limit: usize) -> Result<Vec<InboxKey>, StoreError> {
-        Err(unsupported())
+    async fn relay_due(&self, now_ms: i64, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Each shard's earliest `limit`, merged: the earliest `limit` of all.
+        let mut due = Vec::new();
+        for shard in item::sweep_shards() {
+            due.extend(self.due_in_shard(&shard, now_ms, limit).await?);
+        }
+        due.sort();
+        due.truncate(limit);
+        Ok(due
+            .into_iter()
+            .map(|(_, pk)| InboxKey::from_stored(pk))
+            .collect())
     }
 
-    async fn relay_pending(&self, _limit: usize) -> Result<Vec<InboxItem>, StoreError> {
-        Err(unsupported())
+    async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The index projects all the backlog reads: no item is read from the table.
+        let mut pending = Vec::new();
+        for shard in item::sweep_shards() {
+            let query = self
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .index_name(item::BY_RELAY_DUE)
+                .key_condition_expression("#shard = :shard")
+                .expression_attribute_names("#shard", item::RELAY_SHARD)
+                .expression_attribute_values(":shard", s_attr(&shard))
+                .scan_index_forward(true);
+            for m in query_up_to(query, limit).await? {
+                pending.push(item::decode_projected(m).map_err(StoreError::Corrupt)?);
+            }
+        }
+        pending.sort_by(|a, b| {
+            a.relay_due_ms
+                .cmp(&b.relay_due_ms)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        pending.truncate(limit);
+        Ok(pending)
     }
 
     async fn claim_relay(
         &self,
-        _key: &InboxKey,
-        _owner: &str,
-        _now_ms: i64,
-        _lease_ms: i64,
+        key: &InboxKey,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
     ) -> Result<Option<InboxItem>, StoreError> {
-        Err(unsupported())
+        // Finished (`completed` / `ignored`) and no live relay lease: the processor owns
+        // an item until its finish, the relay after it. Not necessarily due: a replay
+        // re-schedules dead-lettered deliveries through this claim.
+        let result = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .update_expression("SET #lease_until = :until, #owner = :owner")
+            .condition_expression(
+                "#state IN (:completed, :ignored) \
+                 AND (attribute_not_exists(#lease_until) OR #lease_until < :now)",
+            )
+            .expression_attribute_names("#lease_until", item::RELAY_LEASE_UNTIL_MS)
+            .expression_attribute_names("#owner", item::RELAY_OWNER)
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_values(":until", n_attr(now_ms.saturating_add(lease_ms)))
+            .expression_attribute_values(":owner", s_attr(owner))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .expression_attribute_values(":completed", s_attr(InboxState::Completed.as_str()))
+            .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                let claimed = out.attributes.ok_or_else(|| {
+                    StoreError::Unavailable(format!(
+                        "DynamoDB UpdateItem: relay claim of {key} returned no item"
+                    ))
+                })?;
+                Ok(Some(item::decode(claimed).map_err(StoreError::Corrupt)?))
+            }
+            // Delivered meanwhile, leased by another relay, or gone (TTL).
+            Err(e) => error::refused(e).map(|_| None),
+        }
     }
 
     async fn finish_relay(
         &self,
-        _key: &InboxKey,
-        _owner: &str,
-        _deliveries: &[DeliveryStatus],
-        _relay_due_ms: Option<i64>,
-        _now_ms: i64,
+        key: &InboxKey,
+        owner: &str,
+        deliveries: &[DeliveryStatus],
+        relay_due_ms: Option<i64>,
+        now_ms: i64,
     ) -> Result<bool, StoreError> {
-        Err(unsupported())
+        let _ = now_ms;
+        let mut request = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .condition_expression("#owner = :owner")
+            .expression_attribute_names("#owner", item::RELAY_OWNER)
+            .expression_attribute_names("#lease_until", item::RELAY_LEASE_UNTIL_MS)
+            .expression_attribute_names("#deliveries", item::DELIVERIES)
+            .expression_attribute_names("#due", item::RELAY_DUE_MS)
+            .expression_attribute_names("#shard", item::RELAY_SHARD)
+            .expression_attribute_values(":owner", s_attr(owner))
+            .expression_attribute_values(":deliveries", item::deliveries_attr(deliveries));
+        let expression = match relay_due_ms {
+            Some(due) => {
+                request = request
+                    .expression_attribute_values(":due", n_attr(due))
+                    .expression_attribute_values(
+                        ":shard",
+                        s_attr(&item::sweep_shard(key.as_str())),
+                    );
+                "SET #deliveries = :deliveries, #due = :due, #shard = :shard \
+                 REMOVE #owner, #lease_until"
+            }
+            None => "SET #deliveries = :deliveries REMOVE #due, #shard, #owner, #lease_until",
+        };
+        let result = request.update_expression(expression).send().await;
+        match result {
+            Ok(_) => Ok(true),
+            // Our lease ran out and another relay took the item: its write wins.
+            Err(e) => error::refused(e).map(|_| false),
+        }
     }
 
     async fn order_acquire(
         &self,
-        _claim: &OrderClaim,
-        _now_ms: i64,
+        claim: &OrderClaim,
+        now_ms: i64,
     ) -> Result<OrderGate, StoreError> {
-        Err(unsupported())
+        self.acquire_order(claim, now_ms).await
     }
 
     async fn order_release(
         &self,
-        _cursor: &str,
-        _key: &str,
-        _delivered: Option<&OrderPosition>,
-        _now_ms: i64,
+        cursor: &str,
+        key: &str,
+        delivered: Option<&OrderPosition>,
+        now_ms: i64,
     ) -> Result<Option<InboxKey>, StoreError> {
-        Err(unsupported())
+        self.release_order(cursor, key, delivered, now_ms).await
     }
 }

@@ -225,6 +225,18 @@ pub async fn create_tables(
         )?)
         .attribute_definitions(key_attribute(table, item::WAIT_ON, ScalarAttributeType::S)?)
         .global_secondary_indexes(wait_index(table)?)
+        // The relay's index: items with a pending delivery, by next attempt.
+        .attribute_definitions(key_attribute(
+            table,
+            item::RELAY_SHARD,
+            ScalarAttributeType::S,
+        )?)
+        .attribute_definitions(key_attribute(
+            table,
+            item::RELAY_DUE_MS,
+            ScalarAttributeType::N,
+        )?)
+        .global_secondary_indexes(relay_index(table)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
@@ -315,6 +327,27 @@ fn wait_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
         table,
         item::BY_WAIT_SHARD,
         (item::WAIT_SHARD, item::WAIT_ON),
+        projection,
+    )
+}
+
+/// The relay's sparse GSI: only items with a pending delivery carry `relay_shard` /
+/// `relay_due_ms` (hash, range), projecting the deliveries and the item's fields but
+/// the body, so the backlog metrics read the index alone.
+fn relay_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    let projection = Projection::builder()
+        .projection_type(ProjectionType::Include)
+        .set_non_key_attributes(Some(
+            item::RELAY_INDEX_PROJECTION
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+        ))
+        .build();
+    inbox_index(
+        table,
+        item::BY_RELAY_DUE,
+        (item::RELAY_SHARD, item::RELAY_DUE_MS),
         projection,
     )
 }
