@@ -523,9 +523,9 @@ fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Optio
         }
         Some((line, value)) => f.secret("dsn", line, value, env).and_then(|dsn| {
             match postgres::dsn_is_local(dsn.expose()) {
-                Ok(local) => Some((line, dsn, local)),
+                Some(local) => Some((line, dsn, local)),
                 // The parser's message may quote the string, which may hold a password.
-                Err(_) => {
+                None => {
                     f.problem(line, "`dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)");
                     None
                 }

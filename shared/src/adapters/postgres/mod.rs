@@ -119,11 +119,11 @@ pub enum PostgresError {
 }
 
 /// Whether every host of the connection string `dsn` is on this machine (loopback or a
-/// Unix socket), where TLS is not needed by default. `Err` when it does not parse (the
+/// Unix socket), where TLS is not needed by default. `None` when it does not parse (the
 /// parser's message is dropped: it may quote the string, and so a password).
-pub fn dsn_is_local(dsn: &str) -> Result<bool, ()> {
-    let parsed = dsn.parse::<tokio_postgres::Config>().map_err(|_| ())?;
-    Ok(parsed.get_hosts().iter().all(|host| match host {
+pub fn dsn_is_local(dsn: &str) -> Option<bool> {
+    let parsed = dsn.parse::<tokio_postgres::Config>().ok()?;
+    Some(parsed.get_hosts().iter().all(|host| match host {
         tokio_postgres::config::Host::Tcp(name) => {
             crate::destinations::address::is_loopback_host(name)
         }
