@@ -3,8 +3,10 @@
 # temp store, signed Stripe-like ~3 KB payloads with 20% duplicates from concurrent
 # keep-alive clients (einmal-loadgen), once without a destination and once with an
 # HTTP destination on loopback (einmal-bench-sink: answers 200, records arrivals).
-# Per run: acked webhooks/s; with the destination also delivered events/s (new
-# events / from the first send to the last delivery) and ack->delivery p50/p99.
+# Per run: acked webhooks/s; without the destination the effects' rate (new events /
+# from the first send to the last event's finish, read from the store) and ack->effect
+# p50/p99; with it delivered events/s (new events / from the first send to the last
+# delivery) and ack->delivery p50/p99; then the ratio of the two rates.
 # Three runs of each; min/median/max printed.
 #   bench/destination.sh [requests] [concurrency] [runs]
 set -euo pipefail
@@ -64,7 +66,26 @@ print(f"with {sys.argv[3]} {len(lat) / span:.0f} {pct(0.5):.1f} {pct(0.99):.1f} 
 PY
     stop "$sink"
   else
-    echo "without $rate" >>"$work/results"
+    local expected; expected=$(wc -l <"$work/acks-$mode-$n")
+    # Wait until every new event is terminal in the store (read-only, beside the server).
+    for _ in $(seq 1200); do
+      [ "$(python3 - "$data/einmal.sqlite" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+print(db.execute("SELECT count(*) FROM inbox WHERE state IN ('completed','ignored')").fetchone()[0])
+PY
+)" -ge "$expected" ] && break; sleep 0.1; done
+    python3 - "$work/acks-$mode-$n" "$data/einmal.sqlite" "$rate" >>"$work/results" <<'PY'
+import sqlite3, sys
+acks = dict(l.split() for l in open(sys.argv[1]))
+db = sqlite3.connect(f"file:{sys.argv[2]}?mode=ro", uri=True)
+done = {e: ms * 1000 for e, ms in db.execute(
+    "SELECT event_id, updated_at_ms FROM inbox WHERE state IN ('completed','ignored')")}
+lat = sorted((done[e] - int(a)) / 1000 for e, a in acks.items() if e in done)
+pct = lambda p: lat[min(len(lat) - 1, round((len(lat) - 1) * p))]
+span = (max(done[e] for e in acks if e in done) - min(int(v) for v in acks.values())) / 1e6
+print(f"without {sys.argv[3]} {len(lat) / span:.0f} {pct(0.5):.1f} {pct(0.99):.1f} {len(lat)} {len(acks)}")
+PY
   fi
   stop "$server"
 }
@@ -78,13 +99,19 @@ def show(name, values, unit):
     print(f"  {name:<34} min {values[0]:>8.1f}  median {statistics.median(values):>8.1f}  max {values[-1]:>8.1f} {unit}")
 print(f"{len(rows)//2} runs of {sys.argv[2]} requests (20% duplicates) over {sys.argv[3]} connections")
 print("without a destination:")
-show("acked", [float(r[1]) for r in rows if r[0] == "without"], "webhooks/s")
+wo = [r for r in rows if r[0] == "without"]
+show("acked", [float(r[1]) for r in wo], "webhooks/s")
+show("effects done (first send..last finish)", [float(r[2]) for r in wo], "events/s")
+show("ack->effect p50", [float(r[3]) for r in wo], "ms")
+show("ack->effect p99", [float(r[4]) for r in wo], "ms")
 w = [r for r in rows if r[0] == "with"]
 print("with an HTTP destination on loopback:")
 show("acked", [float(r[1]) for r in w], "webhooks/s")
 show("delivered (first send..last arrival)", [float(r[2]) for r in w], "events/s")
 show("ack->delivery p50", [float(r[3]) for r in w], "ms")
 show("ack->delivery p99", [float(r[4]) for r in w], "ms")
-lost = sum(int(r[6]) - int(r[5]) for r in w)
-print(f"  new events not delivered: {lost}")
+ratio = statistics.median(float(r[2]) for r in w) / statistics.median(float(r[2]) for r in wo)
+print(f"  delivered/s with a destination vs effects/s without (medians): {ratio:.0%} (target >= 80%)")
+lost = sum(int(r[6]) - int(r[5]) for r in w) + sum(int(r[6]) - int(r[5]) for r in wo)
+print(f"  new events not finished or not delivered: {lost}")
 PY
