@@ -57,8 +57,10 @@ struct Prepared {
 }
 
 fn stripe_event(id: &str, pad: usize) -> Vec<u8> {
+    // Stamped now, so the effect lag and the payment SLI read true figures.
+    let created = einmal::time::now_millis() / 1000;
     let base = serde_json::json!({
-        "id": id, "object": "event", "api_version": "2024-06-20", "created": 1764400000,
+        "id": id, "object": "event", "api_version": "2024-06-20", "created": created,
         "livemode": false, "pending_webhooks": 1, "type": "payment_intent.succeeded",
         "data": {"object": {"id": format!("pi_{id}"), "object": "payment_intent", "amount": 4990,
             "currency": "eur", "status": "succeeded", "customer": "cus_123",
