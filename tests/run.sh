@@ -38,6 +38,13 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && [ -z "${EINMAL_
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends postgresql
 fi
 export EINMAL_REQUIRE_POSTGRES=1
+# The HTTP destination's signatures are checked with Python's `standardwebhooks` too (the
+# library a user's app verifies with), in the venv's Python.
+if ! .venv/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then
+  echo "== installing standardwebhooks into .venv"
+  .venv/bin/pip install --quiet 'standardwebhooks>=1.0.1,<2'
+fi
+export EINMAL_REQUIRE_PYTHON_VERIFIER=1
 if [ -x .venv/bin/moto_server ]; then
   export EINMAL_MOTO_BIN="$PWD/.venv/bin/moto_server"
 fi

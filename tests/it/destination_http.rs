@@ -185,6 +185,77 @@ async fn a_delivery_carries_the_body_the_key_and_a_signature_the_spec_library_ve
         .is_err());
 }
 
+/// What a Python consumer runs: the `standardwebhooks` package from PyPI verifies the
+/// raw body against the headers with its own clock tolerance, or raises.
+const PYTHON_VERIFY: &str = r#"
+import json, sys
+from standardwebhooks.webhooks import Webhook
+case = json.load(open(sys.argv[1]))
+Webhook(case["secret"]).verify(bytes.fromhex(case["body"]), case["headers"])
+print("verified")
+"#;
+
+/// Run [`PYTHON_VERIFY`] on one received request; `Ok(false)` when it refused.
+fn python_verifies(secret: &Secret, headers: &HeaderMap, body: &[u8]) -> Result<bool, String> {
+    let python = einmal_tests::moto::moto_python()?;
+    let headers: serde_json::Map<String, serde_json::Value> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().into()))
+        .collect();
+    let case = serde_json::json!({"secret": secret.expose(), "body": hex::encode(body), "headers": headers});
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let path = dir.path().join("case.json");
+    std::fs::write(&path, case.to_string()).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(&python)
+        .args(["-c", PYTHON_VERIFY])
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("{python}: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named 'standardwebhooks'") {
+        return Err(format!("{python} has no standardwebhooks package"));
+    }
+    Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "verified")
+}
+
+/// The users' side in another language: Python's `standardwebhooks` (PyPI) accepts what
+/// the sink sent, with either secret of a rotation, and refuses a changed body.
+/// `tests/run.sh` installs the package and requires this check
+/// (`EINMAL_REQUIRE_PYTHON_VERIFIER=1`); elsewhere it is skipped when missing.
+#[tokio::test]
+async fn the_python_standardwebhooks_library_verifies_a_delivery() {
+    let (base, seen) = app().await;
+    let (new, old) = (generate_secret(), generate_secret());
+    let sink = HttpSink::new(
+        &destination(
+            &format!("{base}/ok"),
+            vec![new.clone(), old.clone()],
+            Duration::from_secs(10),
+        ),
+        &HttpsClient::new(),
+    )
+    .unwrap();
+    let body = br#"{"id":"evt_1","object":"event","amount":150}"#;
+    sink.deliver(&message(body)).await.unwrap();
+    let (headers, received) = seen.lock().unwrap()[0].clone();
+    let required = std::env::var("EINMAL_REQUIRE_PYTHON_VERIFIER").is_ok_and(|v| v == "1");
+    for secret in [&new, &old] {
+        match python_verifies(secret, &headers, &received) {
+            Ok(verified) => assert!(verified, "Python's standardwebhooks refused our delivery"),
+            Err(e) if !required => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        python_verifies(&new, &headers, b"{}"),
+        Ok(false),
+        "a changed body must not verify"
+    );
+}
+
 #[tokio::test]
 async fn server_errors_and_throttling_are_retried_with_retry_after() {
     let (base, _) = app().await;

@@ -176,7 +176,9 @@ fn moto_command() -> Vec<String> {
     ]
 }
 
-fn moto_python() -> Result<String, String> {
+/// The Python of the project's venv (the one moto is installed in): the tests that run a
+/// Python library (moto, the `standardwebhooks` verifier) use it.
+pub fn moto_python() -> Result<String, String> {
     let configured = std::env::var(MOTO_BIN_ENV)
         .ok()
         .filter(|bin| !bin.trim().is_empty());

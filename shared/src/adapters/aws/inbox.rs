@@ -267,15 +267,11 @@ impl InboxProcessing for AwsStore {
             .send()
             .await;
         match result {
-            Ok(out) => {
-                let claimed = out.attributes.ok_or_else(|| {
-                    StoreError::Unavailable(format!(
-                        "DynamoDB UpdateItem: claim of {key} returned no item"
-                    ))
-                })?;
-                let claimed = item::decode(claimed).map_err(StoreError::Corrupt)?;
-                Ok(ClaimOutcome::Claimed(Box::new(claimed)))
-            }
+            Ok(out) => Ok(ClaimOutcome::Claimed(Box::new(item::decode_returned(
+                out.attributes,
+                "claim",
+                key,
+            )?))),
             Err(e) => {
                 let old = error::refused(e)?;
                 self.claim_refused(old, key, now_ms).await

@@ -365,6 +365,21 @@ pub(crate) fn decode(m: Item) -> Result<InboxItem, String> {
 
 /// Decode an entry of [`BY_RELAY_DUE`] ([`RELAY_INDEX_PROJECTION`]): the body and the
 /// bookkeeping the index does not project come back empty.
+/// The item an `UpdateItem` with `ReturnValues=ALL_NEW` returned (`what` names the
+/// write in the error when DynamoDB returned none).
+pub(crate) fn decode_returned(
+    attributes: Option<Item>,
+    what: &str,
+    key: &InboxKey,
+) -> Result<InboxItem, crate::ports::StoreError> {
+    let item = attributes.ok_or_else(|| {
+        crate::ports::StoreError::Unavailable(format!(
+            "DynamoDB UpdateItem: {what} of {key} returned no item"
+        ))
+    })?;
+    decode(item).map_err(crate::ports::StoreError::Corrupt)
+}
+
 pub(crate) fn decode_projected(m: Item) -> Result<InboxItem, String> {
     decode_with(m, false)
 }

@@ -146,14 +146,11 @@ impl InboxRelay for AwsStore {
             .send()
             .await;
         match result {
-            Ok(out) => {
-                let claimed = out.attributes.ok_or_else(|| {
-                    StoreError::Unavailable(format!(
-                        "DynamoDB UpdateItem: relay claim of {key} returned no item"
-                    ))
-                })?;
-                Ok(Some(item::decode(claimed).map_err(StoreError::Corrupt)?))
-            }
+            Ok(out) => Ok(Some(item::decode_returned(
+                out.attributes,
+                "relay claim",
+                key,
+            )?)),
             // Delivered meanwhile, leased by another relay, or gone (TTL).
             Err(e) => error::refused(e).map(|_| None),
         }

@@ -314,41 +314,31 @@ fn hint_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
 /// The waiters' sparse GSI: only parked items carry `wait_shard` / `wait_on` (hash,
 /// range), projecting the few attributes the wake and the sweeper need.
 fn wait_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
-    let projection = Projection::builder()
-        .projection_type(ProjectionType::Include)
-        .set_non_key_attributes(Some(
-            item::WAIT_INDEX_PROJECTION
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
-        ))
-        .build();
     inbox_index(
         table,
         item::BY_WAIT_SHARD,
         (item::WAIT_SHARD, item::WAIT_ON),
-        projection,
+        including(&item::WAIT_INDEX_PROJECTION),
     )
+}
+
+/// A projection of the keys and `attributes`.
+fn including(attributes: &[&str]) -> Projection {
+    Projection::builder()
+        .projection_type(ProjectionType::Include)
+        .set_non_key_attributes(Some(attributes.iter().map(|a| a.to_string()).collect()))
+        .build()
 }
 
 /// The relay's sparse GSI: only items with a pending delivery carry `relay_shard` /
 /// `relay_due_ms` (hash, range), projecting the deliveries and the item's fields but
 /// the body, so the backlog metrics read the index alone.
 fn relay_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
-    let projection = Projection::builder()
-        .projection_type(ProjectionType::Include)
-        .set_non_key_attributes(Some(
-            item::RELAY_INDEX_PROJECTION
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
-        ))
-        .build();
     inbox_index(
         table,
         item::BY_RELAY_DUE,
         (item::RELAY_SHARD, item::RELAY_DUE_MS),
-        projection,
+        including(&item::RELAY_INDEX_PROJECTION),
     )
 }
 
