@@ -5,12 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use einmal::adapters::postgres::PostgresSink;
-use einmal::destinations::http::HttpSink;
-use einmal::destinations::{DestinationConfig, DestinationKind, Sink};
+use einmal::destinations::{DestinationConfig, Sink};
 use einmal::https::HttpsClient;
 use einmal::pipeline::relay::{
-    Relay, RelayError, RelaySettings, RelayTally, SinkFactory, DEFAULT_RUN_LIMIT,
+    build_common_sink, Relay, RelayError, RelaySettings, RelayTally, SinkFactory, DEFAULT_RUN_LIMIT,
 };
 use einmal::ports::InboxRelay;
 
@@ -41,20 +39,15 @@ impl SinkFactory for ServeSinks {
 
 impl ServeSinks {
     async fn build_sink(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
-        match &d.kind {
-            DestinationKind::Http(http) => HttpSink::new(http, &self.https)
-                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| RelayError::new(d, e.to_string())),
-            // Connects and checks the schema now: an unreachable database stops the start.
-            DestinationKind::Postgres(_) => PostgresSink::for_destination(d)
-                .await
-                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| RelayError::new(d, e.to_string())),
-            other => Err(RelayError::new(
+        build_common_sink(d, &self.https).await.unwrap_or_else(|| {
+            Err(RelayError::new(
                 d,
-                format!("kind {} is not available in einmal serve yet", other.name()),
-            )),
-        }
+                format!(
+                    "kind {} is not available in einmal serve yet",
+                    d.kind.name()
+                ),
+            ))
+        })
     }
 }
 

@@ -244,6 +244,28 @@ pub trait SinkFactory: Send + Sync {
     async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
 }
 
+/// The sinks every process links without an AWS configuration: HTTP (on the process's
+/// outbound client) and PostgreSQL (connected and schema-checked now, so an unreachable
+/// database stops the start). `None` for the other kinds: the caller's factory builds them.
+pub async fn build_common_sink(
+    destination: &DestinationConfig,
+    https: &crate::https::HttpsClient,
+) -> Option<Result<Arc<dyn Sink>, RelayError>> {
+    let built = match &destination.kind {
+        DestinationKind::Http(http) => crate::destinations::http::HttpSink::new(http, https)
+            .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
+            .map_err(|e| e.to_string()),
+        DestinationKind::Postgres(_) => {
+            crate::adapters::postgres::PostgresSink::for_destination(destination)
+                .await
+                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
+                .map_err(|e| e.to_string())
+        }
+        _ => return None,
+    };
+    Some(built.map_err(|reason| RelayError::new(destination, reason)))
+}
+
 /// One configured destination with its built sink.
 #[derive(Clone)]
 pub struct RelayDestination {

@@ -7,12 +7,10 @@ use std::sync::Arc;
 use aws_config::SdkConfig;
 
 use super::sinks::AwsSinkFactory;
-use crate::adapters::postgres::PostgresSink;
 use crate::config::Config;
-use crate::destinations::http::HttpSink;
-use crate::destinations::{DestinationConfig, DestinationKind, Sink};
+use crate::destinations::{DestinationConfig, Sink};
 use crate::https::HttpsClient;
-use crate::pipeline::relay::{Relay, RelayError, RelaySettings, SinkFactory};
+use crate::pipeline::relay::{build_common_sink, Relay, RelayError, RelaySettings, SinkFactory};
 use crate::ports::InboxRelay;
 
 /// The sinks the functions link: HTTP (Standard Webhooks, on the process's outbound
@@ -35,20 +33,15 @@ impl FunctionSinks {
 #[async_trait::async_trait]
 impl SinkFactory for FunctionSinks {
     async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
-        match &destination.kind {
-            DestinationKind::Http(http) => HttpSink::new(http, &self.https)
-                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| RelayError::new(destination, e.to_string())),
-            // Connects and checks the schema now: an unreachable database stops the start.
-            DestinationKind::Postgres(_) => PostgresSink::for_destination(destination)
-                .await
-                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| RelayError::new(destination, e.to_string())),
-            kind => self
-                .aws
-                .build(destination)
-                .map_err(|e| RelayError::new(destination, format!("{} sink: {e}", kind.name()))),
+        if let Some(common) = build_common_sink(destination, &self.https).await {
+            return common;
         }
+        self.aws.build(destination).map_err(|e| {
+            RelayError::new(
+                destination,
+                format!("{} sink: {e}", destination.kind.name()),
+            )
+        })
     }
 }
 
@@ -159,13 +152,17 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         );
         let mut pg = config.destinations()[0].clone();
         pg.name = "warehouse".into();
-        pg.kind = DestinationKind::Postgres(crate::destinations::config::PostgresDestination {
-            // Nothing listens on port 9: the start fails, naming the destination.
-            dsn: crate::config::Secret::new("host=127.0.0.1 port=9 user=u password=pw1 dbname=x"),
-            table: "events".into(),
-            tls: false,
-            pool_size: 1,
-        });
+        pg.kind = crate::destinations::DestinationKind::Postgres(
+            crate::destinations::config::PostgresDestination {
+                // Nothing listens on port 9: the start fails, naming the destination.
+                dsn: crate::config::Secret::new(
+                    "host=127.0.0.1 port=9 user=u password=pw1 dbname=x",
+                ),
+                table: "events".into(),
+                tls: false,
+                pool_size: 1,
+            },
+        );
         let err = sinks.build(&pg).await.err().expect("refused");
         assert_eq!(err.destination, "warehouse");
         assert!(err.reason.contains("cannot connect to PostgreSQL"), "{err}");
