@@ -116,9 +116,8 @@ async fn deliver(
     sink.deliver(&message(b"{}")).await
 }
 
-#[tokio::test]
-async fn a_delivery_carries_the_body_the_key_and_a_signature_the_spec_library_verifies() {
-    let (base, seen) = app().await;
+/// A sink to `{base}/ok` signing with two secrets, as during a rotation: (sink, new, old).
+fn rotating_sink(base: &str) -> (HttpSink, Secret, Secret) {
     let (new, old) = (generate_secret(), generate_secret());
     let sink = HttpSink::new(
         &destination(
@@ -129,6 +128,13 @@ async fn a_delivery_carries_the_body_the_key_and_a_signature_the_spec_library_ve
         &HttpsClient::new(),
     )
     .unwrap();
+    (sink, new, old)
+}
+
+#[tokio::test]
+async fn a_delivery_carries_the_body_the_key_and_a_signature_the_spec_library_verifies() {
+    let (base, seen) = app().await;
+    let (sink, new, old) = rotating_sink(&base);
     // Not canonical JSON on purpose: the bytes must arrive exactly as given.
     let body = br#"{ "id":"evt_1",  "amount": 1.50e2, "name":"Zo\u00eb" }"#;
     let sent = message(body);
@@ -225,16 +231,7 @@ fn python_verifies(secret: &Secret, headers: &HeaderMap, body: &[u8]) -> Result<
 #[tokio::test]
 async fn the_python_standardwebhooks_library_verifies_a_delivery() {
     let (base, seen) = app().await;
-    let (new, old) = (generate_secret(), generate_secret());
-    let sink = HttpSink::new(
-        &destination(
-            &format!("{base}/ok"),
-            vec![new.clone(), old.clone()],
-            Duration::from_secs(10),
-        ),
-        &HttpsClient::new(),
-    )
-    .unwrap();
+    let (sink, new, old) = rotating_sink(&base);
     let body = br#"{"id":"evt_1","object":"event","amount":150}"#;
     sink.deliver(&message(body)).await.unwrap();
     let (headers, received) = seen.lock().unwrap()[0].clone();
