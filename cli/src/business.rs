@@ -7,6 +7,7 @@ use einmal::domain::reference::Sku;
 use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateWrite};
 
 use crate::store::StoreArgs;
+use einmal_cli::error::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum OrdersCommand {
@@ -63,15 +64,17 @@ async fn show(
     key: StateKey,
     json: bool,
     what: &str,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, CliError> {
     let state = store.open_state().await?;
     let records = state
         .load(std::slice::from_ref(&key))
         .await
         .map_err(|e| e.to_string())?;
     let Some(record) = records.into_iter().next().filter(StateRecord::exists) else {
-        eprintln!("einmal: no {what} {} for tenant {}", key.id, key.tenant);
-        return Ok(ExitCode::from(1));
+        return Err(CliError::NotFound(format!(
+            "no {what} {} for tenant {}",
+            key.id, key.tenant
+        )));
     };
     let value = record_json(&record);
     if json {
@@ -88,7 +91,7 @@ async fn show(
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn run_orders(command: OrdersCommand) -> Result<ExitCode, String> {
+pub async fn run_orders(command: OrdersCommand) -> Result<ExitCode, CliError> {
     match command {
         OrdersCommand::Show {
             tenant,
@@ -107,7 +110,7 @@ pub async fn run_orders(command: OrdersCommand) -> Result<ExitCode, String> {
     }
 }
 
-pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, String> {
+pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, CliError> {
     match command {
         InventoryCommand::Show {
             tenant,
@@ -151,7 +154,7 @@ pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, String
                     CommitOutcome::Conflict => continue,
                 }
             }
-            Err(format!("could not set {sku}: the record kept changing"))
+            Err(format!("could not set {sku}: the record kept changing").into())
         }
     }
 }

@@ -7,14 +7,14 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use einmal::config::{Config, ConfigError};
 
-/// Exit code of `einmal config check` when the configuration has problems (2 means it
-/// could not be read, like every other CLI error).
-pub const EXIT_INVALID: u8 = 1;
+/// Exit code of `einmal config check` when the configuration has problems (4 means it
+/// could not be read, like every other failure).
+pub const EXIT_INVALID: u8 = einmal_cli::error::EXIT_NEGATIVE;
 
 #[derive(Subcommand)]
 pub enum ConfigCommand {
     /// Check a tenant configuration: print each problem as `file:line: message` and
-    /// exit 1 if there is any (0 when valid, 2 when the file cannot be read).
+    /// exit 1 if there is any (0 when valid, 4 when the file cannot be read).
     Check {
         /// Tenant configuration (TOML).
         #[arg(long, default_value_os_t = crate::default_config_path())]

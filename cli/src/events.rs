@@ -7,6 +7,7 @@ use einmal::envelope::InboxKey;
 use einmal::ports::{InboxFilter, InboxItem, InboxState};
 
 use crate::store::{ListArgs, ScopeArgs, StoreArgs};
+use einmal_cli::error::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum EventsCommand {
@@ -45,7 +46,7 @@ fn parse_state(s: &str) -> Result<InboxState, String> {
     })
 }
 
-pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
+pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
     match command {
         EventsCommand::Show {
             provider,
@@ -59,8 +60,7 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, String> {
             let key = InboxKey::new(&provider, &tenant, &event_id);
             let item = inbox.get(&key).await.map_err(|e| e.to_string())?;
             let Some(item) = item else {
-                eprintln!("einmal: no event {key}");
-                return Ok(ExitCode::from(1));
+                return Err(CliError::NotFound(format!("no event {key}")));
             };
             let mut value = item_json(&item);
             if body {

@@ -3,6 +3,7 @@
 //! The other commands (`send`, `events`, `replay`, …) need no domain: the stock
 //! `einmal` binary works on the same data directory.
 
+pub mod error;
 pub mod relay;
 pub mod serve;
 pub mod serve_http;
@@ -28,14 +29,12 @@ struct ServeCli {
 }
 
 /// A user's `main`: parse `einmal serve`'s flags and serve with `domain` until Ctrl-C
-/// or SIGTERM. Exit code 2 with the reason on stderr when it cannot start.
+/// or SIGTERM. Exit code 4 ([`error::EXIT_FAILURE`]) with the reason on stderr when it
+/// cannot start, 2 on a bad command line.
 pub async fn serve_main(domain: Arc<dyn Domain>) -> ExitCode {
     let cli = ServeCli::parse();
     match serve::run(cli.serve, domain).await {
         Ok(code) => code,
-        Err(err) => {
-            eprintln!("einmal: {err}");
-            ExitCode::from(2)
-        }
+        Err(err) => error::CliError::Failure(err).report(false),
     }
 }

@@ -1,30 +1,37 @@
 //! `einmal`: run einmal locally, send signed sample webhooks, inspect the inbox.
 
 mod business;
+mod completions;
 mod config_check;
 mod events;
 mod listen;
 mod ops;
 mod reconcile;
 mod send;
+mod setup;
 mod store;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use einmal::domain::reference::ReferenceDomain;
 // The embedded pipeline lives in the library (`einmal_cli`), usable with any domain.
 pub use einmal_cli::default_config_path;
+use einmal_cli::error::{self, CliError};
 use einmal_cli::serve;
 
 #[derive(Parser)]
 #[command(
     name = "einmal",
     version,
-    about = "Exactly-once business effects from at-least-once webhooks"
+    about = "Exactly-once business effects from at-least-once webhooks",
+    after_help = error::EXIT_CODES_HELP
 )]
 struct Cli {
+    /// Print data as JSON on stdout and an error as a JSON object on stderr.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -72,30 +79,77 @@ enum Command {
         #[command(subcommand)]
         command: ops::AuditCommand,
     },
+    /// Create the stores the code expects: on AWS the tables, indexes and queues named
+    /// by the Lambdas' environment variables; embedded, the --data-dir store. Idempotent.
+    Setup(setup::SetupArgs),
+    /// Print a shell completion script (e.g. `einmal completions bash > ~/.local/share/bash-completion/completions/einmal`).
+    Completions(completions::CompletionsArgs),
+    /// Print the man page (roff), e.g. `einmal man | man -l -`.
+    Man(completions::ManArgs),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(err),
+    };
+    let json = cli.json;
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args, Arc::new(ReferenceDomain::new())).await,
-        Command::Listen(args) => listen::run(args, Arc::new(ReferenceDomain::new())).await,
-        Command::Config { command } => config_check::run(command),
+        Command::Serve(args) => serve::run(args, Arc::new(ReferenceDomain::new()))
+            .await
+            .map_err(CliError::from),
+        Command::Listen(args) => listen::run(args, Arc::new(ReferenceDomain::new()))
+            .await
+            .map_err(CliError::from),
+        Command::Config { command } => config_check::run(command).map_err(CliError::from),
         // The business's view of its orders: the reference domain's.
         Command::Reconcile(args) => reconcile::run(args, Arc::new(ReferenceDomain)).await,
-        Command::Send(args) => send::run(args).await,
+        Command::Send(args) => send::run(args).await.map_err(CliError::from),
         Command::Events { command } => events::run(command).await,
         Command::Orders { command } => business::run_orders(command).await,
         Command::Inventory { command } => business::run_inventory(command).await,
         Command::Dlq { command } => ops::run_dlq(command).await,
         Command::Replay(args) => ops::run_replay(args).await,
         Command::Audit { command } => ops::run_audit(command).await,
+        Command::Setup(args) => setup::run(args, json).await,
+        Command::Completions(args) => completions::completions(args, Cli::command()),
+        Command::Man(args) => completions::man(args, Cli::command()),
     };
     match result {
         Ok(code) => code,
-        Err(err) => {
-            eprintln!("einmal: {err}");
-            ExitCode::from(2)
+        Err(err) => err.report(json),
+    }
+}
+
+/// A command line clap refuses: its message and exit code 2 (with `--json`, as a JSON
+/// error object); `--help` and `--version` print and exit 0 as usual.
+fn usage_error(err: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let wants_json = std::env::args_os()
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    match err.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = err.print();
+            ExitCode::SUCCESS
+        }
+        _ if wants_json => {
+            // clap's message without its styling, trimmed to the error line and hint.
+            let message = err.render().to_string();
+            let message = message
+                .trim()
+                .trim_start_matches("error: ")
+                .split("\n\nUsage:")
+                .next()
+                .unwrap_or_default()
+                .trim();
+            eprintln!("{}", error::error_json("usage", message));
+            ExitCode::from(error::EXIT_USAGE)
+        }
+        _ => {
+            let _ = err.print();
+            ExitCode::from(error::EXIT_USAGE)
         }
     }
 }

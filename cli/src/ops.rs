@@ -1,7 +1,7 @@
 //! Operator commands: `einmal dlq list|show`, `einmal replay` (one event or bulk, with
 //! a dry run and progress), `einmal audit list`. Every replay is audited.
 
-use std::io::Write;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
@@ -14,6 +14,7 @@ use einmal::time::parse_rfc3339;
 use serde_json::json;
 
 use crate::store::{ListArgs, ScopeArgs, StoreArgs};
+use einmal_cli::error::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
@@ -137,7 +138,7 @@ fn dlq_json(item: &InboxItem, now: i64) -> serde_json::Value {
     })
 }
 
-pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, String> {
+pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, CliError> {
     let now = now_millis();
     match command {
         DlqCommand::List {
@@ -174,8 +175,7 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, String> {
             let inbox = store.open().await?;
             let key = InboxKey::from_stored(id);
             let Some(item) = inbox.get(&key).await.map_err(|e| e.to_string())? else {
-                eprintln!("einmal: no event {key}");
-                return Ok(ExitCode::from(1));
+                return Err(CliError::NotFound(format!("no event {key}")));
             };
             if json {
                 print_json(&dlq_json(&item, now))?;
@@ -218,10 +218,10 @@ pub(crate) fn audit_actor(actor: Option<String>) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
+pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, CliError> {
     let actor = audit_actor(args.actor.clone());
     if args.reason.trim().is_empty() {
-        return Err("--reason must not be empty".into());
+        return Err(CliError::Usage("--reason must not be empty".into()));
     }
     let operator = Operator {
         actor,
@@ -239,19 +239,20 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
             force: args.force,
             limit: args.limit,
         };
-        let show = !args.json;
+        // A bar only on a terminal: piped, redraws would fill the log with `\r` lines.
+        let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar.set_message(if args.dry_run { "checked" } else { "replayed" });
+            bar
+        });
         let mut progress = |p: einmal::pipeline::replay::Progress<'_>| {
-            if show {
-                let width = 30usize;
-                let filled = (p.done * width).checked_div(p.total).unwrap_or(width);
-                eprint!(
-                    "\r[{}{}] {}/{}",
-                    "#".repeat(filled),
-                    "-".repeat(width - filled),
-                    p.done,
-                    p.total
-                );
-                let _ = std::io::stderr().flush();
+            if let Some(bar) = &bar {
+                bar.set_length(p.total as u64);
+                bar.set_position(p.done as u64);
             }
         };
         let report = stores
@@ -259,15 +260,17 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
             .replay_bulk(&selector, args.dry_run, &operator, &mut progress)
             .await
             .map_err(|e| e.to_string())?;
-        if show && report.summary.matched > 0 {
-            eprintln!();
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
         }
         report
     } else {
         let (Some(provider), Some(tenant), Some(event_id)) =
             (&args.provider, &args.tenant, &args.event_id)
         else {
-            return Err("--provider, --tenant and --event-id are required".into());
+            return Err(CliError::Usage(
+                "--provider, --tenant and --event-id are required".into(),
+            ));
         };
         let key = InboxKey::new(provider, tenant, event_id);
         stores
@@ -281,27 +284,38 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, String> {
     } else {
         if !args.bulk || report.outcomes.len() <= 20 {
             for (key, outcome) in &report.outcomes {
-                println!("{key}  {}", outcome.as_str());
+                match (report.summary.dry_run, outcome) {
+                    (true, ItemOutcome::Replayed) => println!("{key}  would replay"),
+                    (true, ItemOutcome::Redelivered) => println!("{key}  would redeliver"),
+                    _ => println!("{key}  {}", outcome.as_str()),
+                }
             }
         }
         let s = &report.summary;
-        println!(
-            "{}matched={} replayed={} redelivered={} already_done={} busy={} missing={} failed={} dead_letters_removed={}{}",
-            if s.dry_run { "dry run (nothing changed): " } else { "" },
-            s.matched,
-            s.replayed,
-            s.redelivered,
-            s.already_done,
-            s.busy,
-            s.missing,
-            s.failed,
-            s.dead_letters_removed,
-            report
-                .audit_id
-                .as_deref()
-                .map(|id| format!(" audit={id}"))
-                .unwrap_or_default()
-        );
+        let audit = report
+            .audit_id
+            .as_deref()
+            .map(|id| format!(" audit={id}"))
+            .unwrap_or_default();
+        if s.dry_run {
+            // Nothing was replayed: say what would be.
+            println!(
+                "dry run (nothing changed): would replay {} and redeliver {} of matched={} already_done={} busy={}",
+                s.replayed, s.redelivered, s.matched, s.already_done, s.busy
+            );
+        } else {
+            println!(
+                "matched={} replayed={} redelivered={} already_done={} busy={} missing={} failed={} dead_letters_removed={}{audit}",
+                s.matched,
+                s.replayed,
+                s.redelivered,
+                s.already_done,
+                s.busy,
+                s.missing,
+                s.failed,
+                s.dead_letters_removed,
+            );
+        }
     }
     let bad = report.outcomes.iter().any(|(_, o)| {
         matches!(
@@ -335,7 +349,7 @@ fn audit_line(r: &AuditRecord) -> String {
     )
 }
 
-pub async fn run_audit(command: AuditCommand) -> Result<ExitCode, String> {
+pub async fn run_audit(command: AuditCommand) -> Result<ExitCode, CliError> {
     match command {
         AuditCommand::List {
             list: ListArgs { limit, json, store },

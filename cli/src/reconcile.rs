@@ -16,6 +16,7 @@ use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
 use einmal::time::parse_rfc3339;
 
 use crate::store::StoreArgs;
+use einmal_cli::error::CliError;
 
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
@@ -47,7 +48,10 @@ pub struct ReconcileArgs {
 }
 
 /// Reconcile with `view` reading what the business believes about its orders.
-pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<ExitCode, String> {
+pub async fn run(
+    args: ReconcileArgs,
+    view: Arc<dyn PaymentView>,
+) -> Result<ExitCode, CliError> {
     let since = match args.since.as_deref() {
         Some(s) => Some(parse_rfc3339(s).ok_or_else(|| format!("--since: not RFC 3339: {s}"))?),
         None => None,

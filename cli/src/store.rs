@@ -9,6 +9,7 @@ use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedAuditLog, EmbeddedOptions, EmbeddedStore};
 use einmal::domain::state::StateStore;
 use einmal::ports::InboxStore;
+use einmal_cli::error::CliError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -43,14 +44,15 @@ pub struct StoreArgs {
     /// Which store to read.
     #[arg(long, value_enum, default_value_t = Backend::Embedded)]
     pub backend: Backend,
-    /// Directory of the embedded store.
+    /// Directory of the embedded store (must exist: `einmal serve` or `einmal setup`
+    /// creates it).
     #[arg(long, default_value = ".einmal")]
     pub data_dir: PathBuf,
 }
 
 /// The process's one AWS SDK config: every client shares it (and its connection pools),
 /// whichever of the `open_*` calls a command makes.
-async fn sdk_config() -> &'static aws_config::SdkConfig {
+pub(crate) async fn sdk_config() -> &'static aws_config::SdkConfig {
     static SDK_CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> =
         tokio::sync::OnceCell::const_new();
     SDK_CONFIG
@@ -70,9 +72,9 @@ async fn open_aws_store() -> Result<Arc<AwsStore>, String> {
 
 impl StoreArgs {
     /// The business-state store next to the inbox.
-    pub async fn open_state(&self) -> Result<Arc<dyn StateStore>, String> {
+    pub async fn open_state(&self) -> Result<Arc<dyn StateStore>, CliError> {
         match self.backend {
-            Backend::Embedded => Ok(Arc::new(EmbeddedStateStore::open(&self.data_dir).map_err(
+            Backend::Embedded => Ok(Arc::new(EmbeddedStateStore::open(self.existing_data_dir()?).map_err(
                 |e| {
                     format!(
                         "cannot open the state store in {}: {e}",
@@ -87,7 +89,7 @@ impl StoreArgs {
     }
 
     /// The inbox store: every inbox port of the chosen backend in one.
-    pub async fn open(&self) -> Result<Arc<dyn InboxStore>, String> {
+    pub async fn open(&self) -> Result<Arc<dyn InboxStore>, CliError> {
         match self.backend {
             Backend::Embedded => {
                 let store = Arc::new(self.open_embedded_store()?);
@@ -108,25 +110,46 @@ pub struct OpsStores {
 }
 
 impl StoreArgs {
+    /// --data-dir, if it exists: opening a store there would create one, so a mistyped
+    /// path would silently show an empty inbox. Only `serve`, `listen` and `setup`
+    /// create the directory.
+    fn existing_data_dir(&self) -> Result<&std::path::Path, CliError> {
+        if self.data_dir.is_dir() {
+            return Ok(&self.data_dir);
+        }
+        Err(CliError::NotFound(format!(
+            "no einmal store in {}: the directory does not exist (is --data-dir the one `einmal serve` uses? `einmal setup --data-dir {}` creates an empty store)",
+            self.data_dir.display(),
+            self.data_dir.display()
+        )))
+    }
+
     /// The embedded inbox store in --data-dir, its error naming the folder.
-    fn open_embedded_store(&self) -> Result<EmbeddedStore, String> {
-        EmbeddedStore::open(&self.data_dir, EmbeddedOptions::default())
-            .map_err(|e| format!("cannot open the store in {}: {e}", self.data_dir.display()))
+    fn open_embedded_store(&self) -> Result<EmbeddedStore, CliError> {
+        EmbeddedStore::open(self.existing_data_dir()?, EmbeddedOptions::default())
+            .map_err(|e| {
+                CliError::Failure(format!(
+                    "cannot open the store in {}: {e}",
+                    self.data_dir.display()
+                ))
+            })
     }
 
     /// The embedded audit log (`audit.sqlite` in --data-dir), its error naming the folder.
-    fn open_embedded_audit(&self) -> Result<EmbeddedAuditLog, String> {
-        EmbeddedAuditLog::open(&self.data_dir).map_err(|e| {
-            format!(
+    fn open_embedded_audit(&self) -> Result<EmbeddedAuditLog, CliError> {
+        EmbeddedAuditLog::open(self.existing_data_dir()?).map_err(|e| {
+            CliError::Failure(format!(
                 "cannot open the audit log in {}: {e}",
                 self.data_dir.display()
-            )
+            ))
         })
     }
 
     /// The audit log alone: `audit.sqlite` in --data-dir, or on AWS the table named by
     /// EINMAL_AUDIT_TABLE (`None` when that is not set).
-    pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, String> {
+    pub async fn open_audit(
+        &self,
+    ) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, CliError> {
         use einmal::adapters::aws::DynamoAuditLog;
         match self.backend {
             Backend::Embedded => Ok(Some(Arc::new(self.open_embedded_audit()?))),
@@ -140,7 +163,7 @@ impl StoreArgs {
 
     /// The inbox, the replay service and the audit log (`audit.sqlite` in --data-dir,
     /// or the DynamoDB table named by EINMAL_AUDIT_TABLE).
-    pub async fn open_ops(&self) -> Result<OpsStores, String> {
+    pub async fn open_ops(&self) -> Result<OpsStores, CliError> {
         use einmal::adapters::aws::DynamoAuditLog;
         use einmal::audit::AuditLog;
         use einmal::pipeline::replay::Replayer;

@@ -317,11 +317,11 @@ async fn dlq_replay_and_audit_with_backend_aws() {
         "{}",
         stdout(&out)
     );
-    // An unknown id: a clear message, exit 1.
+    // An unknown id: a clear message, exit 3 (not found).
     let out = aws
         .einmal(&["dlq", "show", "shopify#t1#no-such-event"])
         .await;
-    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
     assert!(
         stderr(&out).contains("no event shopify#t1#no-such-event"),
         "{}",

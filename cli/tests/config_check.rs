@@ -109,9 +109,9 @@ fn config_check_accepts_the_demo_configuration() {
 }
 
 #[test]
-fn config_check_on_a_missing_file_exits_2() {
+fn config_check_on_a_missing_file_exits_4() {
     let out = einmal(&["config", "check", "--config", "/nonexistent/tenants.toml"]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn serve_refuses_to_start_on_an_invalid_configuration() {
         "--config",
         &path,
     ]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("did you mean `shop_domain`"), "{stderr}");
     assert!(

@@ -1,0 +1,108 @@
+//! How `einmal` fails: one exit code per kind of failure, and with `--json` the error
+//! as a JSON object on stderr, so scripts tell "no such event" from "AWS is down".
+
+use std::process::ExitCode;
+
+use thiserror::Error;
+
+/// The command ran and its answer is "no": `config check` found problems, a replay
+/// left events failed, missing or busy, `send` got a non-2xx answer.
+pub const EXIT_NEGATIVE: u8 = 1;
+/// Bad command line: an unknown flag, a missing or invalid value (clap's code too).
+pub const EXIT_USAGE: u8 = 2;
+/// What was asked for does not exist: an event, an order, a SKU, the data directory.
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// The command could not do its work: a store, AWS, the network, a file, a server.
+pub const EXIT_FAILURE: u8 = 4;
+
+/// The exit codes as `einmal --help` and the README list them.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  the command ran and the answer is no (config check found problems, a replay left
+     events failed, missing or busy, send got a non-2xx answer)
+  2  usage error (unknown flag, missing or invalid value)
+  3  not found (event, order, SKU, or the --data-dir store)
+  4  failure (store, AWS, network, file, server)
+
+With --json, data goes to stdout as JSON and an error to stderr as
+{\"error\": {\"code\": \"usage|not_found|failure\", \"message\": \"...\"}}.";
+
+#[derive(Debug, Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Failure(String),
+}
+
+impl CliError {
+    /// The `code` of the JSON error object.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CliError::Usage(_) => "usage",
+            CliError::NotFound(_) => "not_found",
+            CliError::Failure(_) => "failure",
+        }
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => EXIT_USAGE,
+            CliError::NotFound(_) => EXIT_NOT_FOUND,
+            CliError::Failure(_) => EXIT_FAILURE,
+        }
+    }
+
+    /// Print the error on stderr (a line, or with `json` one JSON object) and give its
+    /// exit code.
+    pub fn report(&self, json: bool) -> ExitCode {
+        if json {
+            eprintln!("{}", error_json(self.code(), &self.to_string()));
+        } else {
+            eprintln!("einmal: {self}");
+        }
+        ExitCode::from(self.exit_code())
+    }
+}
+
+/// The JSON error object: `{"error": {"code": ..., "message": ...}}`.
+pub fn error_json(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({ "error": { "code": code, "message": message } })
+}
+
+/// Most failures come from the library as a message: a failure, not a usage error.
+impl From<String> for CliError {
+    fn from(message: String) -> Self {
+        CliError::Failure(message)
+    }
+}
+
+impl From<&str> for CliError {
+    fn from(message: &str) -> Self {
+        CliError::Failure(message.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_code_and_exit_code() {
+        let all = [
+            (CliError::Usage("u".into()), "usage", EXIT_USAGE),
+            (CliError::NotFound("n".into()), "not_found", EXIT_NOT_FOUND),
+            (CliError::from("f"), "failure", EXIT_FAILURE),
+        ];
+        for (err, code, exit) in all {
+            assert_eq!((err.code(), err.exit_code()), (code, exit));
+            assert_eq!(
+                error_json(err.code(), &err.to_string())["error"]["code"],
+                code
+            );
+        }
+    }
+}

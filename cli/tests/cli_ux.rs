@@ -1,0 +1,312 @@
+//! What a user of the `einmal` binary relies on, through the real binary with its
+//! output piped (as in a script or CI log): no progress redraws off a terminal, a dry
+//! run that says "would", one exit code per kind of failure, `--json` errors, a
+//! mistyped --data-dir refused, completions and the man page, `einmal setup`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+use einmal::config_source::ConfigSource;
+use einmal::pipeline::ingest::Ingestor;
+use einmal_tests::scenario::{self, stripe_event, TENANT};
+use serde_json::{json, Value};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn einmal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("einmal runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The one JSON error object `--json` prints on stderr.
+fn json_error(o: &Output) -> Value {
+    serde_json::from_str(stderr(o).trim())
+        .unwrap_or_else(|e| panic!("stderr is not one JSON object ({e}): {}", stderr(o)))
+}
+
+/// `n` Stripe events stored and enqueued (state `queued`) in a store in `dir`.
+async fn ingest(dir: &Path, n: usize) {
+    let store = Arc::new(EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap());
+    let config = scenario::config();
+    let ingestor = Ingestor::from_store(ConfigSource::fixed(config.clone()), store);
+    for i in 0..n {
+        let event = stripe_event(
+            "payment_intent.succeeded",
+            &format!("evt_ux_{i}"),
+            1_700_000_000 + i as i64,
+            json!({"id": format!("pi_{i}"), "object": "payment_intent", "metadata": {"order_id": format!("o{i}")}}),
+        );
+        let response = ingestor
+            .ingest("stripe", TENANT, &event.request(&config))
+            .await;
+        assert_eq!(response.status, 200, "{response:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piped_bulk_replay_draws_no_progress_and_a_dry_run_says_would() {
+    let dir = tempfile::tempdir().unwrap();
+    ingest(dir.path(), 40).await;
+    let data_dir = dir.path().to_str().unwrap();
+    let bulk = |extra: &[&str]| {
+        let mut args = vec![
+            "replay",
+            "--bulk",
+            "--reason",
+            "ux test",
+            "--actor",
+            "ops-ux",
+            "--data-dir",
+            data_dir,
+        ];
+        args.extend_from_slice(extra);
+        einmal(&args)
+    };
+
+    let dry = bulk(&["--dry-run"]);
+    assert!(dry.status.success(), "{}{}", stdout(&dry), stderr(&dry));
+    for out in [stdout(&dry), stderr(&dry)] {
+        assert!(!out.contains('\r'), "a redraw off a terminal: {out:?}");
+    }
+    assert!(stderr(&dry).is_empty(), "{}", stderr(&dry));
+    let summary = stdout(&dry);
+    assert!(summary.contains("would replay 40"), "{summary}");
+    assert!(!summary.contains("replayed="), "{summary}");
+
+    let real = bulk(&[]);
+    assert!(real.status.success(), "{}{}", stdout(&real), stderr(&real));
+    assert!(!stdout(&real).contains('\r') && !stderr(&real).contains('\r'));
+    assert!(stderr(&real).is_empty(), "{}", stderr(&real));
+    assert!(stdout(&real).contains("replayed=40"), "{}", stdout(&real));
+    assert!(!stdout(&real).contains("would"), "{}", stdout(&real));
+
+    // The same through --json: one JSON document on stdout, nothing on stderr.
+    let dry = bulk(&["--dry-run", "--json"]);
+    let report: Value = serde_json::from_slice(&dry.stdout).expect("JSON report");
+    assert_eq!(report["summary"]["dry_run"], true);
+    assert_eq!(report["summary"]["replayed"], 40);
+    assert!(stderr(&dry).is_empty(), "{}", stderr(&dry));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kind_of_failure_has_its_exit_code_and_json_error() {
+    let dir = tempfile::tempdir().unwrap();
+    ingest(dir.path(), 1).await;
+    let data_dir = dir.path().to_str().unwrap();
+
+    // 0: found, and with the global --json before the subcommand the data is JSON.
+    let out = einmal(&["--json", "events", "list", "--data-dir", data_dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let items: Value = serde_json::from_slice(&out.stdout).expect("JSON list");
+    assert_eq!(items.as_array().map(Vec::len), Some(1));
+
+    // 2: usage, from clap and from the command's own checks.
+    let out = einmal(&["events", "list", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--no-such-flag"), "{}", stderr(&out));
+    let out = einmal(&["--json", "events", "list", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = json_error(&out);
+    assert_eq!(err["error"]["code"], "usage");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--no-such-flag"),
+        "{err}"
+    );
+    let out = einmal(&[
+        "replay", "--bulk", "--reason", " ", "--json", "--data-dir", data_dir,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(json_error(&out)["error"]["code"], "usage");
+
+    // 3: not found, an event and an order.
+    let show = |json: bool| {
+        let mut args = vec![
+            "events",
+            "show",
+            "--provider",
+            "stripe",
+            "--tenant",
+            TENANT,
+            "--event-id",
+            "evt_nope",
+            "--data-dir",
+            data_dir,
+        ];
+        if json {
+            args.push("--json");
+        }
+        einmal(&args)
+    };
+    let out = show(false);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no event stripe#"), "{}", stderr(&out));
+    let out = show(true);
+    assert_eq!(out.status.code(), Some(3));
+    let err = json_error(&out);
+    assert_eq!(err["error"]["code"], "not_found");
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    let out = einmal(&[
+        "orders", "show", "--tenant", TENANT, "o-nope", "--data-dir", data_dir,
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+
+    // 4: failure: the AWS backend without its names fails before any AWS call.
+    let out = Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args(["--json", "events", "list", "--backend", "aws"])
+        .env_remove("EINMAL_INBOX_TABLE")
+        .env_remove("EINMAL_QUEUE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let err = json_error(&out);
+    assert_eq!(err["error"]["code"], "failure");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("EINMAL_INBOX_TABLE"),
+        "{err}"
+    );
+
+    // 1: the command ran and the answer is no: a replay of a missing event.
+    let out = einmal(&[
+        "replay",
+        "--provider",
+        "stripe",
+        "--tenant",
+        TENANT,
+        "--event-id",
+        "evt_nope",
+        "--reason",
+        "check",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+
+    // The codes are documented in --help.
+    let help = einmal(&["--help"]);
+    assert!(help.status.success());
+    for line in ["Exit codes:", "2  usage", "3  not found", "4  failure"] {
+        assert!(stdout(&help).contains(line), "{line}: {}", stdout(&help));
+    }
+}
+
+#[test]
+fn a_data_dir_that_does_not_exist_is_an_error_not_a_new_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("einmal-dta");
+    let typo_str = typo.to_str().unwrap();
+    for args in [
+        vec!["events", "list", "--data-dir", typo_str],
+        vec!["dlq", "list", "--data-dir", typo_str],
+        vec!["audit", "list", "--data-dir", typo_str],
+        vec!["inventory", "show", "--tenant", "demo", "SKU", "--data-dir", typo_str],
+        vec![
+            "replay", "--bulk", "--reason", "r", "--dry-run", "--data-dir", typo_str,
+        ],
+    ] {
+        let out = einmal(&args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(typo_str), "{}", stderr(&out));
+        assert!(stderr(&out).contains("einmal setup"), "a hint: {}", stderr(&out));
+        assert!(!typo.exists(), "{args:?} created {typo_str}");
+    }
+
+    // `einmal setup` creates it (then reports it exists), and the commands read it.
+    let out = einmal(&["setup", "--data-dir", typo_str]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("created"), "{}", stdout(&out));
+    let out = einmal(&["setup", "--data-dir", typo_str]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("exists"), "{}", stdout(&out));
+    let out = einmal(&["events", "list", "--json", "--data-dir", typo_str]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), json!([]));
+}
+
+const SUBCOMMANDS: &[&str] = &[
+    "serve", "listen", "config", "reconcile", "send", "events", "orders", "inventory", "dlq",
+    "replay", "audit", "setup", "completions", "man",
+];
+
+#[test]
+fn completions_name_every_subcommand_and_parse_in_their_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = einmal(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        let script = stdout(&out);
+        for sub in SUBCOMMANDS {
+            assert!(script.contains(sub), "{shell} completion lacks {sub}");
+        }
+    }
+    // The bash script parses and registers its completion function.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("einmal.bash");
+    std::fs::write(&script, einmal(&["completions", "bash"]).stdout).unwrap();
+    let check = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && complete -p einmal",
+            script.display()
+        ))
+        .output()
+        .expect("bash runs");
+    assert!(check.status.success(), "{}", stderr(&check));
+    assert!(stdout(&check).contains("einmal"), "{}", stdout(&check));
+    let out = einmal(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn the_man_page_is_roff_naming_every_subcommand() {
+    let out = einmal(&["man"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = stdout(&out);
+    assert!(page.starts_with(".ie") || page.starts_with(".TH"), "{page}");
+    assert!(page.contains(".TH einmal 1"), "{page}");
+    assert!(page.contains(".SH SUBCOMMANDS"), "{page}");
+    for sub in SUBCOMMANDS {
+        assert!(page.contains(&format!("einmal\\-{sub}(1)")), "man page lacks {sub}");
+    }
+    assert!(page.contains("Exit codes"), "{page}");
+    // `man` itself renders it when installed (Debian's man-db reads a file with -l).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("einmal.1");
+    std::fs::write(&file, &out.stdout).unwrap();
+    if let Ok(rendered) = Command::new("man")
+        .arg("-l")
+        .arg(&file)
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "100")
+        .output()
+    {
+        if rendered.status.success() {
+            assert!(stdout(&rendered).contains("SUBCOMMANDS"), "{}", stdout(&rendered));
+        }
+    }
+    // One page per command into a directory.
+    let out = einmal(&["man", "--dir", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for page in ["einmal.1", "einmal-serve.1", "einmal-replay.1", "einmal-events-list.1"] {
+        assert!(dir.path().join(page).is_file(), "{page}");
+    }
+}
