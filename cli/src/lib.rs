@@ -4,6 +4,7 @@
 //! `einmal` binary works on the same data directory.
 
 pub mod error;
+pub mod metrics;
 pub mod relay;
 pub mod serve;
 pub mod serve_http;

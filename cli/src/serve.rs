@@ -124,6 +124,7 @@ pub async fn run_with(
     };
     let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::from_store(store.clone());
+    let store_for_metrics = store.clone();
     let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -136,10 +137,23 @@ pub async fn run_with(
         args.data_dir.display()
     );
     let metrics = ingestor.metrics().clone();
+    // `/metrics` and the minute log line drain the same tallies.
+    let serve_metrics = Arc::new(crate::metrics::ServeMetrics::new(
+        metrics.clone(),
+        worker_metrics,
+        relay.clone(),
+        store_for_metrics,
+        ingestor
+            .config()
+            .destinations()
+            .iter()
+            .map(|d| d.name.clone())
+            .collect(),
+    ));
     let (figures_stop_tx, mut figures_stop) = tokio::sync::watch::channel(false);
     let figures = {
         let intake = metrics.clone();
-        let relay = relay.clone();
+        let tallies = serve_metrics.clone();
         tokio::spawn(async move {
             let mut last = intake.snapshot();
             loop {
@@ -148,8 +162,7 @@ pub async fn run_with(
                     _ = tokio::time::sleep(METRICS_INTERVAL) => false,
                 };
                 let now = intake.snapshot();
-                let worker = worker_metrics.drain();
-                let delivered = relay.as_ref().map(|r| r.drain_tally()).unwrap_or_default();
+                let (worker, delivered) = tallies.take_since_log();
                 if now != last
                     || worker != WorkerTally::default()
                     || delivered != RelayTally::default()
@@ -192,7 +205,8 @@ pub async fn run_with(
             })
             .await;
     });
-    let app = router(ingestor, args.limits.body_timeout());
+    let app = router(ingestor, args.limits.body_timeout())
+        .merge(crate::metrics::routes(serve_metrics));
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
     let _ = stop_tx.send(true);
