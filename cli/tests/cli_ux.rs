@@ -310,3 +310,126 @@ fn the_man_page_is_roff_naming_every_subcommand() {
         assert!(dir.path().join(page).is_file(), "{page}");
     }
 }
+
+/// `einmal serve` on a free port with a new store; killed on drop.
+struct Serve {
+    child: std::process::Child,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start() -> Serve {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_einmal"))
+            .args(["serve", "--addr", &addr, "--data-dir"])
+            .arg(dir.path().join("store"))
+            .current_dir(repo())
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("serve starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(std::time::Instant::now() < deadline, "einmal serve did not listen");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Serve { child, addr, dir }
+    }
+
+    /// One HTTP/1.1 request; the status and the body.
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut resp = Vec::new();
+        let _ = s.read_to_end(&mut resp);
+        let text = String::from_utf8_lossy(&resp).into_owned();
+        let status = text.split(' ').nth(1).unwrap().parse().unwrap();
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (status, body.to_string())
+    }
+
+    fn send(&self, extra: &[&str]) -> Output {
+        let url = format!("http://{}", self.addr);
+        let mut args = vec!["send", "--provider", "stripe", "--tenant", "demo", "--url", &url];
+        args.extend_from_slice(extra);
+        einmal(&args)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = &self.dir;
+    }
+}
+
+/// The value of the sample `name` (no labels) in an exposition.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn serve_exposes_the_emf_catalogue_at_metrics_in_prometheus_text() {
+    let serve = Serve::start();
+    assert!(serve.send(&[]).status.success());
+    assert!(stdout(&serve.send(&[])).contains("\"duplicate\":true"));
+    assert!(serve.send(&["--event-id", "evt_metrics_2"]).status.success());
+    // No signature: refused and counted.
+    let (status, _) = serve.request("POST", "/webhooks/stripe/demo", "{\"id\":\"evt_x\"}");
+    assert!((400..500).contains(&status), "a 4xx: {status}");
+
+    // The worker's figures arrive when it has processed both events.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let text = loop {
+        let (status, text) = serve.request("GET", "/metrics", "");
+        assert_eq!(status, 200, "{text}");
+        let done = sample(&text, "einmal_events_completed_total").unwrap_or(0.0)
+            + sample(&text, "einmal_events_ignored_total").unwrap_or(0.0);
+        if done >= 2.0 {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "not processed: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(sample(&text, "einmal_webhooks_accepted_total"), Some(2.0), "{text}");
+    assert_eq!(sample(&text, "einmal_webhooks_duplicate_total"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "einmal_signature_failures_total"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "einmal_dead_letters_total"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "einmal_processing_time_milliseconds_count"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "einmal_pending_items"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, "einmal_oldest_pending_age_seconds"), Some(0.0), "{text}");
+    for line in [
+        "# HELP einmal_webhooks_accepted WebhooksAccepted",
+        "# TYPE einmal_webhooks_accepted counter",
+        "# TYPE einmal_processing_time_milliseconds histogram",
+        "# TYPE einmal_pending_items gauge",
+        "# TYPE einmal_oldest_pending_age_seconds gauge",
+        "# TYPE einmal_payment_within_slo histogram",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    // Counters only grow: a second scrape with nothing new reads the same.
+    let (_, again) = serve.request("GET", "/metrics", "");
+    assert_eq!(sample(&again, "einmal_webhooks_accepted_total"), Some(2.0), "{again}");
+}
