@@ -129,6 +129,50 @@ impl Aws {
         }
     }
 
+    /// The environment for base name `name`, the way an operator sets it before
+    /// `einmal setup --backend aws`: nothing created yet.
+    fn env_for(endpoint: &str, name: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", endpoint.to_owned()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+            ("AWS_ACCESS_KEY_ID", "testing".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".to_owned()),
+            ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+            ("EINMAL_INBOX_TABLE", name.to_owned()),
+            // moto's queue URLs: `{endpoint}/{account}/{name}`.
+            ("EINMAL_QUEUE_URL", format!("{endpoint}/123456789012/{name}")),
+            ("EINMAL_DLQ_URL", format!("{endpoint}/123456789012/{name}-dlq")),
+            ("EINMAL_STATE_TABLE", format!("{name}-state")),
+            ("EINMAL_AUDIT_TABLE", format!("{name}-audit")),
+            ("EINMAL_MAX_RECEIVE_COUNT", MAX_RECEIVES.to_string()),
+            ("RUST_LOG", "warn".to_owned()),
+        ]
+    }
+
+    /// The stores on what `einmal setup` created under base name `name`.
+    async fn on_setup(name: &str) -> Aws {
+        let moto = moto::shared();
+        let sdk = moto.sdk_config().await;
+        let env = Aws::env_for(&moto.endpoint, name);
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let names = AwsNames {
+            table: get("EINMAL_INBOX_TABLE"),
+            queue_url: get("EINMAL_QUEUE_URL"),
+            dlq_url: Some(get("EINMAL_DLQ_URL")),
+        };
+        Aws {
+            store: Arc::new(AwsStore::new(dynamodb.clone(), sqs, names)),
+            state: Arc::new(DynamoStateStore::new(
+                dynamodb.clone(),
+                get("EINMAL_STATE_TABLE"),
+            )),
+            audit: DynamoAuditLog::new(dynamodb, get("EINMAL_AUDIT_TABLE")),
+            env,
+        }
+    }
+
     /// `einmal ARGS --backend aws` with this environment (blocking).
     async fn einmal(&self, args: &[&str]) -> Output {
         let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
@@ -251,6 +295,98 @@ impl Aws {
         }
         out
     }
+}
+
+// ---------------------------------------------------------------------------
+// setup --backend aws
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_creates_what_the_adapters_use_and_a_second_run_reports_exists() {
+    let name = moto::unique_name("einmal-setup");
+    let aws = Aws::on_setup(&name).await;
+    let first = json_out(&aws.einmal(&["setup", "--json"]).await);
+    let steps = first.as_array().expect("steps");
+    let kinds: Vec<_> = steps.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["inbox table", "state table", "audit table", "dead-letter queue", "queue"],
+        "{first}"
+    );
+    assert!(steps.iter().all(|s| s["status"] == "created"), "{first}");
+    assert_eq!(steps[4]["name"], json!(aws.env[6].1), "the queue URL: {first}");
+    // Idempotent: everything exists, nothing fails.
+    let again = aws.einmal(&["setup"]).await;
+    assert!(again.status.success(), "{}", stderr(&again));
+    let text = stdout(&again);
+    assert_eq!(text.lines().count(), 5, "{text}");
+    assert!(text.lines().all(|l| l.starts_with("exists")), "{text}");
+
+    // The inbox table has the indexes the code queries, the queue its redrive policy.
+    let sdk = moto::shared().sdk_config().await;
+    let table = aws_sdk_dynamodb::Client::new(&sdk)
+        .describe_table()
+        .table_name(&name)
+        .send()
+        .await
+        .unwrap();
+    let indexes = table.table().unwrap().global_secondary_indexes();
+    assert_eq!(indexes.len(), 4, "{indexes:?}");
+    let redrive = aws_sdk_sqs::Client::new(&sdk)
+        .get_queue_attributes()
+        .queue_url(&aws.env[6].1)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+        .send()
+        .await
+        .unwrap();
+    let policy = redrive.attributes().unwrap()
+        [&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy]
+        .clone();
+    assert!(policy.contains(&format!("{name}-dlq")), "{policy}");
+
+    // The adapters work on them: a dead letter, listed, replayed with a reason, audited.
+    aws.seed(RED, 10).await;
+    let broken = orders_create(7001, 1_764_600_000, &[(NOPE, 1)], 1_000, "pending");
+    let fine = orders_create(7002, 1_764_600_100, &[(RED, 2)], 3_000, "pending");
+    aws.send(&broken).await;
+    aws.send(&fine).await;
+    aws.drain().await;
+    assert_eq!(aws.item(&broken.inbox_key()).await.state, InboxState::DeadLetter);
+    assert_eq!(aws.on_hand(RED).await, 8);
+    let listed = json_out(&aws.einmal(&["dlq", "list", "--json"]).await);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    aws.seed(NOPE, 5).await;
+    let key = broken.inbox_key();
+    let event_id = key.as_str().splitn(3, '#').nth(2).unwrap().to_string();
+    let out = aws
+        .einmal(&[
+            "replay", "--provider", "shopify", "--tenant", TENANT, "--event-id", &event_id,
+            "--reason", "stocked", "--actor", "ops-setup",
+        ])
+        .await;
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    aws.drain().await;
+    assert_eq!(aws.item(&key).await.state, InboxState::Completed);
+    assert_eq!(aws.on_hand(NOPE).await, 4);
+    let records = aws.audit.list(10).await.expect("audit list");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].actor, "ops-setup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_names_the_missing_variable_and_creates_nothing() {
+    let name = moto::unique_name("einmal-setup-bad");
+    let mut aws = Aws::on_setup(&name).await;
+    aws.env.retain(|(k, _)| *k != "EINMAL_STATE_TABLE");
+    let out = aws.einmal(&["setup"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("EINMAL_STATE_TABLE"), "{}", stderr(&out));
+    let sdk = moto::shared().sdk_config().await;
+    let tables = aws_sdk_dynamodb::Client::new(&sdk)
+        .list_tables()
+        .send()
+        .await
+        .unwrap();
+    assert!(!tables.table_names().contains(&name), "{tables:?}");
 }
 
 // ---------------------------------------------------------------------------
