@@ -24,7 +24,10 @@ pub struct ManArgs {
 }
 
 /// The completion script for `args.shell` on stdout.
-pub fn completions(args: CompletionsArgs, mut command: clap::Command) -> Result<ExitCode, CliError> {
+pub fn completions(
+    args: CompletionsArgs,
+    mut command: clap::Command,
+) -> Result<ExitCode, CliError> {
     clap_complete::generate(args.shell, &mut command, "einmal", &mut std::io::stdout());
     Ok(ExitCode::SUCCESS)
 }

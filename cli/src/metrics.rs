@@ -159,18 +159,38 @@ impl ServeMetrics {
         register(r, catalog::PROCESSING_TIME, processing_ms.clone());
         register(r, catalog::EFFECT_LAG, effect_lag_ms.clone());
         register(r, catalog::PAYMENT_WITHIN_SLO, payment_within_slo.clone());
-        register(r, catalog::LOOKUP_CIRCUITS_OPEN, s.lookup_circuits_open.clone());
+        register(
+            r,
+            catalog::LOOKUP_CIRCUITS_OPEN,
+            s.lookup_circuits_open.clone(),
+        );
         register(r, catalog::PENDING_ITEMS, s.pending_items.clone());
         register(r, catalog::OLDEST_PENDING_AGE, s.oldest_pending_age.clone());
         register(r, catalog::WAITING_ITEMS, s.waiting_items.clone());
         register(r, catalog::OLDEST_WAITING_AGE, s.oldest_waiting_age.clone());
         register(r, catalog::DELIVERIES_DELIVERED, s.delivered.clone());
         register(r, catalog::DELIVERIES_FAILED, s.delivery_failed.clone());
-        register(r, catalog::DELIVERIES_DEAD_LETTERED, s.delivery_dead_lettered.clone());
-        register(r, catalog::DELIVERIES_SUPERSEDED, s.delivery_superseded.clone());
+        register(
+            r,
+            catalog::DELIVERIES_DEAD_LETTERED,
+            s.delivery_dead_lettered.clone(),
+        );
+        register(
+            r,
+            catalog::DELIVERIES_SUPERSEDED,
+            s.delivery_superseded.clone(),
+        );
         register(r, catalog::DELIVERY_BACKLOG, s.delivery_backlog.clone());
-        register(r, catalog::DELIVERY_BACKLOG_AGE, s.delivery_backlog_age.clone());
-        register(r, catalog::DELIVERY_HELD_OBJECTS, s.delivery_held_objects.clone());
+        register(
+            r,
+            catalog::DELIVERY_BACKLOG_AGE,
+            s.delivery_backlog_age.clone(),
+        );
+        register(
+            r,
+            catalog::DELIVERY_HELD_OBJECTS,
+            s.delivery_held_objects.clone(),
+        );
         ServeMetrics {
             registry,
             series,

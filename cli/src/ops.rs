@@ -324,7 +324,7 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, CliError> {
         )
     });
     Ok(if bad {
-        ExitCode::from(1)
+        ExitCode::from(einmal_cli::error::EXIT_NEGATIVE)
     } else {
         ExitCode::SUCCESS
     })

@@ -48,10 +48,7 @@ pub struct ReconcileArgs {
 }
 
 /// Reconcile with `view` reading what the business believes about its orders.
-pub async fn run(
-    args: ReconcileArgs,
-    view: Arc<dyn PaymentView>,
-) -> Result<ExitCode, CliError> {
+pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<ExitCode, CliError> {
     let since = match args.since.as_deref() {
         Some(s) => Some(parse_rfc3339(s).ok_or_else(|| format!("--since: not RFC 3339: {s}"))?),
         None => None,

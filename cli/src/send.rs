@@ -111,7 +111,7 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
     Ok(if status.is_success() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(1)
+        ExitCode::from(einmal_cli::error::EXIT_NEGATIVE)
     })
 }
 

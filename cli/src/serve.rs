@@ -205,8 +205,8 @@ pub async fn run_with(
             })
             .await;
     });
-    let app = router(ingestor, args.limits.body_timeout())
-        .merge(crate::metrics::routes(serve_metrics));
+    let app =
+        router(ingestor, args.limits.body_timeout()).merge(crate::metrics::routes(serve_metrics));
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
     let _ = stop_tx.send(true);

@@ -12,7 +12,9 @@ use einmal::adapters::aws::{
     create_audit_table, create_queues, create_state_table, create_tables, AUDIT_TABLE_ENV,
     DLQ_URL_ENV, QUEUE_URL_ENV, STATE_TABLE_ENV, TABLE_ENV,
 };
-use einmal::adapters::embedded::{EmbeddedAuditLog, EmbeddedOptions, EmbeddedStateStore, EmbeddedStore};
+use einmal::adapters::embedded::{
+    EmbeddedAuditLog, EmbeddedOptions, EmbeddedStateStore, EmbeddedStore,
+};
 use einmal::pipeline::process::ProcessSettings;
 use einmal_cli::error::CliError;
 use serde_json::json;
@@ -72,7 +74,8 @@ fn status(step: &Step) -> &'static str {
 fn setup_embedded(dir: &std::path::Path) -> Result<Vec<Step>, CliError> {
     let existed = dir.is_dir();
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let failed = |e: &dyn std::fmt::Display| format!("cannot create the store in {}: {e}", dir.display());
+    let failed =
+        |e: &dyn std::fmt::Display| format!("cannot create the store in {}: {e}", dir.display());
     EmbeddedStore::open(dir, EmbeddedOptions::default()).map_err(|e| failed(&e))?;
     EmbeddedStateStore::open(dir).map_err(|e| failed(&e))?;
     EmbeddedAuditLog::open(dir).map_err(|e| failed(&e))?;
@@ -107,7 +110,10 @@ async fn setup_aws() -> Result<Vec<Step>, CliError> {
     let queue_url = required(QUEUE_URL_ENV)?;
     let queue = queue_name(QUEUE_URL_ENV, &queue_url)?;
     let dlq = format!("{queue}-dlq");
-    if let Some(url) = std::env::var(DLQ_URL_ENV).ok().filter(|v| !v.trim().is_empty()) {
+    if let Some(url) = std::env::var(DLQ_URL_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
         let named = queue_name(DLQ_URL_ENV, &url)?;
         if named != dlq {
             return Err(CliError::Usage(format!(
@@ -230,7 +236,10 @@ mod tests {
             name("https://sqs.eu-west-1.amazonaws.com/123456789012/einmal-work").as_deref(),
             Ok("einmal-work")
         );
-        assert_eq!(name("http://127.0.0.1:5000/123456789012/q/").as_deref(), Ok("q"));
+        assert_eq!(
+            name("http://127.0.0.1:5000/123456789012/q/").as_deref(),
+            Ok("q")
+        );
         assert!(name("").unwrap_err().contains(QUEUE_URL_ENV));
     }
 }

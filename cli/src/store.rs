@@ -74,14 +74,14 @@ impl StoreArgs {
     /// The business-state store next to the inbox.
     pub async fn open_state(&self) -> Result<Arc<dyn StateStore>, CliError> {
         match self.backend {
-            Backend::Embedded => Ok(Arc::new(EmbeddedStateStore::open(self.existing_data_dir()?).map_err(
-                |e| {
+            Backend::Embedded => Ok(Arc::new(
+                EmbeddedStateStore::open(self.existing_data_dir()?).map_err(|e| {
                     format!(
                         "cannot open the state store in {}: {e}",
                         self.data_dir.display()
                     )
-                },
-            )?)),
+                })?,
+            )),
             Backend::Aws => Ok(Arc::new(
                 DynamoStateStore::from_sdk_config(sdk_config().await).map_err(|e| e.to_string())?,
             )),
@@ -126,13 +126,12 @@ impl StoreArgs {
 
     /// The embedded inbox store in --data-dir, its error naming the folder.
     fn open_embedded_store(&self) -> Result<EmbeddedStore, CliError> {
-        EmbeddedStore::open(self.existing_data_dir()?, EmbeddedOptions::default())
-            .map_err(|e| {
-                CliError::Failure(format!(
-                    "cannot open the store in {}: {e}",
-                    self.data_dir.display()
-                ))
-            })
+        EmbeddedStore::open(self.existing_data_dir()?, EmbeddedOptions::default()).map_err(|e| {
+            CliError::Failure(format!(
+                "cannot open the store in {}: {e}",
+                self.data_dir.display()
+            ))
+        })
     }
 
     /// The embedded audit log (`audit.sqlite` in --data-dir), its error naming the folder.
@@ -147,9 +146,7 @@ impl StoreArgs {
 
     /// The audit log alone: `audit.sqlite` in --data-dir, or on AWS the table named by
     /// EINMAL_AUDIT_TABLE (`None` when that is not set).
-    pub async fn open_audit(
-        &self,
-    ) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, CliError> {
+    pub async fn open_audit(&self) -> Result<Option<Arc<dyn einmal::audit::AuditLog>>, CliError> {
         use einmal::adapters::aws::DynamoAuditLog;
         match self.backend {
             Backend::Embedded => Ok(Some(Arc::new(self.open_embedded_audit()?))),

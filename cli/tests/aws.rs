@@ -140,8 +140,14 @@ impl Aws {
             ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
             ("EINMAL_INBOX_TABLE", name.to_owned()),
             // moto's queue URLs: `{endpoint}/{account}/{name}`.
-            ("EINMAL_QUEUE_URL", format!("{endpoint}/123456789012/{name}")),
-            ("EINMAL_DLQ_URL", format!("{endpoint}/123456789012/{name}-dlq")),
+            (
+                "EINMAL_QUEUE_URL",
+                format!("{endpoint}/123456789012/{name}"),
+            ),
+            (
+                "EINMAL_DLQ_URL",
+                format!("{endpoint}/123456789012/{name}-dlq"),
+            ),
             ("EINMAL_STATE_TABLE", format!("{name}-state")),
             ("EINMAL_AUDIT_TABLE", format!("{name}-audit")),
             ("EINMAL_MAX_RECEIVE_COUNT", MAX_RECEIVES.to_string()),
@@ -309,11 +315,21 @@ async fn setup_creates_what_the_adapters_use_and_a_second_run_reports_exists() {
     let kinds: Vec<_> = steps.iter().map(|s| s["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["inbox table", "state table", "audit table", "dead-letter queue", "queue"],
+        [
+            "inbox table",
+            "state table",
+            "audit table",
+            "dead-letter queue",
+            "queue"
+        ],
         "{first}"
     );
     assert!(steps.iter().all(|s| s["status"] == "created"), "{first}");
-    assert_eq!(steps[4]["name"], json!(aws.env[6].1), "the queue URL: {first}");
+    assert_eq!(
+        steps[4]["name"],
+        json!(aws.env[6].1),
+        "the queue URL: {first}"
+    );
     // Idempotent: everything exists, nothing fails.
     let again = aws.einmal(&["setup"]).await;
     assert!(again.status.success(), "{}", stderr(&again));
@@ -350,7 +366,10 @@ async fn setup_creates_what_the_adapters_use_and_a_second_run_reports_exists() {
     aws.send(&broken).await;
     aws.send(&fine).await;
     aws.drain().await;
-    assert_eq!(aws.item(&broken.inbox_key()).await.state, InboxState::DeadLetter);
+    assert_eq!(
+        aws.item(&broken.inbox_key()).await.state,
+        InboxState::DeadLetter
+    );
     assert_eq!(aws.on_hand(RED).await, 8);
     let listed = json_out(&aws.einmal(&["dlq", "list", "--json"]).await);
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
@@ -359,8 +378,17 @@ async fn setup_creates_what_the_adapters_use_and_a_second_run_reports_exists() {
     let event_id = key.as_str().splitn(3, '#').nth(2).unwrap().to_string();
     let out = aws
         .einmal(&[
-            "replay", "--provider", "shopify", "--tenant", TENANT, "--event-id", &event_id,
-            "--reason", "stocked", "--actor", "ops-setup",
+            "replay",
+            "--provider",
+            "shopify",
+            "--tenant",
+            TENANT,
+            "--event-id",
+            &event_id,
+            "--reason",
+            "stocked",
+            "--actor",
+            "ops-setup",
         ])
         .await;
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
@@ -379,7 +407,11 @@ async fn setup_names_the_missing_variable_and_creates_nothing() {
     aws.env.retain(|(k, _)| *k != "EINMAL_STATE_TABLE");
     let out = aws.einmal(&["setup"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("EINMAL_STATE_TABLE"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("EINMAL_STATE_TABLE"),
+        "{}",
+        stderr(&out)
+    );
     let sdk = moto::shared().sdk_config().await;
     let tables = aws_sdk_dynamodb::Client::new(&sdk)
         .list_tables()

@@ -131,7 +131,13 @@ async fn each_kind_of_failure_has_its_exit_code_and_json_error() {
         "{err}"
     );
     let out = einmal(&[
-        "replay", "--bulk", "--reason", " ", "--json", "--data-dir", data_dir,
+        "replay",
+        "--bulk",
+        "--reason",
+        " ",
+        "--json",
+        "--data-dir",
+        data_dir,
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_eq!(json_error(&out)["error"]["code"], "usage");
@@ -157,14 +163,24 @@ async fn each_kind_of_failure_has_its_exit_code_and_json_error() {
     };
     let out = show(false);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("no event stripe#"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no event stripe#"),
+        "{}",
+        stderr(&out)
+    );
     let out = show(true);
     assert_eq!(out.status.code(), Some(3));
     let err = json_error(&out);
     assert_eq!(err["error"]["code"], "not_found");
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
     let out = einmal(&[
-        "orders", "show", "--tenant", TENANT, "o-nope", "--data-dir", data_dir,
+        "orders",
+        "show",
+        "--tenant",
+        TENANT,
+        "o-nope",
+        "--data-dir",
+        data_dir,
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 
@@ -219,15 +235,33 @@ fn a_data_dir_that_does_not_exist_is_an_error_not_a_new_store() {
         vec!["events", "list", "--data-dir", typo_str],
         vec!["dlq", "list", "--data-dir", typo_str],
         vec!["audit", "list", "--data-dir", typo_str],
-        vec!["inventory", "show", "--tenant", "demo", "SKU", "--data-dir", typo_str],
         vec![
-            "replay", "--bulk", "--reason", "r", "--dry-run", "--data-dir", typo_str,
+            "inventory",
+            "show",
+            "--tenant",
+            "demo",
+            "SKU",
+            "--data-dir",
+            typo_str,
+        ],
+        vec![
+            "replay",
+            "--bulk",
+            "--reason",
+            "r",
+            "--dry-run",
+            "--data-dir",
+            typo_str,
         ],
     ] {
         let out = einmal(&args);
         assert_eq!(out.status.code(), Some(3), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(typo_str), "{}", stderr(&out));
-        assert!(stderr(&out).contains("einmal setup"), "a hint: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("einmal setup"),
+            "a hint: {}",
+            stderr(&out)
+        );
         assert!(!typo.exists(), "{args:?} created {typo_str}");
     }
 
@@ -240,12 +274,27 @@ fn a_data_dir_that_does_not_exist_is_an_error_not_a_new_store() {
     assert!(stdout(&out).starts_with("exists"), "{}", stdout(&out));
     let out = einmal(&["events", "list", "--json", "--data-dir", typo_str]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), json!([]));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+        json!([])
+    );
 }
 
 const SUBCOMMANDS: &[&str] = &[
-    "serve", "listen", "config", "reconcile", "send", "events", "orders", "inventory", "dlq",
-    "replay", "audit", "setup", "completions", "man",
+    "serve",
+    "listen",
+    "config",
+    "reconcile",
+    "send",
+    "events",
+    "orders",
+    "inventory",
+    "dlq",
+    "replay",
+    "audit",
+    "setup",
+    "completions",
+    "man",
 ];
 
 #[test]
@@ -264,10 +313,7 @@ fn completions_name_every_subcommand_and_parse_in_their_shell() {
     std::fs::write(&script, einmal(&["completions", "bash"]).stdout).unwrap();
     let check = Command::new("bash")
         .arg("-c")
-        .arg(format!(
-            "source {} && complete -p einmal",
-            script.display()
-        ))
+        .arg(format!("source {} && complete -p einmal", script.display()))
         .output()
         .expect("bash runs");
     assert!(check.status.success(), "{}", stderr(&check));
@@ -285,7 +331,10 @@ fn the_man_page_is_roff_naming_every_subcommand() {
     assert!(page.contains(".TH einmal 1"), "{page}");
     assert!(page.contains(".SH SUBCOMMANDS"), "{page}");
     for sub in SUBCOMMANDS {
-        assert!(page.contains(&format!("einmal\\-{sub}(1)")), "man page lacks {sub}");
+        assert!(
+            page.contains(&format!("einmal\\-{sub}(1)")),
+            "man page lacks {sub}"
+        );
     }
     assert!(page.contains("Exit codes"), "{page}");
     // `man` itself renders it when installed (Debian's man-db reads a file with -l).
@@ -300,13 +349,22 @@ fn the_man_page_is_roff_naming_every_subcommand() {
         .output()
     {
         if rendered.status.success() {
-            assert!(stdout(&rendered).contains("SUBCOMMANDS"), "{}", stdout(&rendered));
+            assert!(
+                stdout(&rendered).contains("SUBCOMMANDS"),
+                "{}",
+                stdout(&rendered)
+            );
         }
     }
     // One page per command into a directory.
     let out = einmal(&["man", "--dir", dir.path().to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    for page in ["einmal.1", "einmal-serve.1", "einmal-replay.1", "einmal-events-list.1"] {
+    for page in [
+        "einmal.1",
+        "einmal-serve.1",
+        "einmal-replay.1",
+        "einmal-events-list.1",
+    ] {
         assert!(dir.path().join(page).is_file(), "{page}");
     }
 }
@@ -338,7 +396,10 @@ impl Serve {
             .expect("serve starts");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(std::time::Instant::now() < deadline, "einmal serve did not listen");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "einmal serve did not listen"
+            );
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         Serve { child, addr, dir }
@@ -365,7 +426,15 @@ impl Serve {
 
     fn send(&self, extra: &[&str]) -> Output {
         let url = format!("http://{}", self.addr);
-        let mut args = vec!["send", "--provider", "stripe", "--tenant", "demo", "--url", &url];
+        let mut args = vec![
+            "send",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "demo",
+            "--url",
+            &url,
+        ];
         args.extend_from_slice(extra);
         einmal(&args)
     }
@@ -390,7 +459,10 @@ fn serve_exposes_the_emf_catalogue_at_metrics_in_prometheus_text() {
     let serve = Serve::start();
     assert!(serve.send(&[]).status.success());
     assert!(stdout(&serve.send(&[])).contains("\"duplicate\":true"));
-    assert!(serve.send(&["--event-id", "evt_metrics_2"]).status.success());
+    assert!(serve
+        .send(&["--event-id", "evt_metrics_2"])
+        .status
+        .success());
     // No signature: refused and counted.
     let (status, _) = serve.request("POST", "/webhooks/stripe/demo", "{\"id\":\"evt_x\"}");
     assert!((400..500).contains(&status), "a 4xx: {status}");
@@ -405,20 +477,43 @@ fn serve_exposes_the_emf_catalogue_at_metrics_in_prometheus_text() {
         if done >= 2.0 {
             break text;
         }
-        assert!(std::time::Instant::now() < deadline, "not processed: {text}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not processed: {text}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    assert_eq!(sample(&text, "einmal_webhooks_accepted_total"), Some(2.0), "{text}");
-    assert_eq!(sample(&text, "einmal_webhooks_duplicate_total"), Some(1.0), "{text}");
-    assert_eq!(sample(&text, "einmal_signature_failures_total"), Some(1.0), "{text}");
-    assert_eq!(sample(&text, "einmal_dead_letters_total"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "einmal_webhooks_accepted_total"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "einmal_webhooks_duplicate_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "einmal_signature_failures_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "einmal_dead_letters_total"),
+        Some(0.0),
+        "{text}"
+    );
     assert_eq!(
         sample(&text, "einmal_processing_time_milliseconds_count"),
         Some(2.0),
         "{text}"
     );
     assert_eq!(sample(&text, "einmal_pending_items"), Some(0.0), "{text}");
-    assert_eq!(sample(&text, "einmal_oldest_pending_age_seconds"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, "einmal_oldest_pending_age_seconds"),
+        Some(0.0),
+        "{text}"
+    );
     for line in [
         "# HELP einmal_webhooks_accepted WebhooksAccepted",
         "# TYPE einmal_webhooks_accepted counter",
@@ -431,5 +526,9 @@ fn serve_exposes_the_emf_catalogue_at_metrics_in_prometheus_text() {
     }
     // Counters only grow: a second scrape with nothing new reads the same.
     let (_, again) = serve.request("GET", "/metrics", "");
-    assert_eq!(sample(&again, "einmal_webhooks_accepted_total"), Some(2.0), "{again}");
+    assert_eq!(
+        sample(&again, "einmal_webhooks_accepted_total"),
+        Some(2.0),
+        "{again}"
+    );
 }
