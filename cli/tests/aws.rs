@@ -581,7 +581,7 @@ async fn dlq_replay_and_audit_with_backend_aws() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("dry run (nothing changed): matched=2"),
+        text.contains("dry run (nothing changed): would replay 2 and redeliver 0 of matched=2"),
         "{text}"
     );
     assert!(text.contains(key.as_str()) && text.contains(fine.inbox_key().as_str()));
