@@ -144,7 +144,7 @@ impl ServeMetrics {
         let processing_ms = Histogram::new(exponential_buckets(1.0, 2.0, 18));
         let effect_lag_ms = Histogram::new(exponential_buckets(10.0, 2.0, 20));
         // One bucket at 0.5 splits the 0/1 values: `_sum` counts those within the SLI.
-        let payment_within_slo = Histogram::new([0.5].into_iter());
+        let payment_within_slo = Histogram::new([0.5]);
         let r = &mut registry;
         let s = &series;
         register(r, catalog::WEBHOOKS_ACCEPTED, s.accepted.clone());
