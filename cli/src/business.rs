@@ -42,6 +42,8 @@ pub enum InventoryCommand {
         sku: String,
         #[arg(long, allow_negative_numbers = true)]
         on_hand: i64,
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -122,6 +124,7 @@ pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, CliErr
             tenant,
             sku,
             on_hand,
+            json,
             store,
         } => {
             let state = store.open_state().await?;
@@ -148,7 +151,11 @@ pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, CliErr
                 };
                 match state.commit(&[write]).await.map_err(|e| e.to_string())? {
                     CommitOutcome::Committed => {
-                        println!("{sku}: on_hand = {on_hand}");
+                        if json {
+                            println!("{}", serde_json::json!({"sku": sku, "on_hand": on_hand}));
+                        } else {
+                            println!("{sku}: on_hand = {on_hand}");
+                        }
                         return Ok(ExitCode::SUCCESS);
                     }
                     CommitOutcome::Conflict => continue,

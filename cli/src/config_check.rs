@@ -19,12 +19,28 @@ pub enum ConfigCommand {
         /// Tenant configuration (TOML).
         #[arg(long, default_value_os_t = crate::default_config_path())]
         config: PathBuf,
+        /// Print `{"file", "valid", "problems", …}` as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
-    let ConfigCommand::Check { config } = command;
+    let ConfigCommand::Check { config, json } = command;
     match Config::load(&config) {
+        Ok(loaded) if json => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "file": config.display().to_string(),
+                    "valid": true,
+                    "tenants": loaded.tenants().count(),
+                    "destinations": loaded.destinations().len(),
+                    "problems": [],
+                })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Ok(loaded) => {
             println!(
                 "{}: valid ({} tenants, {} destinations)",
@@ -35,6 +51,17 @@ pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Err(err @ ConfigError::Read { .. }) => Err(err.to_string()),
+        Err(err) if json => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "file": config.display().to_string(),
+                    "valid": false,
+                    "problems": err.lines(),
+                })
+            );
+            Ok(ExitCode::from(EXIT_INVALID))
+        }
         Err(err) => {
             for line in err.lines() {
                 println!("{line}");

@@ -35,6 +35,9 @@ pub struct SendArgs {
     /// Base URL of a running `einmal serve`.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub url: String,
+    /// Print `{"status": ..., "response": ...}` instead of the status and the body.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
@@ -107,7 +110,16 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
         .await
         .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
         .map_err(|e| format!("reading the response failed: {e}"))?;
-    println!("{} {}", status.as_u16(), text);
+    if args.json {
+        let response = serde_json::from_str::<serde_json::Value>(&text)
+            .unwrap_or(serde_json::Value::String(text));
+        println!(
+            "{}",
+            serde_json::json!({"status": status.as_u16(), "response": response})
+        );
+    } else {
+        println!("{} {}", status.as_u16(), text);
+    }
     Ok(if status.is_success() {
         ExitCode::SUCCESS
     } else {

@@ -459,10 +459,12 @@ fn serve_exposes_the_emf_catalogue_at_metrics_in_prometheus_text() {
     let serve = Serve::start();
     assert!(serve.send(&[]).status.success());
     assert!(stdout(&serve.send(&[])).contains("\"duplicate\":true"));
-    assert!(serve
-        .send(&["--event-id", "evt_metrics_2"])
-        .status
-        .success());
+    // With --json, send prints the status and the answer as one JSON object.
+    let second = serve.send(&["--event-id", "evt_metrics_2", "--json"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    let answer: Value = serde_json::from_slice(&second.stdout).expect("JSON");
+    assert_eq!(answer["status"], 200, "{answer}");
+    assert_eq!(answer["response"]["duplicate"], false, "{answer}");
     // No signature: refused and counted.
     let (status, _) = serve.request("POST", "/webhooks/stripe/demo", "{\"id\":\"evt_x\"}");
     assert!((400..500).contains(&status), "a 4xx: {status}");
@@ -531,4 +533,52 @@ fn serve_exposes_the_emf_catalogue_at_metrics_in_prometheus_text() {
         Some(2.0),
         "{again}"
     );
+}
+
+#[test]
+fn the_commands_that_print_data_print_json_with_json() {
+    let out = einmal(&["--json", "config", "check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["valid"], true, "{report}");
+    assert!(report["tenants"].as_u64().unwrap() > 0, "{report}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[tenant]]\nprovider = \"shopify\"\ntenant = \"t\"\nsecrets = [\"s\"]\noptions = { shop_domian = \"x\" }\n",
+    )
+    .unwrap();
+    let out = einmal(&[
+        "config",
+        "check",
+        "--json",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["valid"], false, "{report}");
+    assert!(
+        report["problems"].to_string().contains("shop_domain"),
+        "{report}"
+    );
+
+    let data_dir = dir.path().to_str().unwrap();
+    let out = einmal(&[
+        "--json",
+        "inventory",
+        "set",
+        "--tenant",
+        "demo",
+        "SKU-RED-M",
+        "--on-hand",
+        "7",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let set: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(set, json!({"sku": "SKU-RED-M", "on_hand": 7}));
 }
