@@ -347,9 +347,29 @@ pub trait InboxProcessing: Send + Sync {
         lease_ms: i64,
     ) -> Result<ClaimOutcome, StoreError>;
 
+    /// Start the attempt of one delivery: by default [`InboxProcessing::claim`] of its
+    /// item. A store may instead hand the item out without a lease (DynamoDB: from the
+    /// message that carried it, [`Delivery::item`], or one read for a pointer): the
+    /// queue's visibility timeout then stands in for the lease, business commits are
+    /// guarded by versions and effect keys either way, and its
+    /// [`InboxProcessing::finish`] accepts any item not yet terminal (nor held by
+    /// another worker's live lease). `attempts` counts this attempt.
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim(&delivery.message.pk, owner, now_ms, lease_ms)
+            .await
+    }
+
     /// Only while still `processing` and leased by `owner` (else `Ok(false)`): set the
     /// final or retry state, error class and message, result, `updated_at_ms`, and
-    /// release the lease.
+    /// release the lease. A store whose `begin` hands items out without a lease also
+    /// finishes an item that is not terminal and not held by another worker's live
+    /// lease.
     async fn finish(
         &self,
         key: &InboxKey,
@@ -569,6 +589,10 @@ pub struct Delivery {
     pub receipt: String,
     /// How many times this message has been received, this time included.
     pub receive_count: u32,
+    /// The item the message carried ([`Queue::send_item`]; body included), as it was
+    /// when sent: [`InboxProcessing::begin`] of a store whose queue carries items hands
+    /// it out without a read. `None` for a pointer alone.
+    pub item: Option<Box<InboxItem>>,
 }
 
 /// The work queue: SQS semantics (visibility timeout, receive count, redrive to a DLQ).
@@ -585,6 +609,20 @@ pub trait Queue: Send + Sync {
     ) -> Result<(), QueueError> {
         let _ = trace_header;
         self.send(message).await
+    }
+    /// The receiver's send of a newly stored item: a queue that can carry the item
+    /// (SQS: the item and its compressed body in the message, while it fits) does, so
+    /// the processor starts without reading the inbox ([`Delivery::item`]); the default
+    /// sends the pointer alone.
+    async fn send_item(
+        &self,
+        item: &InboxItem,
+        trace_header: Option<&str>,
+    ) -> Result<(), QueueError> {
+        let message = QueueMessage {
+            pk: item.key.clone(),
+        };
+        self.send_traced(&message, trace_header).await
     }
     /// Up to `max` visible messages; each becomes invisible for `visibility`.
     async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;

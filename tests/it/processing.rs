@@ -416,6 +416,15 @@ struct FinishFailsOnce {
 
 #[async_trait]
 impl InboxProcessing for FinishFailsOnce {
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.inner.begin(delivery, owner, now_ms, lease_ms).await
+    }
     async fn claim(
         &self,
         key: &InboxKey,
@@ -1004,6 +1013,7 @@ async fn unsupported_and_missing_events_are_acknowledged(b: Backend) {
         },
         receipt: d.receipt.clone(),
         receive_count: 1,
+        item: None,
     };
     assert_eq!(
         processor.process_message(&gone, "w1").await,

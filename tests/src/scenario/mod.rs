@@ -819,6 +819,15 @@ impl FinishFails {
 
 #[async_trait]
 impl InboxProcessing for FinishFails {
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.inner.begin(delivery, owner, now_ms, lease_ms).await
+    }
     async fn claim(
         &self,
         key: &InboxKey,
