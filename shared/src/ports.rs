@@ -180,7 +180,8 @@ pub enum WaitChange {
 pub enum PutOutcome {
     Inserted,
     /// The key existed; the stored item comes back in the same call
-    /// (DynamoDB `ReturnValuesOnConditionCheckFailure=ALL_OLD`).
+    /// (DynamoDB `ReturnValuesOnConditionCheckFailure=ALL_OLD`), without its body where
+    /// the store keeps bodies in items of their own (DynamoDB).
     Duplicate(Box<InboxItem>),
 }
 
@@ -351,9 +352,8 @@ pub trait InboxProcessing: Send + Sync {
     /// item. A store may instead hand the item out without a lease (DynamoDB: from the
     /// message that carried it, [`Delivery::item`], or one read for a pointer): the
     /// queue's visibility timeout then stands in for the lease, business commits are
-    /// guarded by versions and effect keys either way, and its
-    /// [`InboxProcessing::finish`] accepts any item not yet terminal (nor held by
-    /// another worker's live lease). `attempts` counts this attempt.
+    /// guarded by versions and effect keys either way, and the run finishes with
+    /// [`InboxProcessing::finish_unleased`]. `attempts` counts this attempt.
     async fn begin(
         &self,
         delivery: &Delivery,
@@ -367,15 +367,29 @@ pub trait InboxProcessing: Send + Sync {
 
     /// Only while still `processing` and leased by `owner` (else `Ok(false)`): set the
     /// final or retry state, error class and message, result, `updated_at_ms`, and
-    /// release the lease. A store whose `begin` hands items out without a lease also
-    /// finishes an item that is not terminal and not held by another worker's live
-    /// lease.
+    /// release the lease.
     async fn finish(
         &self,
         key: &InboxKey,
         owner: &str,
         finish: &Finish,
     ) -> Result<bool, StoreError>;
+
+    /// The finish of a run [`InboxProcessing::begin`] handed out without a lease: as
+    /// [`InboxProcessing::finish`], on an item that is not terminal and not held by a
+    /// live lease (else `Ok(false)`: another run finished it, or a claimed worker
+    /// will), and `attempts` set to `attempts` (the count `begin` handed out). Stores
+    /// whose `begin` always claims never get this call; the default finishes as an
+    /// owner no lease names, which changes nothing.
+    async fn finish_unleased(
+        &self,
+        key: &InboxKey,
+        attempts: u32,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        let _ = attempts;
+        self.finish(key, "", finish).await
+    }
 
     /// Redrive bookkeeping: mark the item `dead_letter` with `reason` unless it is
     /// already terminal or a live lease holds it (that worker finishes it). A missing
@@ -576,7 +590,8 @@ pub struct WaitingScan {
     pub due: Vec<InboxKey>,
 }
 
-/// The pointer message: the queue carries the key, never the body.
+/// The pointer message: the key of the inbox item. (The receiver's message for a new
+/// item may carry the item and its body as well, [`Queue::send_item`].)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueMessage {
     pub pk: InboxKey,

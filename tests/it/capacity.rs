@@ -662,6 +662,13 @@ fn label(capture: &Capture, call: &Call) -> String {
             call.targets.len()
         ),
         ("PutItem", "state") => "processor: commit, conditional put".into(),
+        ("GetItem", "inbox")
+            if call.request["Key"]["pk"]["S"]
+                .as_str()
+                .is_some_and(|pk| pk.starts_with("body#")) =>
+        {
+            "relay: body item".into()
+        }
         ("GetItem", r) => format!("processor: load {r} record"),
         ("BatchGetItem", r) => format!("processor: load {} {r} records", call.targets.len()),
         (op, r) => format!("{op} ({r})"),
@@ -1489,6 +1496,7 @@ async fn calls_and_write_units_per_delivered_event() {
         labels,
         [
             "relay: claim (relay lease) [UpdateItem]",
+            "relay: body item [GetItem]",
             "relay: finish (outcomes, lease released) [UpdateItem]"
         ]
     );
@@ -1498,7 +1506,7 @@ async fn calls_and_write_units_per_delivered_event() {
         "the claim leaves the index alone"
     );
     assert_eq!(
-        writes[1].index_wru_of("by_relay_due"),
+        writes[2].index_wru_of("by_relay_due"),
         1.0,
         "delivered: it leaves"
     );

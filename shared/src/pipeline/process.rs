@@ -684,7 +684,15 @@ impl Processor {
                 detail,
             )
         };
-        let finished = self.processing.finish(key, worker, &finish).await;
+        // `begin` may hand the item out without a lease (its claim then names no owner).
+        let leased = item.lease_owner.as_deref() == Some(worker);
+        let finished = if leased {
+            self.processing.finish(key, worker, &finish).await
+        } else {
+            self.processing
+                .finish_unleased(key, item.attempts, &finish)
+                .await
+        };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         self.metrics.update(|t| {
             t.processing_ms.add(elapsed_ms);
@@ -722,7 +730,7 @@ impl Processor {
                 }
                 outcome
             }
-            Ok(false) if item.lease_owner.as_deref() != Some(worker) => {
+            Ok(false) if !leased => {
                 // Handed out without a lease (`begin`): another run finished the item
                 // first (a duplicate message), or a live lease holds it. Whatever we
                 // committed is guarded by its effect key; nothing is left for this

@@ -819,6 +819,19 @@ impl FinishFails {
 
 #[async_trait]
 impl InboxProcessing for FinishFails {
+    async fn finish_unleased(
+        &self,
+        key: &InboxKey,
+        attempts: u32,
+        f: &Finish,
+    ) -> Result<bool, StoreError> {
+        if self.left.take() {
+            return Err(StoreError::Unavailable(
+                "injected: crashed before finish".into(),
+            ));
+        }
+        self.inner.finish_unleased(key, attempts, f).await
+    }
     async fn begin(
         &self,
         delivery: &Delivery,

@@ -12,12 +12,12 @@
 //! the message while the run is in flight (a crashed run reappears after the
 //! visibility timeout), `ApproximateReceiveCount` counts the attempts, and business
 //! commits are guarded by versions and effect keys, so a concurrent duplicate run
-//! commits nothing twice. The finish then applies to any item not yet terminal (and
-//! not held by a live lease of a worker that did claim it: `claim` still exists, and
-//! a previous release's processor uses it during an update), so a terminal state is
-//! never overwritten. `attempts` is counted by the finish (`claim` no longer writes
-//! it; the item it returns counts the attempt), so each finished attempt counts once
-//! on either path.
+//! commits nothing twice. Such a run finishes with
+//! [`InboxProcessing::finish_unleased`]: any item not yet terminal (and not held by a
+//! live lease of a worker that did claim it: `claim` still exists, and a previous
+//! release's processor uses it during an update), so a terminal state is never
+//! overwritten; it records the attempt count (from SQS's receive count, or the
+//! stored count + 1 for a pointer).
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::config::http::HttpResponse;
@@ -370,24 +370,25 @@ impl InboxProcessing for AwsStore {
         let result = claimable(self.dynamodb.update_item())
             .table_name(&self.table)
             .key(item::PK, Self::key_attr(key))
-            // `attempts` is written by the finish (see the module comment).
             .update_expression(
                 "SET #state = :processing, #lease_owner = :owner, #lease_until = :until, \
-                 #updated = :now",
+                 #updated = :now, #attempts = if_not_exists(#attempts, :zero) + :one",
             )
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
             .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#attempts", item::ATTEMPTS)
             .expression_attribute_values(":owner", s_attr(owner))
             .expression_attribute_values(":until", n_attr(now_ms.saturating_add(lease_ms)))
             .expression_attribute_values(":now", n_attr(now_ms))
+            .expression_attribute_values(":zero", n_attr(0))
+            .expression_attribute_values(":one", n_attr(1))
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match result {
             Ok(out) => {
-                let mut claimed = item::decode_returned(out.attributes, "claim", key)?;
-                claimed.attempts = claimed.attempts.saturating_add(1);
+                let claimed = item::decode_returned(out.attributes, "claim", key)?;
                 Ok(ClaimOutcome::Claimed(Box::new(self.with_body(claimed).await?)))
             }
             Err(e) => {
@@ -410,6 +411,8 @@ impl InboxProcessing for AwsStore {
         let key = &delivery.message.pk;
         if let Some(carried) = delivery.item.as_ref().filter(|i| i.key == *key) {
             let mut item = carried.clone();
+            item.lease_owner = None;
+            item.lease_until_ms = None;
             // The snapshot is from the send; SQS counts the receives since.
             item.attempts = item
                 .attempts
@@ -429,7 +432,13 @@ impl InboxProcessing for AwsStore {
                 return Ok(ClaimOutcome::Leased { until_ms });
             }
         }
-        item.attempts = item.attempts.saturating_add(1);
+        item.attempts = item
+            .attempts
+            .saturating_add(1)
+            .max(delivery.receive_count);
+        // Not leased by this run (a lease that ran out belongs to nobody).
+        item.lease_owner = None;
+        item.lease_until_ms = None;
         Ok(ClaimOutcome::Claimed(Box::new(self.with_body(item).await?)))
     }
 
@@ -439,38 +448,100 @@ impl InboxProcessing for AwsStore {
         owner: &str,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
-        let mut set = vec![
-            "#state = :state".to_string(),
-            "#updated = :now".to_string(),
-            "#attempts = if_not_exists(#attempts, :zero) + :one".to_string(),
-        ];
+        self.finish_item(key, Leased(owner), finish).await
+    }
+
+    async fn finish_unleased(
+        &self,
+        key: &InboxKey,
+        attempts: u32,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        self.finish_item(key, Unleased(attempts), finish).await
+    }
+
+    async fn mark_dead_letter(
+        &self,
+        key: &InboxKey,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let result = claimable(self.dynamodb.update_item())
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .update_expression(
+                "SET #state = :dead, #error = :reason, #updated = :now \
+                 REMOVE #lease_owner, #lease_until, #shard, #wait_on, #wait_shard, #wait_since",
+            )
+            .expression_attribute_names("#shard", item::SWEEP_SHARD)
+            .expression_attribute_names("#wait_on", item::WAIT_ON)
+            .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
+            .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
+            .expression_attribute_names("#error", item::LAST_ERROR)
+            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
+            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
+            .expression_attribute_values(":reason", s_attr(reason))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .send()
+            .await;
+        // Missing, already terminal, or a live worker will finish it.
+        conditional_update(result).map(|_| ())
+    }
+
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.waiters_of(record_pk, limit).await
+    }
+}
+
+impl AwsStore {
+    /// The finish write of a claimed run ([`Leased`]) or of one `begin` handed out
+    /// without a lease ([`Unleased`]).
+    async fn finish_item(
+        &self,
+        key: &InboxKey,
+        run: Run<'_>,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        let mut set = vec!["#state = :state".to_string(), "#updated = :now".to_string()];
         let mut request = self
             .dynamodb
             .update_item()
             .table_name(&self.table)
             .key(item::PK, Self::key_attr(key))
-            // Not terminal (a duplicate run never overwrites the outcome), and not held
-            // by another worker's live lease: ours, none, or one that ran out.
-            .condition_expression(
-                "attribute_exists(#pk) AND NOT (#state IN (:completed, :ignored, :dead)) \
-                 AND (#state <> :processing OR #lease_owner = :owner \
-                      OR attribute_not_exists(#lease_until) OR #lease_until <= :now)",
-            )
-            .expression_attribute_names("#pk", item::PK)
             .expression_attribute_names("#state", item::STATE)
             .expression_attribute_names("#updated", item::UPDATED_AT_MS)
-            .expression_attribute_names("#attempts", item::ATTEMPTS)
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
             .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
             .expression_attribute_values(":state", s_attr(finish.state.as_str()))
             .expression_attribute_values(":now", n_attr(finish.now_ms))
-            .expression_attribute_values(":zero", n_attr(0))
-            .expression_attribute_values(":one", n_attr(1))
-            .expression_attribute_values(":completed", s_attr(InboxState::Completed.as_str()))
-            .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
-            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
-            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
-            .expression_attribute_values(":owner", s_attr(owner));
+            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()));
+        request = match run {
+            Leased(owner) => request
+                .condition_expression("#state = :processing AND #lease_owner = :owner")
+                .expression_attribute_values(":owner", s_attr(owner)),
+            Unleased(attempts) => {
+                set.push("#attempts = :attempts".into());
+                request
+                    .condition_expression(
+                        "attribute_exists(#pk) AND NOT (#state IN (:completed, :ignored, :dead)) \
+                         AND (#state <> :processing OR attribute_not_exists(#lease_until) \
+                              OR #lease_until <= :now)",
+                    )
+                    .expression_attribute_names("#pk", item::PK)
+                    .expression_attribute_names("#attempts", item::ATTEMPTS)
+                    .expression_attribute_values(":attempts", n_attr(i64::from(attempts)))
+                    .expression_attribute_values(
+                        ":completed",
+                        s_attr(InboxState::Completed.as_str()),
+                    )
+                    .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
+                    .expression_attribute_values(
+                        ":dead",
+                        s_attr(InboxState::DeadLetter.as_str()),
+                    )
+            }
+        };
         // Optional fields: set when given, left alone otherwise. The attribute names
         // are plain identifiers, so they serve as their own placeholders.
         for (attr, value) in [
@@ -570,40 +641,19 @@ impl InboxProcessing for AwsStore {
             .await;
         conditional_update(result)
     }
-
-    async fn mark_dead_letter(
-        &self,
-        key: &InboxKey,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let result = claimable(self.dynamodb.update_item())
-            .table_name(&self.table)
-            .key(item::PK, Self::key_attr(key))
-            .update_expression(
-                "SET #state = :dead, #error = :reason, #updated = :now \
-                 REMOVE #lease_owner, #lease_until, #shard, #wait_on, #wait_shard, #wait_since",
-            )
-            .expression_attribute_names("#shard", item::SWEEP_SHARD)
-            .expression_attribute_names("#wait_on", item::WAIT_ON)
-            .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
-            .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
-            .expression_attribute_names("#error", item::LAST_ERROR)
-            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
-            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
-            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
-            .expression_attribute_values(":reason", s_attr(reason))
-            .expression_attribute_values(":now", n_attr(now_ms))
-            .send()
-            .await;
-        // Missing, already terminal, or a live worker will finish it.
-        conditional_update(result).map(|_| ())
-    }
-
-    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
-        self.waiters_of(record_pk, limit).await
-    }
 }
+
+/// Whose finish [`AwsStore::finish_item`] writes.
+enum Run<'a> {
+    /// A claimed run: only while this owner's lease holds the item (the claim counted
+    /// the attempt).
+    Leased(&'a str),
+    /// A run `begin` handed out without a lease, with its attempt count: on any item not
+    /// yet terminal (a duplicate run never overwrites the outcome) and not held by a
+    /// live lease (a claimed worker, of a previous release during an update).
+    Unleased(u32),
+}
+use Run::{Leased, Unleased};
 
 /// A conditional UpdateItem's outcome: `true` when applied, `false` when its condition
 /// failed (the caller decides whether that is a no-op); other failures are errors.
