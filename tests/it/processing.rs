@@ -805,7 +805,11 @@ async fn crash_after_claim_is_taken_over_after_the_lease(b: Backend) {
     );
     assert_eq!(b.count("c1").await, 1);
     let item = b.item(&d.message.pk).await;
-    assert_eq!((item.state, item.attempts), (InboxState::Completed, 2));
+    // Embedded counts claims (the dead worker's and w2's). AWS starts without a claim
+    // and counts the message's receives (3, the one left for later included), or the
+    // stored count + 1 where that is more.
+    let attempts = if b.calls.is_some() { 3 } else { 2 };
+    assert_eq!((item.state, item.attempts), (InboxState::Completed, attempts));
 }
 
 async fn crash_after_commit_before_finish_has_no_second_effect(b: Backend) {
