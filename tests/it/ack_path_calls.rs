@@ -20,7 +20,7 @@ use einmal_tests::fixtures::{config, drain, signed, stripe_body, FailingQueue};
 use einmal_tests::moto::{self, CallCounter, OperationLog, MAX_RECEIVE_COUNT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_webhook_costs_two_calls_and_a_duplicate_one() {
+async fn new_webhook_costs_three_calls_and_a_duplicate_two() {
     let counter = CallCounter::default();
     let (store, _names) = moto::aws_store(moto::shared(), Some(counter.clone())).await;
     let store = Arc::new(store);

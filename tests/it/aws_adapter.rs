@@ -18,15 +18,15 @@ use einmal::adapters::aws::{
 };
 use einmal::domain::reference::{order_key, ReferenceDomain};
 use einmal::domain::state::StateStore;
+use einmal::envelope::Envelope;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{MessageOutcome, Processor};
-use einmal_tests::scenario;
-use einmal::envelope::Envelope;
 use einmal::ports::{
     Inbox, InboxFilter, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source,
     StoreError,
 };
 use einmal_tests::moto::{self, aws_store, unique_name, CallCounter, MAX_RECEIVE_COUNT};
+use einmal_tests::scenario;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -98,7 +98,10 @@ async fn duplicate_returns_the_stored_item_field_by_field() {
                 }
             );
             // The first body is kept, not the retry's.
-            assert_eq!(store.get(&first.key).await.unwrap().unwrap().body, first.body);
+            assert_eq!(
+                store.get(&first.key).await.unwrap().unwrap().body,
+                first.body
+            );
         }
         other => panic!("expected a duplicate, got {other:?}"),
     }
@@ -533,7 +536,12 @@ async fn an_item_of_the_previous_layout_is_processed() {
     assert_eq!(carried.len(), 1);
     store.ack(&carried[0].receipt).await.expect("ack");
     let key = carried[0].message.pk.clone();
-    let body = carried[0].item.as_ref().expect("the item rides along").body.clone();
+    let body = carried[0]
+        .item
+        .as_ref()
+        .expect("the item rides along")
+        .body
+        .clone();
 
     // Rewrite it as the previous release stored it.
     let pk = AttributeValue::S(key.as_str().to_string());
@@ -566,7 +574,10 @@ async fn an_item_of_the_previous_layout_is_processed() {
         .send()
         .await
         .expect("no body item");
-    store.send(&msg(key.as_str())).await.expect("the old pointer");
+    store
+        .send(&msg(key.as_str()))
+        .await
+        .expect("the old pointer");
 
     let processor = Processor::new(
         store.clone(),

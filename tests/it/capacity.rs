@@ -851,11 +851,22 @@ fn check_structure(r: &Rig, m: &Measured, ingest: &[Call], process: &[Call], dup
     assert_eq!(ops(ingest), ["PutItem", "PutItem"], "{name}");
     assert!(m.ingest[0].label.contains("conditional put"), "{name}");
     assert!(m.ingest[1].label.contains("body item"), "{name}");
-    assert!(ingest[1].request.get("ConditionExpression").is_none(), "{name}");
+    assert!(
+        ingest[1].request.get("ConditionExpression").is_none(),
+        "{name}"
+    );
     assert_eq!(m.ingest[0].index_wru_of(&r.inbox_index), 1.0, "{name}");
-    assert_eq!(m.ingest[1].index_wru(), 0.0, "{name}: the body item is in no index");
+    assert_eq!(
+        m.ingest[1].index_wru(),
+        0.0,
+        "{name}: the body item is in no index"
+    );
     // The event's item stays under 1 KB: one write unit to put it.
-    assert!(m.inbox_item_bytes <= 1024, "{name}: {} B", m.inbox_item_bytes);
+    assert!(
+        m.inbox_item_bytes <= 1024,
+        "{name}: {} B",
+        m.inbox_item_bytes
+    );
     assert_eq!(m.ingest[0].table_wru, 1.0, "{name}");
     // A duplicate: its rejected put, one write unit, no index write, no body write.
     assert_eq!(ops(duplicate), ["PutItem"], "{name}");
@@ -889,7 +900,10 @@ fn check_structure(r: &Rig, m: &Measured, ingest: &[Call], process: &[Call], dup
             .is_some_and(|e| e.starts_with("SET #state = :processing"))),
         "{name}: no claim"
     );
-    assert_eq!(finish_cost.table_wru, 1.0, "{name}: the finish of a small item");
+    assert_eq!(
+        finish_cost.table_wru, 1.0,
+        "{name}: the finish of a small item"
+    );
     // The terminal finish leaves the sweeper's index.
     assert!(
         finish_cost

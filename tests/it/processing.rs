@@ -809,7 +809,10 @@ async fn crash_after_claim_is_taken_over_after_the_lease(b: Backend) {
     // and counts the message's receives (3, the one left for later included), or the
     // stored count + 1 where that is more.
     let attempts = if b.calls.is_some() { 3 } else { 2 };
-    assert_eq!((item.state, item.attempts), (InboxState::Completed, attempts));
+    assert_eq!(
+        (item.state, item.attempts),
+        (InboxState::Completed, attempts)
+    );
 }
 
 async fn crash_after_commit_before_finish_has_no_second_effect(b: Backend) {
@@ -1219,7 +1222,9 @@ async fn aws_calls_per_processed_event() {
     let calls = b.calls.clone().expect("AWS backend counts calls");
     let processor = b.processor(settings());
 
-    let d = b.deliver_as_receiver("evt_cost", "incr", "c1", "v1", 1).await;
+    let d = b
+        .deliver_as_receiver("evt_cost", "incr", "c1", "v1", 1)
+        .await;
     assert!(d.item.is_some(), "the message carries the item");
     let before = calls.count();
     assert_eq!(
@@ -1280,7 +1285,11 @@ async fn aws_calls_per_processed_event() {
         processor.process_message(&pointer, "w1").await,
         MessageOutcome::Ack
     );
-    assert_eq!(calls.count() - before, 6, "2 reads + load + commit + waiters + finish");
+    assert_eq!(
+        calls.count() - before,
+        6,
+        "2 reads + load + commit + waiters + finish"
+    );
 
     println!(
         "AWS calls per event: single-record effect {single}, two-record effect {two_records}, \

@@ -735,11 +735,7 @@ impl Processor {
                 // first (a duplicate message), or a live lease holds it. Whatever we
                 // committed is guarded by its effect key; nothing is left for this
                 // message to do.
-                log(
-                    Level::INFO,
-                    "event already finished by another run",
-                    None,
-                );
+                log(Level::INFO, "event already finished by another run", None);
                 MessageOutcome::Ack
             }
             Ok(false) => {

@@ -31,8 +31,8 @@ use super::item::{self, n_attr, s_attr};
 use super::{AwsStore, DEFAULT_LIST_LIMIT};
 use crate::envelope::InboxKey;
 use crate::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState, PutOutcome,
-    StoreError, WaitChange,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
+    PutOutcome, StoreError, WaitChange,
 };
 
 impl AwsStore {
@@ -389,7 +389,9 @@ impl InboxProcessing for AwsStore {
         match result {
             Ok(out) => {
                 let claimed = item::decode_returned(out.attributes, "claim", key)?;
-                Ok(ClaimOutcome::Claimed(Box::new(self.with_body(claimed).await?)))
+                Ok(ClaimOutcome::Claimed(Box::new(
+                    self.with_body(claimed).await?,
+                )))
             }
             Err(e) => {
                 let old = error::refused(e)?;
@@ -414,10 +416,7 @@ impl InboxProcessing for AwsStore {
             item.lease_owner = None;
             item.lease_until_ms = None;
             // The snapshot is from the send; SQS counts the receives since.
-            item.attempts = item
-                .attempts
-                .saturating_add(1)
-                .max(delivery.receive_count);
+            item.attempts = item.attempts.saturating_add(1).max(delivery.receive_count);
             return Ok(ClaimOutcome::Claimed(item));
         }
         let Some(m) = self.get_raw(key).await? else {
@@ -432,10 +431,7 @@ impl InboxProcessing for AwsStore {
                 return Ok(ClaimOutcome::Leased { until_ms });
             }
         }
-        item.attempts = item
-            .attempts
-            .saturating_add(1)
-            .max(delivery.receive_count);
+        item.attempts = item.attempts.saturating_add(1).max(delivery.receive_count);
         // Not leased by this run (a lease that ran out belongs to nobody).
         item.lease_owner = None;
         item.lease_until_ms = None;
@@ -536,10 +532,7 @@ impl AwsStore {
                         s_attr(InboxState::Completed.as_str()),
                     )
                     .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
-                    .expression_attribute_values(
-                        ":dead",
-                        s_attr(InboxState::DeadLetter.as_str()),
-                    )
+                    .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
             }
         };
         // Optional fields: set when given, left alone otherwise. The attribute names

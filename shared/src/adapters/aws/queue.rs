@@ -12,11 +12,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine;
-use serde::{Deserialize, Serialize};
 use aws_sdk_sqs::types::{
     MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
 };
+use base64::Engine;
+use serde::{Deserialize, Serialize};
 
 use super::error::describe;
 use super::{AwsStore, DLQ_URL_ENV};
@@ -331,7 +331,9 @@ mod tests {
     #[test]
     fn an_item_too_large_for_one_message_goes_as_its_pointer() {
         // Incompressible bytes whose base64 passes the bound.
-        let body: Vec<u8> = (0..MAX_CARRIED_BYTES).map(|i| (i * 7919 % 251) as u8).collect();
+        let body: Vec<u8> = (0..MAX_CARRIED_BYTES)
+            .map(|i| (i * 7919 % 251) as u8)
+            .collect();
         let text = item_message(&item(body)).unwrap();
         assert!(text.len() < 200, "{}", text.len());
         let (_, carried) = decode_message_body(&text).unwrap();
