@@ -180,7 +180,8 @@ pub enum WaitChange {
 pub enum PutOutcome {
     Inserted,
     /// The key existed; the stored item comes back in the same call
-    /// (DynamoDB `ReturnValuesOnConditionCheckFailure=ALL_OLD`).
+    /// (DynamoDB `ReturnValuesOnConditionCheckFailure=ALL_OLD`), without its body where
+    /// the store keeps bodies in items of their own (DynamoDB).
     Duplicate(Box<InboxItem>),
 }
 
@@ -347,6 +348,23 @@ pub trait InboxProcessing: Send + Sync {
         lease_ms: i64,
     ) -> Result<ClaimOutcome, StoreError>;
 
+    /// Start the attempt of one delivery: by default [`InboxProcessing::claim`] of its
+    /// item. A store may instead hand the item out without a lease (DynamoDB: from the
+    /// message that carried it, [`Delivery::item`], or one read for a pointer): the
+    /// queue's visibility timeout then stands in for the lease, business commits are
+    /// guarded by versions and effect keys either way, and the run finishes with
+    /// [`InboxProcessing::finish_unleased`]. `attempts` counts this attempt.
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim(&delivery.message.pk, owner, now_ms, lease_ms)
+            .await
+    }
+
     /// Only while still `processing` and leased by `owner` (else `Ok(false)`): set the
     /// final or retry state, error class and message, result, `updated_at_ms`, and
     /// release the lease.
@@ -356,6 +374,22 @@ pub trait InboxProcessing: Send + Sync {
         owner: &str,
         finish: &Finish,
     ) -> Result<bool, StoreError>;
+
+    /// The finish of a run [`InboxProcessing::begin`] handed out without a lease: as
+    /// [`InboxProcessing::finish`], on an item that is not terminal and not held by a
+    /// live lease (else `Ok(false)`: another run finished it, or a claimed worker
+    /// will), and `attempts` set to `attempts` (the count `begin` handed out). Stores
+    /// whose `begin` always claims never get this call; the default finishes as an
+    /// owner no lease names, which changes nothing.
+    async fn finish_unleased(
+        &self,
+        key: &InboxKey,
+        attempts: u32,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        let _ = attempts;
+        self.finish(key, "", finish).await
+    }
 
     /// Redrive bookkeeping: mark the item `dead_letter` with `reason` unless it is
     /// already terminal or a live lease holds it (that worker finishes it). A missing
@@ -556,7 +590,8 @@ pub struct WaitingScan {
     pub due: Vec<InboxKey>,
 }
 
-/// The pointer message: the queue carries the key, never the body.
+/// The pointer message: the key of the inbox item. (The receiver's message for a new
+/// item may carry the item and its body as well, [`Queue::send_item`].)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueMessage {
     pub pk: InboxKey,
@@ -569,6 +604,10 @@ pub struct Delivery {
     pub receipt: String,
     /// How many times this message has been received, this time included.
     pub receive_count: u32,
+    /// The item the message carried ([`Queue::send_item`]; body included), as it was
+    /// when sent: [`InboxProcessing::begin`] of a store whose queue carries items hands
+    /// it out without a read. `None` for a pointer alone.
+    pub item: Option<Box<InboxItem>>,
 }
 
 /// The work queue: SQS semantics (visibility timeout, receive count, redrive to a DLQ).
@@ -585,6 +624,20 @@ pub trait Queue: Send + Sync {
     ) -> Result<(), QueueError> {
         let _ = trace_header;
         self.send(message).await
+    }
+    /// The receiver's send of a newly stored item: a queue that can carry the item
+    /// (SQS: the item and its compressed body in the message, while it fits) does, so
+    /// the processor starts without reading the inbox ([`Delivery::item`]); the default
+    /// sends the pointer alone.
+    async fn send_item(
+        &self,
+        item: &InboxItem,
+        trace_header: Option<&str>,
+    ) -> Result<(), QueueError> {
+        let message = QueueMessage {
+            pk: item.key.clone(),
+        };
+        self.send_traced(&message, trace_header).await
     }
     /// Up to `max` visible messages; each becomes invisible for `visibility`.
     async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;

@@ -1,7 +1,10 @@
 //! Round trips on the ack path, counted at the HTTP layer of the AWS SDK against moto:
-//! a new webhook costs exactly two sequential calls (conditional put, send), a
-//! duplicate of an enqueued event one; a put whose response was lost (the SDK retries
-//! it) still sends its pointer in the same request.
+//! a new webhook costs exactly three sequential calls (conditional put, the body's put,
+//! send), a duplicate of an event still `received` two (its rejected put, and the
+//! body's put if missing, rejected: a first request that died between the two puts
+//! left no body); a duplicate of a processed event costs one (the capacity test); a
+//! put whose response was lost (the SDK retries it) still sends its message in the
+//! same request.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use einmal_tests::fixtures::{config, drain, signed, stripe_body, FailingQueue};
 use einmal_tests::moto::{self, CallCounter, OperationLog, MAX_RECEIVE_COUNT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_webhook_costs_two_calls_and_a_duplicate_one() {
+async fn new_webhook_costs_three_calls_and_a_duplicate_two() {
     let counter = CallCounter::default();
     let (store, _names) = moto::aws_store(moto::shared(), Some(counter.clone())).await;
     let store = Arc::new(store);
@@ -32,8 +35,8 @@ async fn new_webhook_costs_two_calls_and_a_duplicate_one() {
     assert_eq!(resp.status, 200);
     assert_eq!(
         counter.count() - before,
-        2,
-        "new webhook: PutItem + SendMessage"
+        3,
+        "new webhook: PutItem + PutItem (body) + SendMessage"
     );
 
     let before = counter.count();
@@ -43,8 +46,8 @@ async fn new_webhook_costs_two_calls_and_a_duplicate_one() {
     assert_eq!(resp.body["duplicate"], true);
     assert_eq!(
         counter.count() - before,
-        1,
-        "duplicate: the conditional PutItem only"
+        2,
+        "duplicate of a received event: the conditional PutItem + the body's, both rejected"
     );
     assert_eq!(drain(&*store).await.len(), 1);
 }
@@ -64,8 +67,9 @@ async fn duplicate_of_an_unconfirmed_enqueue_costs_put_plus_send() {
         .ingest("stripe", "t1", &signed(&cfg, "stripe", "t1", "", &body))
         .await;
     assert_eq!(resp.status, 503);
-    // PutItem, the injected send failure (no call), UpdateItem marking it.
-    assert_eq!(counter.count() - before, 2);
+    // PutItem, the body's PutItem, the injected send failure (no call), UpdateItem
+    // marking it.
+    assert_eq!(counter.count() - before, 3);
 
     let before = counter.count();
     let resp = ingest
@@ -77,8 +81,8 @@ async fn duplicate_of_an_unconfirmed_enqueue_costs_put_plus_send() {
     );
     assert_eq!(
         counter.count() - before,
-        2,
-        "PutItem (returns the old item) + SendMessage"
+        3,
+        "PutItem (returns the old item) + the body's PutItem (rejected: there) + SendMessage"
     );
     assert_eq!(drain(&*store).await.len(), 1);
 }
@@ -163,8 +167,8 @@ async fn lost_put_response_is_retried_and_the_pointer_sent_in_that_request() {
     );
     assert_eq!(
         operations.operations(),
-        ["PutItem", "PutItem"],
-        "the first attempt's response was lost, the SDK retried"
+        ["PutItem", "PutItem", "PutItem"],
+        "the first attempt's response was lost, the SDK retried; then the body's put"
     );
     let sent = drain(&*store).await;
     assert_eq!(sent.len(), 1, "the pointer went out in that request");

@@ -13,15 +13,20 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::AttributeValue;
 use einmal::adapters::aws::{
-    create_queues, create_tables, load_config_from_ssm, load_config_with, AwsNames, AwsSetupError,
-    AwsStore, CONFIG_ENV, CONFIG_PARAMETER_ENV,
+    create_queues, create_state_table, create_tables, load_config_from_ssm, load_config_with,
+    AwsNames, AwsSetupError, AwsStore, DynamoStateStore, CONFIG_ENV, CONFIG_PARAMETER_ENV,
 };
+use einmal::domain::reference::{order_key, ReferenceDomain};
+use einmal::domain::state::StateStore;
 use einmal::envelope::Envelope;
+use einmal::pipeline::ingest::Ingestor;
+use einmal::pipeline::process::{MessageOutcome, Processor};
 use einmal::ports::{
     Inbox, InboxFilter, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source,
     StoreError,
 };
 use einmal_tests::moto::{self, aws_store, unique_name, CallCounter, MAX_RECEIVE_COUNT};
+use einmal_tests::scenario;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -83,8 +88,20 @@ async fn duplicate_returns_the_stored_item_field_by_field() {
         PutOutcome::Duplicate(old) => {
             assert_eq!(old.key, first.key);
             assert_eq!(old.envelope, first.envelope);
-            assert_eq!(old.body, first.body);
-            assert_eq!(*old, first);
+            // The body is in its own item: the rejected put returns the small one.
+            assert!(old.body.is_empty());
+            assert_eq!(
+                *old,
+                InboxItem {
+                    body: Vec::new(),
+                    ..first.clone()
+                }
+            );
+            // The first body is kept, not the retry's.
+            assert_eq!(
+                store.get(&first.key).await.unwrap().unwrap().body,
+                first.body
+            );
         }
         other => panic!("expected a duplicate, got {other:?}"),
     }
@@ -138,7 +155,12 @@ async fn fifty_concurrent_puts_of_one_key_insert_once() {
     assert_eq!(inserted, 1);
     assert_eq!(duplicates.len(), 49);
     let stored = store.get(&original.key).await.unwrap().unwrap();
-    assert!(duplicates.iter().all(|d| **d == stored));
+    assert_eq!(stored.body, original.body);
+    let without_body = InboxItem {
+        body: Vec::new(),
+        ..stored
+    };
+    assert!(duplicates.iter().all(|d| **d == without_body));
 }
 
 #[tokio::test]
@@ -324,21 +346,26 @@ async fn each_port_call_is_exactly_one_aws_call() {
     let mut measure = |name: &'static str, before: usize, counter: &CallCounter| {
         calls.push((name, counter.count() - before));
     };
+    // Two calls each: the event's put and its body's (written once, its own item); a
+    // duplicate of an event still `received` also puts the body if it is missing
+    // (rejected here). Every other port call is one.
     let b = counter.count();
     assert_eq!(store.put_new(&it).await.unwrap(), PutOutcome::Inserted);
-    measure("put_new", b, &counter);
+    let new_put = counter.count() - b;
     let b = counter.count();
     assert!(matches!(
         store.put_new(&it).await.unwrap(),
         PutOutcome::Duplicate(_)
     ));
-    measure("put_new duplicate", b, &counter);
+    let duplicate_put = counter.count() - b;
+    assert_eq!((new_put, duplicate_put), (2, 2));
     let b = counter.count();
     store.send(&msg(it.key.as_str())).await.unwrap();
     measure("send", b, &counter);
+    // The event's item, then its body's.
     let b = counter.count();
     store.get(&it.key).await.unwrap();
-    measure("get", b, &counter);
+    assert_eq!(counter.count() - b, 2);
     let b = counter.count();
     store.mark_enqueue_failed(&it.key).await.unwrap();
     measure("mark_enqueue_failed", b, &counter);
@@ -483,4 +510,126 @@ fn a_private_moto_stops_on_drop() {
     drop(moto);
     // Drop waits for the wrapper, which waits for moto: the port is closed now.
     assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+/// A mixed-version deployment during an update: an event stored by the previous
+/// release (its body inline in the event's item, no body item) with that release's
+/// pointer message (no carried item) is processed by this one, and keeps its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_of_the_previous_layout_is_processed() {
+    let (store, names) = aws_store(moto::shared(), None).await;
+    let store = Arc::new(store);
+    let dynamodb = store.dynamodb().clone();
+    let state_table = format!("{}-state", names.table);
+    create_state_table(&dynamodb, &state_table)
+        .await
+        .expect("state table");
+    let state = Arc::new(DynamoStateStore::new(dynamodb.clone(), state_table));
+    let config = scenario::config();
+    let ingest = Ingestor::new(config.clone(), store.clone(), store.clone());
+    let event = scenario::pi_succeeded("order-mv1", "pi_mv1", 4990, einmal::time::now_secs());
+    let resp = ingest
+        .ingest("stripe", scenario::TENANT, &event.request(&config))
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let carried = store.receive(10, LONG).await.expect("receive");
+    assert_eq!(carried.len(), 1);
+    store.ack(&carried[0].receipt).await.expect("ack");
+    let key = carried[0].message.pk.clone();
+    let body = carried[0]
+        .item
+        .as_ref()
+        .expect("the item rides along")
+        .body
+        .clone();
+
+    // Rewrite it as the previous release stored it.
+    let pk = AttributeValue::S(key.as_str().to_string());
+    let body_pk = AttributeValue::S(format!("body#{}", key.as_str()));
+    let mut old = dynamodb
+        .get_item()
+        .table_name(&names.table)
+        .key("pk", pk.clone())
+        .send()
+        .await
+        .expect("get")
+        .item
+        .expect("stored");
+    assert_eq!(old.remove("body_item"), Some(AttributeValue::Bool(true)));
+    old.insert(
+        "body".into(),
+        AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(body.clone())),
+    );
+    dynamodb
+        .put_item()
+        .table_name(&names.table)
+        .set_item(Some(old))
+        .send()
+        .await
+        .expect("put the old layout");
+    dynamodb
+        .delete_item()
+        .table_name(&names.table)
+        .key("pk", body_pk)
+        .send()
+        .await
+        .expect("no body item");
+    store
+        .send(&msg(key.as_str()))
+        .await
+        .expect("the old pointer");
+
+    let processor = Processor::new(
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        state.clone(),
+        Arc::new(ReferenceDomain),
+    )
+    .with_settings(scenario::settings(30_000, 3));
+    let batch = store.receive(10, LONG).await.expect("receive");
+    assert_eq!(batch.len(), 1);
+    assert!(batch[0].item.is_none(), "a pointer alone");
+    let outcomes = processor.process_batch(&batch, "w-new").await;
+    assert!(
+        matches!(outcomes[..], [(_, MessageOutcome::Ack)]),
+        "{outcomes:?}"
+    );
+    let done = store.get(&key).await.expect("get").expect("item");
+    assert_eq!(done.state, InboxState::Completed, "{:?}", done.last_error);
+    assert_eq!(done.attempts, 1);
+    assert_eq!(done.body, body, "the inline body is kept");
+    let order = state
+        .load(&[order_key(scenario::TENANT, "order-mv1")])
+        .await
+        .expect("load")
+        .remove(0);
+    assert!(order.exists(), "the payment's effect");
+    assert_eq!(order.data["payment_status"], "paid", "{}", order.data);
+}
+
+/// A receiver that died between the event's put and the body's: the provider's retry
+/// (a duplicate of an event still `received`) stores the body, and its pointer (the
+/// sweeper's re-send, or the duplicate's own) is processed from the body item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_stores_a_body_its_first_request_never_wrote() {
+    let (store, names) = aws_store(moto::shared(), None).await;
+    let mut it = item("t1", "evt_nobody", 1_700_000_000_000);
+    it.body = einmal::body::compress(br#"{"id":"evt_nobody"}"#).unwrap();
+    assert_eq!(store.put_new(&it).await.unwrap(), PutOutcome::Inserted);
+    store
+        .dynamodb()
+        .delete_item()
+        .table_name(&names.table)
+        .key("pk", AttributeValue::S(format!("body#{}", it.key.as_str())))
+        .send()
+        .await
+        .expect("as if the body's put never happened");
+    assert!(store.get(&it.key).await.unwrap().unwrap().body.is_empty());
+
+    assert!(matches!(
+        store.put_new(&it).await.unwrap(),
+        PutOutcome::Duplicate(_)
+    ));
+    assert_eq!(store.get(&it.key).await.unwrap().unwrap().body, it.body);
 }

@@ -135,14 +135,14 @@ async fn a_pending_delivery_is_due_claimed_once_and_leaves_the_index_when_delive
     assert_eq!(pending[0].relay_due_ms, Some(due));
     assert!(pending[0].body.is_empty());
 
-    // One relay gets the lease (one UpdateItem, the item with its body); a second
-    // one does not while it lives, and cannot finish.
+    // One relay gets the lease (one UpdateItem, the item; then its body item, a
+    // GetItem); a second one does not while it lives, and cannot finish.
     let claimed = logged
         .claim_relay(&it.key, "relay-a", due, 10_000)
         .await
         .unwrap()
         .expect("claimed");
-    assert_eq!(operations.take(), ["UpdateItem"]);
+    assert_eq!(operations.take(), ["UpdateItem", "GetItem"]);
     assert_eq!(claimed.body, it.body);
     assert_eq!(claimed.deliveries, recorded);
     assert_eq!(

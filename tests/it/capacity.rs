@@ -18,9 +18,12 @@
 //!
 //! The test prints a per-call table and the totals for a Stripe payment and a Shopify
 //! order (the samples in `events/samples/domain/`) and a ~3 KB Stripe event, and
-//! asserts only structural facts: the claim and the finish read nothing back, the claim
-//! writes no index entry, the sweeper's index costs one write to enter and one to
-//! leave, a duplicate costs its rejected put only.
+//! asserts only structural facts: the body is put once in an item of its own, the
+//! event's item stays under 1 KB (its put, a duplicate's rejected put and the finish
+//! cost one write unit each), the processor starts from the SQS message (no claim, no
+//! inbox read) and writes the inbox once (the finish, which reads nothing back), the
+//! sweeper's index costs one write to enter and one to leave, a duplicate costs its
+//! rejected put only.
 //!
 //! `cargo test -p einmal-tests --test it capacity:: -- --nocapture` shows the figures the
 //! README's cost section uses.
@@ -623,6 +626,17 @@ fn label(capture: &Capture, call: &Call) -> String {
         .map(|t| t.role)
         .unwrap_or("inbox");
     let what = match (call.op.as_str(), role) {
+        ("PutItem", "inbox")
+            if call.request["Item"]["pk"]["S"]
+                .as_str()
+                .is_some_and(|pk| pk.starts_with("body#")) =>
+        {
+            if call.status == 200 {
+                "receiver: body item (written once)".into()
+            } else {
+                "receiver: body item (already there)".into()
+            }
+        }
         ("PutItem", "inbox") if call.status == 200 => "receiver: conditional put (new)".into(),
         ("PutItem", "inbox") => "receiver: conditional put (duplicate, condition fails)".into(),
         ("UpdateItem", "inbox") => {
@@ -648,6 +662,13 @@ fn label(capture: &Capture, call: &Call) -> String {
             call.targets.len()
         ),
         ("PutItem", "state") => "processor: commit, conditional put".into(),
+        ("GetItem", "inbox")
+            if call.request["Key"]["pk"]["S"]
+                .as_str()
+                .is_some_and(|pk| pk.starts_with("body#")) =>
+        {
+            "relay: body item".into()
+        }
         ("GetItem", r) => format!("processor: load {r} record"),
         ("BatchGetItem", r) => format!("processor: load {} {r} records", call.targets.len()),
         (op, r) => format!("{op} ({r})"),
@@ -750,6 +771,7 @@ struct Measured {
     process: Vec<Cost>,
     duplicate: Vec<Cost>,
     inbox_item_bytes: usize,
+    body_item_bytes: usize,
     body_bytes: usize,
 }
 
@@ -793,12 +815,16 @@ async fn measure(r: &Rig, name: &str, event: &Event) -> Measured {
     assert_eq!(again.body["duplicate"], true, "{name}: {}", again.body);
     let duplicate_calls = r.capture.take();
 
-    let inbox_item_bytes = ingest_calls
-        .iter()
-        .find(|c| c.op == "PutItem")
-        .and_then(|c| c.targets[0].new.as_ref())
-        .map(item_size)
-        .expect("the stored inbox item");
+    let put_size = |n: usize| {
+        ingest_calls
+            .iter()
+            .filter(|c| c.op == "PutItem")
+            .nth(n)
+            .and_then(|c| c.targets[0].new.as_ref())
+            .map(item_size)
+            .expect("a stored item")
+    };
+    let (inbox_item_bytes, body_item_bytes) = (put_size(0), put_size(1));
     let costs =
         |calls: &[Call]| -> Vec<Cost> { calls.iter().map(|c| cost(&r.capture, c)).collect() };
     let m = Measured {
@@ -807,53 +833,78 @@ async fn measure(r: &Rig, name: &str, event: &Event) -> Measured {
         process: costs(&process_calls),
         duplicate: costs(&duplicate_calls),
         inbox_item_bytes,
+        body_item_bytes,
         body_bytes: event.body.len(),
     };
     check_structure(r, &m, &ingest_calls, &process_calls, &duplicate_calls);
     m
 }
 
-/// Structural facts only, no sizes or timings.
+/// Structural facts only, no timings: which calls, which index entries, and the unit
+/// counts that follow from the layout (the event's item under 1 KB).
 fn check_structure(r: &Rig, m: &Measured, ingest: &[Call], process: &[Call], duplicate: &[Call]) {
     let name = &m.name;
     let ops = |calls: &[Call]| -> Vec<String> { calls.iter().map(|c| c.op.clone()).collect() };
-    // The receiver: one conditional put, which enters the sweeper's index.
-    assert_eq!(ops(ingest), ["PutItem"], "{name}");
+    let inbox = r.store.names().table;
+    // The receiver: the event's conditional put, which enters the sweeper's index,
+    // then its body item, unconditional and in no index.
+    assert_eq!(ops(ingest), ["PutItem", "PutItem"], "{name}");
+    assert!(m.ingest[0].label.contains("conditional put"), "{name}");
+    assert!(m.ingest[1].label.contains("body item"), "{name}");
+    assert!(
+        ingest[1].request.get("ConditionExpression").is_none(),
+        "{name}"
+    );
     assert_eq!(m.ingest[0].index_wru_of(&r.inbox_index), 1.0, "{name}");
-    // A duplicate: its rejected put, no index write.
+    assert_eq!(
+        m.ingest[1].index_wru(),
+        0.0,
+        "{name}: the body item is in no index"
+    );
+    // The event's item stays under 1 KB: one write unit to put it.
+    assert!(
+        m.inbox_item_bytes <= 1024,
+        "{name}: {} B",
+        m.inbox_item_bytes
+    );
+    assert_eq!(m.ingest[0].table_wru, 1.0, "{name}");
+    // A duplicate: its rejected put, one write unit, no index write, no body write.
     assert_eq!(ops(duplicate), ["PutItem"], "{name}");
     assert_ne!(duplicate[0].status, 200, "{name}: the condition fails");
+    assert_eq!(m.duplicate[0].table_wru, 1.0, "{name}");
     assert_eq!(m.duplicate[0].index_wru(), 0.0, "{name}");
 
-    let inbox_updates: Vec<(&Call, &Cost)> = process
+    // The processor writes the inbox once, the finish: no claim (the message carries
+    // the item and its body), and nothing on the inbox is read.
+    let inbox_calls: Vec<(&Call, &Cost)> = process
         .iter()
         .zip(&m.process)
-        .filter(|(c, _)| c.op == "UpdateItem" && c.targets[0].table == r.store.names().table)
+        .filter(|(c, _)| c.targets.first().is_some_and(|t| t.table == inbox))
         .collect();
     assert_eq!(
-        inbox_updates.len(),
-        2,
-        "{name}: claim + finish: {:?}",
+        inbox_calls.len(),
+        1,
+        "{name}: the finish alone: {:?}",
         ops(process)
     );
-    let (claim, claim_cost) = inbox_updates[0];
-    let (finish, finish_cost) = inbox_updates[1];
-    assert!(claim_cost.label.contains("claim"), "{}", claim_cost.label);
+    let (finish, finish_cost) = inbox_calls[0];
+    assert_eq!(finish.op, "UpdateItem", "{name}");
     assert!(
         finish_cost.label.contains("completed"),
         "{}",
         finish_cost.label
     );
-    // The claim leaves the sweeper's index alone; the terminal finish leaves it.
-    assert_eq!(claim_cost.index_wru_of(&r.inbox_index), 0.0, "{name}");
     assert!(
-        claim_cost
-            .index
-            .iter()
-            .any(|(n, _, what)| *n == r.inbox_index && *what == "untouched"),
-        "{name}: {:?}",
-        claim_cost.index
+        !process.iter().any(|c| c.request["UpdateExpression"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("SET #state = :processing"))),
+        "{name}: no claim"
     );
+    assert_eq!(
+        finish_cost.table_wru, 1.0,
+        "{name}: the finish of a small item"
+    );
+    // The terminal finish leaves the sweeper's index.
     assert!(
         finish_cost
             .index
@@ -862,15 +913,6 @@ fn check_structure(r: &Rig, m: &Measured, ingest: &[Call], process: &[Call], dup
         "{name}: {:?}",
         finish_cost.index
     );
-    // Nothing on the inbox is read back: the claim returns the item it claimed.
-    assert!(
-        !process
-            .iter()
-            .any(|c| c.op.contains("Get") && c.targets[0].table == r.store.names().table),
-        "{name}: {:?}",
-        ops(process)
-    );
-    assert!(claim.request["ReturnValues"] == "ALL_NEW", "{name}");
     assert!(finish.request.get("ReturnValues").is_none(), "{name}");
     // Never a scan on the webhook path; the only queries are the commit's lookups of
     // the waiters parked on the records it wrote (the sparse `by_wait_shard` index).
@@ -885,12 +927,15 @@ fn check_structure(r: &Rig, m: &Measured, ingest: &[Call], process: &[Call], dup
     for q in process.iter().filter(|c| c.op == "Query") {
         assert_eq!(q.request["IndexName"], "by_wait_shard", "{name}");
     }
+    // The processor's calls besides the waiters' lookups: load, commit, finish.
+    let calls = process.iter().filter(|c| c.op != "Query").count();
+    assert_eq!(calls, 3, "{name}: {:?}", ops(process));
 }
 
 fn print(m: &Measured) {
     println!(
-        "\n## {} (body {} B, inbox item {} B)\n",
-        m.name, m.body_bytes, m.inbox_item_bytes
+        "\n## {} (body {} B, inbox item {} B, body item {} B)\n",
+        m.name, m.body_bytes, m.inbox_item_bytes, m.body_item_bytes
     );
     println!("| call | table WRU | index WRU | RRU | items (old→new) |");
     println!("|---|---|---|---|---|");
@@ -922,11 +967,12 @@ fn print(m: &Measured) {
         m.duplicate[0].label, m.duplicate[0].sizes
     );
     println!(
-        "CAPACITY {}: wru={} rru={} duplicate_wru={}",
+        "CAPACITY {}: wru={} rru={} duplicate_wru={} processor_calls={}",
         m.name,
         t + i,
         r,
-        dt + di
+        dt + di,
+        m.process.len()
     );
 }
 
@@ -1464,6 +1510,7 @@ async fn calls_and_write_units_per_delivered_event() {
         labels,
         [
             "relay: claim (relay lease) [UpdateItem]",
+            "relay: body item [GetItem]",
             "relay: finish (outcomes, lease released) [UpdateItem]"
         ]
     );
@@ -1473,7 +1520,7 @@ async fn calls_and_write_units_per_delivered_event() {
         "the claim leaves the index alone"
     );
     assert_eq!(
-        writes[1].index_wru_of("by_relay_due"),
+        writes[2].index_wru_of("by_relay_due"),
         1.0,
         "delivered: it leaves"
     );

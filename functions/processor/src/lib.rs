@@ -35,7 +35,7 @@ use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
 use einmal::pipeline::process::{AckMode, ProcessSettings, Processor};
 use einmal::pipeline::relay::RelaySettings;
-use einmal::ports::{Delivery, QueueMessage};
+use einmal::ports::Delivery;
 use einmal::telemetry::emf::{self, WorkerTally};
 use einmal::telemetry::trace::AWS_TRACE_HEADER;
 
@@ -184,12 +184,13 @@ pub async fn handle_observed(
 fn delivery(record: SqsMessage) -> Result<Delivery, &'static str> {
     let receipt = record.receipt_handle.ok_or("no receipt handle")?;
     let body = record.body.ok_or("no body")?;
-    let message: QueueMessage =
-        serde_json::from_str(&body).map_err(|_| "body is not a pointer message")?;
+    // The receiver's message carries the item and its body (no read to start).
+    let (message, item) = einmal::adapters::aws::decode_message_body(&body)?;
     Ok(Delivery {
         message,
         receipt,
         receive_count: receive_count(&record.attributes),
+        item,
     })
 }
 

@@ -467,7 +467,7 @@ impl Ingestor {
         };
         match self.inbox.put_new(item).await? {
             PutOutcome::Inserted => {
-                self.enqueue(&item.key, trace).await?;
+                self.enqueue(item, true, trace).await?;
                 IngestMetrics::incr(&self.metrics.accepted);
                 tracing::info!(
                     provider = %env.provider, tenant = %env.tenant, event_id = %env.event_id,
@@ -483,7 +483,8 @@ impl Ingestor {
                     && (existing.enqueue_failed
                         || now_ms - existing.received_at_ms >= self.inflight_grace_ms);
                 if unconfirmed {
-                    self.enqueue(&item.key, trace).await?;
+                    // The pointer alone: the processor reads the stored item.
+                    self.enqueue(item, false, trace).await?;
                     IngestMetrics::incr(&self.metrics.reenqueued);
                 }
                 tracing::info!(
@@ -496,14 +497,23 @@ impl Ingestor {
         }
     }
 
+    /// Send `item`'s message: with the item itself when it was just stored (`carry`:
+    /// a queue that can carry it spares the processor a read), else the pointer.
     async fn enqueue(
         &self,
-        key: &InboxKey,
+        item: &InboxItem,
+        carry: bool,
         trace: Option<&TraceHeader>,
     ) -> Result<(), IngestError> {
-        let message = QueueMessage { pk: key.clone() };
+        let key = &item.key;
         let header = trace.map(TraceHeader::as_str);
-        if let Err(send_err) = self.queue.send_traced(&message, header).await {
+        let sent = if carry {
+            self.queue.send_item(item, header).await
+        } else {
+            let message = QueueMessage { pk: key.clone() };
+            self.queue.send_traced(&message, header).await
+        };
+        if let Err(send_err) = sent {
             // Best effort: lets the provider's retry re-enqueue at once instead of
             // after the grace period. The 503 goes out either way.
             if let Err(mark_err) = self.inbox.mark_enqueue_failed(key).await {

@@ -8,7 +8,9 @@
 //!
 //! 1. **Claim** the inbox item: one conditional write moves it to `processing` with
 //!    a lease. A duplicate message of a finished item, or one whose item another
-//!    worker holds, stops here.
+//!    worker holds, stops here. A store may start without a lease instead
+//!    ([`InboxProcessing::begin`]: DynamoDB takes the item from the message that
+//!    carried it, no call); its finish then applies to any item not yet terminal.
 //! 2. **Decide**: the [`Domain`] names the records it needs ([`Domain::targets`]),
 //!    they are loaded, and it returns the changes ([`Domain::decide`]).
 //! 3. **Guard**: every change whose effect key is already applied (on the record that
@@ -527,7 +529,7 @@ impl Processor {
         let now = (self.now_ms)();
         let claim = self
             .processing
-            .claim(key, worker, now, self.settings.lease_ms)
+            .begin(delivery, worker, now, self.settings.lease_ms)
             .await;
         let item = match claim {
             Ok(ClaimOutcome::Claimed(item)) => item,
@@ -682,7 +684,15 @@ impl Processor {
                 detail,
             )
         };
-        let finished = self.processing.finish(key, worker, &finish).await;
+        // `begin` may hand the item out without a lease (its claim then names no owner).
+        let leased = item.lease_owner.as_deref() == Some(worker);
+        let finished = if leased {
+            self.processing.finish(key, worker, &finish).await
+        } else {
+            self.processing
+                .finish_unleased(key, item.attempts, &finish)
+                .await
+        };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         self.metrics.update(|t| {
             t.processing_ms.add(elapsed_ms);
@@ -719,6 +729,14 @@ impl Processor {
                     relay.hand_on(handoffs).await;
                 }
                 outcome
+            }
+            Ok(false) if !leased => {
+                // Handed out without a lease (`begin`): another run finished the item
+                // first (a duplicate message), or a live lease holds it. Whatever we
+                // committed is guarded by its effect key; nothing is left for this
+                // message to do.
+                log(Level::INFO, "event already finished by another run", None);
+                MessageOutcome::Ack
             }
             Ok(false) => {
                 // Our lease ran out and another worker claimed the item. Whatever we

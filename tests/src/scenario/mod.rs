@@ -819,6 +819,28 @@ impl FinishFails {
 
 #[async_trait]
 impl InboxProcessing for FinishFails {
+    async fn finish_unleased(
+        &self,
+        key: &InboxKey,
+        attempts: u32,
+        f: &Finish,
+    ) -> Result<bool, StoreError> {
+        if self.left.take() {
+            return Err(StoreError::Unavailable(
+                "injected: crashed before finish".into(),
+            ));
+        }
+        self.inner.finish_unleased(key, attempts, f).await
+    }
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.inner.begin(delivery, owner, now_ms, lease_ms).await
+    }
     async fn claim(
         &self,
         key: &InboxKey,

@@ -1,6 +1,23 @@
 //! [`Inbox`] and [`InboxProcessing`] on DynamoDB: the receiver's conditional put and
 //! the processor's claim/finish, each one call with the allowed transitions in the
 //! condition expression.
+//!
+//! The body is in an item of its own (`item::body_key`), put once right after the
+//! event's item is inserted; the event's item stays small, so its put, a duplicate's
+//! rejected put and the finish cost one write unit each.
+//!
+//! Processing starts without a claim ([`InboxProcessing::begin`]): the SQS message
+//! carries the item and its body (`queue.rs`), so the processor's calls on the common
+//! path are the state load, the commit and the finish. No lease is needed: SQS hides
+//! the message while the run is in flight (a crashed run reappears after the
+//! visibility timeout), `ApproximateReceiveCount` counts the attempts, and business
+//! commits are guarded by versions and effect keys, so a concurrent duplicate run
+//! commits nothing twice. Such a run finishes with
+//! [`InboxProcessing::finish_unleased`]: any item not yet terminal (and not held by a
+//! live lease of a worker that did claim it: `claim` still exists, and a previous
+//! release's processor uses it during an update), so a terminal state is never
+//! overwritten; it records the attempt count (from SQS's receive count, or the
+//! stored count + 1 for a pointer).
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::config::http::HttpResponse;
@@ -14,8 +31,8 @@ use super::item::{self, n_attr, s_attr};
 use super::{AwsStore, DEFAULT_LIST_LIMIT};
 use crate::envelope::InboxKey;
 use crate::ports::{
-    ClaimOutcome, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState, PutOutcome,
-    StoreError, WaitChange,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
+    PutOutcome, StoreError, WaitChange,
 };
 
 impl AwsStore {
@@ -47,6 +64,86 @@ impl AwsStore {
         item::decode(old)
             .map(|old| PutOutcome::Duplicate(Box::new(old)))
             .map_err(StoreError::Corrupt)
+    }
+
+    /// Put `item`'s body item (unconditional: the same bytes on every retry).
+    async fn put_body(&self, item: &InboxItem) -> Result<(), StoreError> {
+        self.dynamodb
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item::encode_body(item)))
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(describe("DynamoDB PutItem (body)", &e)))?;
+        Ok(())
+    }
+
+    /// A duplicate of an item still `received`: its first request may have died
+    /// between the event's put and the body's (it was never acknowledged, so the
+    /// provider retries). Put the body unless it is there: one write, on a rare path
+    /// (a duplicate of a finished event, the common one, writes nothing more).
+    async fn put_body_if_missing(&self, item: &InboxItem) -> Result<(), StoreError> {
+        let result = self
+            .dynamodb
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item::encode_body(item)))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", item::PK)
+            .send()
+            .await;
+        match result {
+            Ok(_) => {
+                tracing::warn!(pk = %item.key, "body item was missing; stored from a duplicate");
+                Ok(())
+            }
+            Err(e) => error::refused(e).map(|_| ()),
+        }
+    }
+
+    /// The compressed body of `key` from its body item; `None` when there is none
+    /// (TTL-deleted, or its receiver died between the two puts).
+    async fn get_body(&self, key: &InboxKey) -> Result<Option<Vec<u8>>, StoreError> {
+        let out = self
+            .dynamodb
+            .get_item()
+            .table_name(&self.table)
+            .key(item::PK, item::s_attr(&item::body_key(key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| StoreError::Unavailable(describe("DynamoDB GetItem (body)", &e)))?;
+        out.item
+            .map(|m| item::decode_body(m).map_err(StoreError::Corrupt))
+            .transpose()
+    }
+
+    /// Fill in the body of an item whose body is in its own item (an item of the
+    /// earlier layout has it inline). `Ok(false)` when the body item is missing.
+    pub(crate) async fn load_body(&self, item: &mut InboxItem) -> Result<bool, StoreError> {
+        if !item.body.is_empty() {
+            return Ok(true);
+        }
+        match self.get_body(&item.key).await? {
+            Some(body) => {
+                item.body = body;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// An item about to be processed needs its body: a missing one is transient (its
+    /// receiver died between the two puts; the provider's retry stores it).
+    async fn with_body(&self, mut item: InboxItem) -> Result<InboxItem, StoreError> {
+        if self.load_body(&mut item).await? {
+            Ok(item)
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "the body of {} is not stored (yet)",
+                item.key
+            )))
+        }
     }
 
     /// The stored attributes of `key` (consistent read).
@@ -113,20 +210,43 @@ impl Inbox for AwsStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
-        match result {
-            Ok(_) => Ok(PutOutcome::Inserted),
+        let outcome = match result {
+            Ok(_) => PutOutcome::Inserted,
             Err(e) => {
                 let old = error::refused(e)?;
-                self.duplicate(old, &item.key, &put_id).await
+                self.duplicate(old, &item.key, &put_id).await?
             }
+        };
+        match &outcome {
+            PutOutcome::Inserted => {
+                if let Err(e) = self.put_body(item).await {
+                    // Not acknowledged: the provider retries, and that duplicate stores
+                    // the body and re-enqueues at once (not after the grace period).
+                    if let Err(mark) = self.mark_enqueue_failed(&item.key).await {
+                        tracing::warn!(pk = %item.key, error = %mark, "could not record the failed body put");
+                    }
+                    return Err(e);
+                }
+            }
+            PutOutcome::Duplicate(old)
+                if old.state == InboxState::Received && old.body.is_empty() =>
+            {
+                self.put_body_if_missing(item).await?;
+            }
+            PutOutcome::Duplicate(_) => {}
         }
+        Ok(outcome)
     }
 
+    /// The event's item with its body (a second read when the body is in its own
+    /// item; empty when that item is missing).
     async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError> {
-        self.get_raw(key)
-            .await?
-            .map(|m| item::decode(m).map_err(StoreError::Corrupt))
-            .transpose()
+        let Some(m) = self.get_raw(key).await? else {
+            return Ok(None);
+        };
+        let mut item = item::decode(m).map_err(StoreError::Corrupt)?;
+        self.load_body(&mut item).await?;
+        Ok(Some(item))
     }
 
     /// A Scan with a filter: an operator tool, not a hot path. It reads the whole
@@ -267,16 +387,55 @@ impl InboxProcessing for AwsStore {
             .send()
             .await;
         match result {
-            Ok(out) => Ok(ClaimOutcome::Claimed(Box::new(item::decode_returned(
-                out.attributes,
-                "claim",
-                key,
-            )?))),
+            Ok(out) => {
+                let claimed = item::decode_returned(out.attributes, "claim", key)?;
+                Ok(ClaimOutcome::Claimed(Box::new(
+                    self.with_body(claimed).await?,
+                )))
+            }
             Err(e) => {
                 let old = error::refused(e)?;
                 self.claim_refused(old, key, now_ms).await
             }
         }
+    }
+
+    /// No write: the item the message carried, or (a pointer alone: a wake, the
+    /// sweeper's or a replay's re-send, a message of the previous release) one
+    /// consistent read of the item and, when it is to be processed, of its body.
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        _owner: &str,
+        now_ms: i64,
+        _lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let key = &delivery.message.pk;
+        if let Some(carried) = delivery.item.as_ref().filter(|i| i.key == *key) {
+            let mut item = carried.clone();
+            item.lease_owner = None;
+            item.lease_until_ms = None;
+            // The snapshot is from the send; SQS counts the receives since.
+            item.attempts = item.attempts.saturating_add(1).max(delivery.receive_count);
+            return Ok(ClaimOutcome::Claimed(item));
+        }
+        let Some(m) = self.get_raw(key).await? else {
+            return Ok(ClaimOutcome::Missing);
+        };
+        let mut item = item::decode(m).map_err(StoreError::Corrupt)?;
+        if item.state.is_terminal() {
+            return Ok(ClaimOutcome::Finished(item.state));
+        }
+        if let (InboxState::Processing, Some(until_ms)) = (item.state, item.lease_until_ms) {
+            if until_ms > now_ms {
+                return Ok(ClaimOutcome::Leased { until_ms });
+            }
+        }
+        item.attempts = item.attempts.saturating_add(1).max(delivery.receive_count);
+        // Not leased by this run (a lease that ran out belongs to nobody).
+        item.lease_owner = None;
+        item.lease_until_ms = None;
+        Ok(ClaimOutcome::Claimed(Box::new(self.with_body(item).await?)))
     }
 
     async fn finish(
@@ -285,21 +444,97 @@ impl InboxProcessing for AwsStore {
         owner: &str,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
+        self.finish_item(key, Leased(owner), finish).await
+    }
+
+    async fn finish_unleased(
+        &self,
+        key: &InboxKey,
+        attempts: u32,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
+        self.finish_item(key, Unleased(attempts), finish).await
+    }
+
+    async fn mark_dead_letter(
+        &self,
+        key: &InboxKey,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let result = claimable(self.dynamodb.update_item())
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(key))
+            .update_expression(
+                "SET #state = :dead, #error = :reason, #updated = :now \
+                 REMOVE #lease_owner, #lease_until, #shard, #wait_on, #wait_shard, #wait_since",
+            )
+            .expression_attribute_names("#shard", item::SWEEP_SHARD)
+            .expression_attribute_names("#wait_on", item::WAIT_ON)
+            .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
+            .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
+            .expression_attribute_names("#error", item::LAST_ERROR)
+            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
+            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
+            .expression_attribute_values(":reason", s_attr(reason))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .send()
+            .await;
+        // Missing, already terminal, or a live worker will finish it.
+        conditional_update(result).map(|_| ())
+    }
+
+    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.waiters_of(record_pk, limit).await
+    }
+}
+
+impl AwsStore {
+    /// The finish write of a claimed run ([`Leased`]) or of one `begin` handed out
+    /// without a lease ([`Unleased`]).
+    async fn finish_item(
+        &self,
+        key: &InboxKey,
+        run: Run<'_>,
+        finish: &Finish,
+    ) -> Result<bool, StoreError> {
         let mut set = vec!["#state = :state".to_string(), "#updated = :now".to_string()];
         let mut request = self
             .dynamodb
             .update_item()
             .table_name(&self.table)
             .key(item::PK, Self::key_attr(key))
-            .condition_expression("#state = :processing AND #lease_owner = :owner")
             .expression_attribute_names("#state", item::STATE)
             .expression_attribute_names("#updated", item::UPDATED_AT_MS)
             .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
             .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
             .expression_attribute_values(":state", s_attr(finish.state.as_str()))
             .expression_attribute_values(":now", n_attr(finish.now_ms))
-            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
-            .expression_attribute_values(":owner", s_attr(owner));
+            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()));
+        request = match run {
+            Leased(owner) => request
+                .condition_expression("#state = :processing AND #lease_owner = :owner")
+                .expression_attribute_values(":owner", s_attr(owner)),
+            Unleased(attempts) => {
+                set.push("#attempts = :attempts".into());
+                request
+                    .condition_expression(
+                        "attribute_exists(#pk) AND NOT (#state IN (:completed, :ignored, :dead)) \
+                         AND (#state <> :processing OR attribute_not_exists(#lease_until) \
+                              OR #lease_until <= :now)",
+                    )
+                    .expression_attribute_names("#pk", item::PK)
+                    .expression_attribute_names("#attempts", item::ATTEMPTS)
+                    .expression_attribute_values(":attempts", n_attr(i64::from(attempts)))
+                    .expression_attribute_values(
+                        ":completed",
+                        s_attr(InboxState::Completed.as_str()),
+                    )
+                    .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
+                    .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
+            }
+        };
         // Optional fields: set when given, left alone otherwise. The attribute names
         // are plain identifiers, so they serve as their own placeholders.
         for (attr, value) in [
@@ -318,6 +553,16 @@ impl InboxProcessing for AwsStore {
         // writes no index entry), left once terminal (one index delete).
         let mut remove = "#lease_owner, #lease_until".to_string();
         match &finish.wait {
+            // A run that started from the message's snapshot may not know the item
+            // parked meanwhile (a duplicate message): leaving waiting for a terminal
+            // state always drops the marker (free when it is absent).
+            WaitChange::Keep if finish.state.is_terminal() => {
+                remove.push_str(", #wait_on, #wait_shard, #wait_since");
+                request = request
+                    .expression_attribute_names("#wait_on", item::WAIT_ON)
+                    .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
+                    .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS);
+            }
             WaitChange::Keep => {}
             // Parked: into the waiters' index (one entry), out of the sweeper's.
             WaitChange::Park(w) => {
@@ -389,40 +634,19 @@ impl InboxProcessing for AwsStore {
             .await;
         conditional_update(result)
     }
-
-    async fn mark_dead_letter(
-        &self,
-        key: &InboxKey,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let result = claimable(self.dynamodb.update_item())
-            .table_name(&self.table)
-            .key(item::PK, Self::key_attr(key))
-            .update_expression(
-                "SET #state = :dead, #error = :reason, #updated = :now \
-                 REMOVE #lease_owner, #lease_until, #shard, #wait_on, #wait_shard, #wait_since",
-            )
-            .expression_attribute_names("#shard", item::SWEEP_SHARD)
-            .expression_attribute_names("#wait_on", item::WAIT_ON)
-            .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
-            .expression_attribute_names("#wait_since", item::WAITING_SINCE_MS)
-            .expression_attribute_names("#error", item::LAST_ERROR)
-            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
-            .expression_attribute_names("#lease_owner", item::LEASE_OWNER)
-            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
-            .expression_attribute_values(":reason", s_attr(reason))
-            .expression_attribute_values(":now", n_attr(now_ms))
-            .send()
-            .await;
-        // Missing, already terminal, or a live worker will finish it.
-        conditional_update(result).map(|_| ())
-    }
-
-    async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
-        self.waiters_of(record_pk, limit).await
-    }
 }
+
+/// Whose finish [`AwsStore::finish_item`] writes.
+enum Run<'a> {
+    /// A claimed run: only while this owner's lease holds the item (the claim counted
+    /// the attempt).
+    Leased(&'a str),
+    /// A run `begin` handed out without a lease, with its attempt count: on any item not
+    /// yet terminal (a duplicate run never overwrites the outcome) and not held by a
+    /// live lease (a claimed worker, of a previous release during an update).
+    Unleased(u32),
+}
+use Run::{Leased, Unleased};
 
 /// A conditional UpdateItem's outcome: `true` when applied, `false` when its condition
 /// failed (the caller decides whether that is a no-op); other failures are errors.

@@ -15,10 +15,12 @@
 //! strings; every other failure is classified once in [`error`].
 //!
 //! The processor's inbox writes (`InboxProcessing`) are one UpdateItem each, with
-//! the allowed transitions in the condition expression: a claim returns the claimed
-//! item (body included) with `ReturnValues=ALL_NEW`, and on a failed condition the
-//! stored item (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), which tells a finished
-//! item from one leased by a live worker without a second read.
+//! the allowed transitions in the condition expression. Processing starts from the
+//! item the SQS message carries (no claim; see `inbox.rs`); an explicit claim returns
+//! the claimed item with `ReturnValues=ALL_NEW`, and on a failed condition the stored
+//! item (`ReturnValuesOnConditionCheckFailure=ALL_OLD`), which tells a finished item
+//! from one leased by a live worker without a second read. The body is in an item of
+//! its own (`item.rs`), written once.
 
 mod audit;
 mod batch_get;
@@ -42,6 +44,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 pub use audit::{create_audit_table, DynamoAuditLog, AUDIT_TABLE_ENV};
 pub use item::RELAY_INDEX_PROJECTION;
+pub use queue::{decode_message_body, MAX_CARRIED_BYTES};
 pub use relay_setup::{function_relay, relay_pass, FunctionSinks, RelayPass};
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, load_config_from_env,

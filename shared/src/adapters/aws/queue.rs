@@ -1,5 +1,13 @@
-//! [`Queue`] on SQS: pointer messages to the work queue and the dead-letter queue,
-//! each one call.
+//! [`Queue`] on SQS: messages to the work queue and the dead-letter queue, each one
+//! call.
+//!
+//! The receiver's message for a new event carries the item and its compressed body
+//! ([`Queue::send_item`]; JSON `{"pk", "item", "body"}`, the body base64), so the
+//! processor starts without a DynamoDB call (`inbox.rs`, `begin`). An item whose
+//! message would pass [`MAX_CARRIED_BYTES`] (SQS takes 256 KiB) goes as the pointer
+//! alone, and the processor reads its body item. Every other message (wakes, re-sends,
+//! replays, dead letters) is the pointer `{"pk"}`, which is also what a previous
+//! release sent and still reads (it ignores the other fields).
 
 use std::time::Duration;
 
@@ -7,10 +15,77 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::{
     MessageSystemAttributeName, MessageSystemAttributeNameForSends, MessageSystemAttributeValue,
 };
+use base64::Engine;
+use serde::{Deserialize, Serialize};
 
 use super::error::describe;
 use super::{AwsStore, DLQ_URL_ENV};
-use crate::ports::{Delivery, Queue, QueueError, QueueMessage};
+use crate::envelope::InboxKey;
+use crate::ports::{Delivery, InboxItem, Queue, QueueError, QueueMessage};
+
+/// The largest message that carries its item: below SQS's 256 KiB (262,144 bytes,
+/// body and attributes together), leaving room for the trace header attribute.
+pub const MAX_CARRIED_BYTES: usize = 250 * 1024;
+
+/// A message as it travels: the pointer, and for the receiver's send the item.
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    pk: InboxKey,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    item: Option<InboxItem>,
+    /// The compressed body of `item`, base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<String>,
+}
+
+/// The JSON body of `item`'s message: the item with its body, or the pointer alone
+/// when that would pass [`MAX_CARRIED_BYTES`].
+fn item_message(item: &InboxItem) -> Result<String, QueueError> {
+    let carried = Wire {
+        pk: item.key.clone(),
+        item: Some(item.clone()),
+        body: Some(base64::engine::general_purpose::STANDARD.encode(&item.body)),
+    };
+    let text = serde_json::to_string(&carried)
+        .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
+    if text.len() <= MAX_CARRIED_BYTES {
+        return Ok(text);
+    }
+    pointer_message(&QueueMessage {
+        pk: item.key.clone(),
+    })
+}
+
+fn pointer_message(message: &QueueMessage) -> Result<String, QueueError> {
+    serde_json::to_string(message)
+        .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))
+}
+
+/// A message body as the pointer and the item it carries, if any. The error says
+/// what is wrong, never the content. The processor Lambda decodes its SQS records
+/// with it.
+pub fn decode_message_body(
+    body: &str,
+) -> Result<(QueueMessage, Option<Box<InboxItem>>), &'static str> {
+    let wire: Wire = serde_json::from_str(body).map_err(|_| "body is not a pointer message")?;
+    let item = match (wire.item, wire.body) {
+        (None, None) => None,
+        (Some(mut item), Some(body)) => {
+            if item.key != wire.pk {
+                return Err("the carried item is not the pointer's");
+            }
+            item.body = base64::engine::general_purpose::STANDARD
+                .decode(body)
+                .map_err(|_| "the carried body is not base64")?;
+            if item.body.is_empty() {
+                return Err("the carried body is empty");
+            }
+            Some(Box::new(item))
+        }
+        _ => return Err("a carried item without its body, or a body without its item"),
+    };
+    Ok((QueueMessage { pk: wire.pk }, item))
+}
 
 /// SQS returns at most 10 messages per ReceiveMessage.
 const SQS_MAX_BATCH: u32 = 10;
@@ -18,6 +93,28 @@ const SQS_MAX_BATCH: u32 = 10;
 const SQS_MAX_VISIBILITY_SECS: u64 = 12 * 3600;
 
 impl AwsStore {
+    /// One SendMessage to the work queue; with a trace header, it travels as the
+    /// message system attribute `AWSTraceHeader` (X-Ray links the receiver's and
+    /// processor's traces).
+    async fn send_body(&self, body: String, trace_header: Option<&str>) -> Result<(), QueueError> {
+        let mut request = self
+            .sqs
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body);
+        if let Some(header) = trace_header {
+            request = request.message_system_attributes(
+                MessageSystemAttributeNameForSends::AwsTraceHeader,
+                trace_attribute(header)?,
+            );
+        }
+        request
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS SendMessage", &e)))?;
+        Ok(())
+    }
+
     async fn receive_from(
         &self,
         queue_url: &str,
@@ -70,8 +167,7 @@ fn decode_message(m: aws_sdk_sqs::types::Message) -> Result<Delivery, QueueError
         .receipt_handle
         .ok_or_else(|| malformed("no receipt handle"))?;
     let body = m.body.ok_or_else(|| malformed("no body"))?;
-    let message: QueueMessage =
-        serde_json::from_str(&body).map_err(|_| malformed("body is not a pointer message"))?;
+    let (message, item) = decode_message_body(&body).map_err(malformed)?;
     let receive_count = m
         .attributes
         .as_ref()
@@ -83,6 +179,7 @@ fn decode_message(m: aws_sdk_sqs::types::Message) -> Result<Delivery, QueueError
         message,
         receipt,
         receive_count,
+        item,
     })
 }
 
@@ -99,24 +196,16 @@ impl Queue for AwsStore {
         message: &QueueMessage,
         trace_header: Option<&str>,
     ) -> Result<(), QueueError> {
-        let body = serde_json::to_string(message)
-            .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
-        let mut request = self
-            .sqs
-            .send_message()
-            .queue_url(&self.queue_url)
-            .message_body(body);
-        if let Some(header) = trace_header {
-            request = request.message_system_attributes(
-                MessageSystemAttributeNameForSends::AwsTraceHeader,
-                trace_attribute(header)?,
-            );
-        }
-        request
-            .send()
+        self.send_body(pointer_message(message)?, trace_header)
             .await
-            .map_err(|e| QueueError::Unavailable(describe("SQS SendMessage", &e)))?;
-        Ok(())
+    }
+
+    async fn send_item(
+        &self,
+        item: &InboxItem,
+        trace_header: Option<&str>,
+    ) -> Result<(), QueueError> {
+        self.send_body(item_message(item)?, trace_header).await
     }
 
     async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
@@ -127,8 +216,7 @@ impl Queue for AwsStore {
         let dlq = self.dlq_url.as_deref().ok_or_else(|| {
             QueueError::Unavailable(format!("no dead-letter queue configured ({DLQ_URL_ENV})"))
         })?;
-        let body = serde_json::to_string(message)
-            .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
+        let body = pointer_message(message)?;
         self.sqs
             .send_message()
             .queue_url(dlq)
@@ -188,6 +276,82 @@ mod tests {
         assert_eq!(visibility_secs(Duration::from_millis(1)), 1);
         assert_eq!(visibility_secs(Duration::from_secs(30)), 30);
         assert_eq!(visibility_secs(Duration::from_secs(1 << 40)), 43_200);
+    }
+
+    fn item(body: Vec<u8>) -> InboxItem {
+        let envelope = crate::envelope::Envelope {
+            provider: "stripe".into(),
+            tenant: "t1".into(),
+            event_id: "evt_1".into(),
+            event_type: "payment_intent.succeeded".into(),
+            object_id: Some("pi_1".into()),
+            object_version: None,
+            occurred_at: Some(1_700_000_000),
+            delivery_id: None,
+        };
+        InboxItem {
+            key: envelope.key(),
+            envelope,
+            state: crate::ports::InboxState::Received,
+            source: crate::ports::Source::Webhook,
+            attempts: 0,
+            received_at_ms: 1_700_000_000_123,
+            updated_at_ms: 1_700_000_000_123,
+            expires_at: 1_702_592_000,
+            enqueue_failed: false,
+            last_error: None,
+            last_error_class: None,
+            lease_until_ms: None,
+            lease_owner: None,
+            result: None,
+            body_encoding: "zstd".into(),
+            body_len: 42,
+            body,
+            waiting: None,
+            deliveries: Vec::new(),
+            relay_due_ms: None,
+        }
+    }
+
+    #[test]
+    fn the_receivers_message_carries_the_item_and_its_body() {
+        let sent = item(vec![40, 181, 47, 253, 0, 1, 2, 255]);
+        let text = item_message(&sent).unwrap();
+        let (message, carried) = decode_message_body(&text).unwrap();
+        assert_eq!(message.pk, sent.key);
+        assert_eq!(carried.as_deref(), Some(&sent));
+        // What a previous release reads of it: the pointer.
+        let old: QueueMessage = serde_json::from_str(&text).unwrap();
+        assert_eq!(old.pk, sent.key);
+        // And a pointer (a previous release's, a wake, a re-send) carries nothing.
+        let pointer = pointer_message(&message).unwrap();
+        assert_eq!(decode_message_body(&pointer).unwrap(), (message, None));
+    }
+
+    #[test]
+    fn an_item_too_large_for_one_message_goes_as_its_pointer() {
+        // Incompressible bytes whose base64 passes the bound.
+        let body: Vec<u8> = (0..MAX_CARRIED_BYTES)
+            .map(|i| (i * 7919 % 251) as u8)
+            .collect();
+        let text = item_message(&item(body)).unwrap();
+        assert!(text.len() < 200, "{}", text.len());
+        let (_, carried) = decode_message_body(&text).unwrap();
+        assert!(carried.is_none());
+    }
+
+    #[test]
+    fn a_carried_item_must_match_its_pointer_and_bring_its_body() {
+        let mut wire: serde_json::Value =
+            serde_json::from_str(&item_message(&item(vec![1, 2, 3])).unwrap()).unwrap();
+        let mut other = wire.clone();
+        other["pk"] = serde_json::json!("stripe#t1#evt_2");
+        assert!(decode_message_body(&other.to_string()).is_err());
+        let mut bad = wire.clone();
+        bad["body"] = serde_json::json!("not base64 !");
+        assert!(decode_message_body(&bad.to_string()).is_err());
+        wire.as_object_mut().unwrap().remove("body");
+        assert!(decode_message_body(&wire.to_string()).is_err());
     }
 
     #[test]

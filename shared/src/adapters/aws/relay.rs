@@ -10,7 +10,7 @@
 //!   first, paged), merged; never a Scan.
 //! - [`InboxRelay::claim_relay`]: one conditional UpdateItem that takes the relay lease
 //!   (`relay_lease_until_ms`, `relay_owner`) of a finished item with something pending,
-//!   and returns the item (body included, `ReturnValues=ALL_NEW`). The index keys are
+//!   and returns the item (`ReturnValues=ALL_NEW`; its body from the body item). The index keys are
 //!   untouched, so a claim writes no index entry, and a relay that dies holding the
 //!   lease leaves the item due: the next run claims it once the lease has run out.
 //! - [`InboxRelay::finish_relay`]: one conditional UpdateItem (only the lease holder)
@@ -146,11 +146,13 @@ impl InboxRelay for AwsStore {
             .send()
             .await;
         match result {
-            Ok(out) => Ok(Some(item::decode_returned(
-                out.attributes,
-                "relay claim",
-                key,
-            )?)),
+            Ok(out) => {
+                let mut claimed = item::decode_returned(out.attributes, "relay claim", key)?;
+                // The body is in its own item (`item.rs`); the original bytes are
+                // what a destination with `body = "original"` receives.
+                self.load_body(&mut claimed).await?;
+                Ok(Some(claimed))
+            }
             // Delivered meanwhile, leased by another relay, or gone (TTL).
             Err(e) => error::refused(e).map(|_| None),
         }

@@ -205,6 +205,7 @@ fn receive_messages(
                 message,
                 receipt,
                 receive_count,
+                item: None,
             });
         }
         if deliveries.len() >= max || exhausted || redriven == 0 {
