@@ -739,6 +739,97 @@ async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(
     }
 }
 
+/// What [`migrate_state_table`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// Records written into the new table.
+    pub copied: u64,
+    /// Records the new table already had at the same or a newer version (a re-run).
+    pub already_there: u64,
+}
+
+/// Copy every record of the state table `from` (any layout: the previous one keyed by
+/// `pk`, or this one) into `to`, created first if missing ([`create_state_table`]).
+/// One Scan, page by page (memory bounded by a page, 1 MB), and one conditional
+/// PutItem per record that never overwrites a newer version, so a re-run after a
+/// failure is safe and copies only what is missing. Run it while the processor and
+/// the reconciler are paused (README "Deploy on AWS"): a record written to `from`
+/// after the Scan passed it would not be copied. Errors name the table and the
+/// record's key, never its data.
+pub async fn migrate_state_table(
+    sdk_config: &aws_config::SdkConfig,
+    from: &str,
+    to: &str,
+) -> Result<Migrated, AwsSetupError> {
+    let client = aws_sdk_dynamodb::Client::new(sdk_config);
+    if from == to {
+        return Err(AwsSetupError::Resource(format!(
+            "cannot migrate table {from} into itself"
+        )));
+    }
+    create_state_table(&client, to).await?;
+    let mut done = Migrated::default();
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(from)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| AwsSetupError::Resource(describe("DynamoDB Scan", &e)))?;
+        for mut item in page.items.unwrap_or_default() {
+            // The previous layout's hash key; this layout spells the key with
+            // `tenant_kind` and `id`.
+            item.remove("pk");
+            if !item.contains_key(VERSION) {
+                continue; // a mark-only item: nobody waits across a migration
+            }
+            let record = decode(item.clone())
+                .map_err(|e| AwsSetupError::Resource(format!("table {from}: {e}")))?;
+            item.insert(
+                TENANT_KIND.into(),
+                AttributeValue::S(tenant_kind(&record.key.tenant, &record.key.kind)),
+            );
+            let put = client
+                .put_item()
+                .table_name(to)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(#version) OR #version < :version")
+                .expression_attribute_names("#version", VERSION)
+                .expression_attribute_values(
+                    ":version",
+                    AttributeValue::N(record.version.to_string()),
+                )
+                .send()
+                .await;
+            match put {
+                Ok(_) => done.copied += 1,
+                Err(e)
+                    if matches!(
+                        e.as_service_error(),
+                        Some(PutItemError::ConditionalCheckFailedException(_))
+                    ) =>
+                {
+                    done.already_there += 1
+                }
+                Err(e) => {
+                    return Err(AwsSetupError::Resource(format!(
+                        "{} (record {})",
+                        describe("DynamoDB PutItem", &e),
+                        record.key.pk()
+                    )))
+                }
+            }
+        }
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return Ok(done);
+        }
+    }
+}
+
 /// Turn TTL on `expires_at` on unless it already is (re-enabling is refused).
 async fn enable_ttl(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
     let current = client
