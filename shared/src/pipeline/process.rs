@@ -57,7 +57,12 @@
 //! no receive count or redrive can dead-letter it. It is woken by a new pointer:
 //! - every decision that changes a record (committed now, or found already applied on
 //!   a redelivery after a crash) re-enqueues up to [`WAKE_LIMIT`] waiters parked on
-//!   it, found through the store's waiters' index ([`InboxProcessing::waiters`]);
+//!   it, found through the store's waiters' index ([`InboxProcessing::waiters`]).
+//!   Before parking, the event marks the record it waits on
+//!   ([`StateStore::mark_waited`]); a commit reports the marks it removed
+//!   ([`StateStore::commit_waking`]), so the index is asked only for marked records
+//!   (a store that cannot tell, the embedded one, is asked for every changed record;
+//!   so is every store on a redelivery that finds the change applied);
 //! - after parking, the processor re-reads the record it waits on: if it changed
 //!   since the decision (a commit that raced the park), it wakes itself;
 //! - the sweeper re-sends parked items periodically at a bounded pace (the fallback).
@@ -1008,8 +1013,7 @@ impl Processor {
                         .cloned()
                         .collect();
                     self.wake_waiters(&unwritten, &Waiters::Unknown, own).await;
-                    let written: Vec<String> =
-                        writes.iter().map(|w| w.record.key.pk()).collect();
+                    let written: Vec<String> = writes.iter().map(|w| w.record.key.pk()).collect();
                     self.wake_waiters(&written, &waiters, own).await;
                     let committed = Committed {
                         at_ms: (self.now_ms)(),

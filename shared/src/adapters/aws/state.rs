@@ -83,8 +83,7 @@ use super::error::describe;
 use super::setup::{created_or_existing, key_attribute, key_element};
 use super::AwsSetupError;
 use crate::domain::state::{
-    check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
-    Waiters,
+    check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, Waiters,
 };
 use crate::ports::StoreError;
 use crate::time::now_millis;
@@ -207,7 +206,9 @@ impl DynamoStateStore {
             .await;
         match result {
             Ok(out) => {
-                let marked = out.attributes.is_some_and(|old| old.contains_key(WAIT_MARK));
+                let marked = out
+                    .attributes
+                    .is_some_and(|old| old.contains_key(WAIT_MARK));
                 let keys = if marked {
                     vec![w.record.key.clone()]
                 } else {
@@ -640,9 +641,7 @@ impl StateStore for DynamoStateStore {
             // `tenant#kind` could be spelled by two different pairs if a kind contained
             // '#'; the filter makes the listing exact at no extra read cost. Mark-only
             // items (an event waits for a record not written yet) are no records.
-            .filter_expression(
-                "#tenant = :tenant AND #kind = :kind AND attribute_exists(#version)",
-            )
+            .filter_expression("#tenant = :tenant AND #kind = :kind AND attribute_exists(#version)")
             .expression_attribute_names("#tk", TENANT_KIND)
             .expression_attribute_names("#tenant", TENANT)
             .expression_attribute_names("#kind", KIND)
