@@ -224,7 +224,8 @@ async fn a_park_between_the_prerequisites_load_and_commit_is_woken_by_that_commi
         assert_eq!(b.item(&refund).await.state, InboxState::Waiting);
         gated.go.notify_one();
     };
-    let (_, handled) = tokio::join!(park, settle_all(&committer, &[create_msg], "committer"));
+    let create_batch = [create_msg];
+    let (_, handled) = tokio::join!(park, settle_all(&committer, &create_batch, "committer"));
     assert_eq!(handled.len(), 1);
 
     // Only the wake the create's commit sent is in the queue.
