@@ -16,7 +16,9 @@ use einmal::domain::state::{
 };
 use einmal::ports::{InboxState, StoreError};
 use einmal_tests::moto;
-use einmal_tests::scenario::{self, drain, orders_create, settle_all, shopify_refund, TENANT};
+use einmal_tests::scenario::{
+    self, drain, orders_create, settle_all, shopify_refund, step, TENANT,
+};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -250,7 +252,8 @@ async fn a_wake_cut_off_after_the_commit_is_sent_by_the_redelivery() {
     let ingestor = b.ingestor();
     let plain = b.processor(30_000);
     assert!(!b.send(&ingestor, &refund).await);
-    drain(&b, &plain).await;
+    let handled = step(&b, &plain, "parker").await;
+    assert_eq!(handled.len(), 1);
     assert_eq!(b.item(&refund).await.state, InboxState::Waiting);
 
     let lossy = b.processor_with(b.processing.clone(), gate(b.state.clone(), true), 30_000);
