@@ -27,7 +27,7 @@ use einmal::adapters::aws::SINK_ACTIONS;
 use einmal::adapters::aws::{
     CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
-use einmal::adapters::aws::{RELAY_INDEX_PROJECTION, STATE_INDEX, STATE_TABLE_ENV};
+use einmal::adapters::aws::{RELAY_INDEX_PROJECTION, STATE_KEY_SCHEMA, STATE_TABLE_ENV};
 use einmal::pipeline::process::{LEASE_MS_ENV, MAX_RECEIVE_COUNT_ENV};
 use einmal::telemetry::catalog;
 // Every function gets the deployment (stack) name: the `Deployment` dimension.
@@ -1188,18 +1188,19 @@ fn tables_mirror_the_code_and_are_protected() {
 
     // State: as `create_state_table` in shared/src/adapters/aws/state.rs.
     let state = props(resource(&t, "StateTable"));
-    assert_eq!(key_schema(state), vec![pair("pk", "HASH")]);
-    let by_kind = index(state, STATE_INDEX);
-    assert_eq!(
-        key_schema(by_kind),
-        vec![pair("tenant_kind", "HASH"), pair("pk", "RANGE")]
-    );
-    assert_eq!(
-        path(by_kind, &["Projection", "ProjectionType"]).and_then(Value::as_str),
-        Some("ALL")
-    );
+    let expected: Vec<(String, String)> =
+        STATE_KEY_SCHEMA.iter().map(|(a, k)| pair(a, k)).collect();
+    assert_eq!(key_schema(state), expected);
+    // No index: every record write would repeat in it.
+    assert!(get(state, "GlobalSecondaryIndexes").is_none());
     let types = attribute_types(state);
     assert_eq!(types.get("tenant_kind").map(String::as_str), Some("S"));
+    assert_eq!(types.get("id").map(String::as_str), Some("S"));
+    // Mark-only items expire.
+    assert_eq!(
+        path(state, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),
+        Some("expires_at")
+    );
 
     // Audit: as `create_audit_table` in shared/src/adapters/aws/audit.rs.
     let audit = props(resource(&t, "AuditTable"));
@@ -1498,9 +1499,8 @@ fn provisioned_mode_scales_every_table_and_index() {
             expected.insert((format!("table/${{{name}}}/index/{index}"), "index"));
         }
     }
-    // inbox + by_sweep_shard + by_hint + by_wait_shard + by_relay_due, state +
-    // by_tenant_kind, audit
-    assert_eq!(expected.len(), 8, "{expected:?}");
+    // inbox + by_sweep_shard + by_hint + by_wait_shard + by_relay_due, state, audit
+    assert_eq!(expected.len(), 7, "{expected:?}");
 
     // (ResourceId, Read/Write) → the scalable target's logical id
     let mut targets: BTreeMap<(String, String), String> = BTreeMap::new();

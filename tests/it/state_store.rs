@@ -983,11 +983,24 @@ async fn aws_create_state_table_is_idempotent() {
         .send()
         .await
         .unwrap();
-    let indexes = described.table().unwrap().global_secondary_indexes();
-    assert_eq!(indexes.len(), 1);
+    let table_description = described.table().unwrap();
+    assert!(table_description.global_secondary_indexes().is_empty());
+    let keys: Vec<(&str, &str)> = table_description
+        .key_schema()
+        .iter()
+        .map(|k| (k.attribute_name(), k.key_type().as_str()))
+        .collect();
+    assert_eq!(keys, einmal::adapters::aws::STATE_KEY_SCHEMA);
+    let ttl = client
+        .describe_time_to_live()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(
-        indexes[0].index_name(),
-        Some(einmal::adapters::aws::STATE_INDEX)
+        ttl.time_to_live_description()
+            .and_then(|d| d.attribute_name()),
+        Some("expires_at")
     );
 }
 

@@ -93,21 +93,19 @@ pub struct StateWrite {
 
 impl StateRecord {
     /// The record's size as DynamoDB measures the stored item (attribute names plus
-    /// values: `pk`, `tenant_kind`, `tenant`, `kind`, `id`, `version`, `data` as JSON
-    /// text, `applied` as a string set, `updated_at_ms`). Numbers are counted at their
-    /// decimal length, a slight overestimate.
+    /// values: `tenant_kind`, `tenant`, `kind`, `id`, `version`, `data` as JSON text,
+    /// `applied` as a string set, `updated_at_ms`, and a wait mark's `wait_mark`).
+    /// Numbers are counted at their decimal length, a slight overestimate.
     pub fn stored_size(&self) -> usize {
         let key = &self.key;
-        let pk = key.tenant.len() + key.kind.len() + key.id.len() + 2;
         let strings = [
-            ("pk", pk),
             ("tenant_kind", key.tenant.len() + key.kind.len() + 1),
             ("tenant", key.tenant.len()),
             ("kind", key.kind.len()),
             ("id", key.id.len()),
             ("data", self.data.to_string().len()),
         ];
-        let numbers = [("version", 20), ("updated_at_ms", 14)];
+        let numbers = [("version", 20), ("updated_at_ms", 14), ("wait_mark", 14)];
         let applied: usize = self.applied.iter().map(String::len).sum();
         strings
             .iter()
@@ -137,6 +135,17 @@ pub enum CommitOutcome {
     Conflict,
 }
 
+/// Which written records of a commit may have events parked on them (an event waiting
+/// for a prerequisite marks the record it waits on first, [`StateStore::mark_waited`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiters {
+    /// The store cannot tell: look up the waiters of every written record.
+    Unknown,
+    /// Only these written records carried a wait mark when the commit replaced them
+    /// (the commit removed it): look up their waiters, nobody waits on the others.
+    Marked(Vec<StateKey>),
+}
+
 #[async_trait]
 pub trait StateStore: Send + Sync {
     /// Strongly consistent read of several records, in the order of `keys`.
@@ -158,6 +167,26 @@ pub trait StateStore: Send + Sync {
         Err(StoreError::Rejected(
             "this state store cannot check the versions of read records".into(),
         ))
+    }
+    /// [`StateStore::commit_checked`] that also says which written records may have
+    /// waiters (the processor looks up only those). The default cannot tell.
+    async fn commit_waking(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+        Ok((self.commit_checked(writes, reads).await?, Waiters::Unknown))
+    }
+    /// Mark `key` (existing or not) as waited on, before an event parks on it, so that
+    /// the next [`StateStore::commit_waking`] of it reports it as
+    /// [`Waiters::Marked`]. A mark on a record that does not exist lives at least
+    /// until `keep_until_ms`. The default does nothing: such a store answers
+    /// [`Waiters::Unknown`]. A store that marks must report every commit that
+    /// removes a mark; its plain `commit` / `commit_checked` may remove one silently
+    /// (the parked events then wait for the sweeper's re-check).
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        let _ = (key, keep_until_ms);
+        Ok(())
     }
     /// Records of one kind for a tenant (operator views; small result sets).
     async fn list(

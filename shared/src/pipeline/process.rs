@@ -59,7 +59,12 @@
 //! no receive count or redrive can dead-letter it. It is woken by a new pointer:
 //! - every decision that changes a record (committed now, or found already applied on
 //!   a redelivery after a crash) re-enqueues up to [`WAKE_LIMIT`] waiters parked on
-//!   it, found through the store's waiters' index ([`InboxProcessing::waiters`]);
+//!   it, found through the store's waiters' index ([`InboxProcessing::waiters`]).
+//!   Before parking, the event marks the record it waits on
+//!   ([`StateStore::mark_waited`]); a commit reports the marks it removed
+//!   ([`StateStore::commit_waking`]), so the index is asked only for marked records
+//!   (a store that cannot tell, the embedded one, is asked for every changed record;
+//!   so is every store on a redelivery that finds the change applied);
 //! - after parking, the processor re-reads the record it waits on: if it changed
 //!   since the decision (a commit that raced the park), it wakes itself;
 //! - the sweeper re-sends parked items periodically at a bounded pace (the fallback).
@@ -93,7 +98,8 @@ use crate::config::Config;
 use crate::config_source::ConfigSource;
 use crate::destinations::Output;
 use crate::domain::state::{
-    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_APPLIED_KEYS,
+    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, Waiters,
+    MAX_APPLIED_KEYS,
 };
 use crate::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use crate::envelope::Envelope;
@@ -128,6 +134,9 @@ pub const WAIT_WINDOW_MS_ENV: &str = "EINMAL_WAIT_WINDOW_MS";
 /// Waiters woken per changed record per decision. More waiters on one record are
 /// woken by the next change of it or by the sweeper's re-check.
 pub const WAKE_LIMIT: usize = 100;
+
+/// How much longer than the wait window a wait mark on a missing record is kept.
+const WAIT_MARK_MARGIN_MS: i64 = 86_400_000;
 
 /// Result recorded when every change of a decision had already been applied.
 pub const ALREADY_APPLIED: &str = "already applied";
@@ -829,11 +838,61 @@ impl Processor {
         }
     }
 
+    /// A failed decision; for a wait, the record waited on (the first target) and, for
+    /// an inbox item about to park, that record marked as waited on first, so that
+    /// the commit that writes it next reports it ([`Waiters::Marked`]). The mark is
+    /// set before the park and the re-check after it ([`Processor::recheck_parked`]),
+    /// so a commit either sees the mark or changes the version the re-check compares.
+    /// A mark that cannot be set is a transient failure: parked unmarked, the event
+    /// would wait for the sweeper's re-check.
+    async fn waiting(
+        &self,
+        failure: Failure,
+        current: &[StateRecord],
+        own: Option<&crate::envelope::InboxKey>,
+        provider: &str,
+    ) -> Failure {
+        let Failure::Wait(wait) = failure else {
+            return failure;
+        };
+        let Some(first) = current.first() else {
+            return Failure::Wait(wait);
+        };
+        if own.is_some() {
+            // The mark of a record that does not exist outlives every wait window.
+            let keep_until_ms = (self.now_ms)()
+                .saturating_add(self.settings.wait_window_ms_for(provider))
+                .saturating_add(WAIT_MARK_MARGIN_MS);
+            if let Err(e) = self.state.mark_waited(&first.key, keep_until_ms).await {
+                return Failure::Transient(
+                    RetryCause::StoreUnavailable,
+                    format!("cannot mark {} as waited on: {e}", first.key.pk()),
+                );
+            }
+        }
+        Failure::Wait(WaitFor {
+            record: Some((first.key.clone(), first.version)),
+            ..wait
+        })
+    }
+
     /// Re-enqueue the items parked on `records` (bounded by [`WAKE_LIMIT`] each),
-    /// except `own` (the event being processed). A failure is logged, not returned:
-    /// the sweeper's re-check wakes what was missed.
-    async fn wake_waiters(&self, records: &[String], own: Option<&crate::envelope::InboxKey>) {
-        let mut records: Vec<&String> = records.iter().collect();
+    /// except `own` (the event being processed), asking the store's waiters' index only
+    /// for the records `waiters` says may have some. A failure is logged, not
+    /// returned: the sweeper's re-check wakes what was missed.
+    async fn wake_waiters(
+        &self,
+        records: &[String],
+        waiters: &Waiters,
+        own: Option<&crate::envelope::InboxKey>,
+    ) {
+        let mut records: Vec<&String> = match waiters {
+            Waiters::Unknown => records.iter().collect(),
+            Waiters::Marked(marked) => records
+                .iter()
+                .filter(|pk| marked.iter().any(|k| k.pk() == **pk))
+                .collect(),
+        };
         records.sort();
         records.dedup();
         for record in records {
@@ -928,16 +987,14 @@ impl Processor {
                     ),
                 ));
             }
-            let decision =
-                self.domain
-                    .decide(&event, &current)
-                    .map_err(|e| match Failure::from(e) {
-                        Failure::Wait(wait) => Failure::Wait(WaitFor {
-                            record: current.first().map(|r| (r.key.clone(), r.version)),
-                            ..wait
-                        }),
-                        other => other,
-                    })?;
+            let decision = match self.domain.decide(&event, &current) {
+                Ok(decision) => decision,
+                Err(e) => {
+                    let failure = Failure::from(e);
+                    let provider = &event.envelope.provider;
+                    return Err(self.waiting(failure, &current, own, provider).await);
+                }
+            };
             let (changes, result) = match decision {
                 Decision::Ignore { reason } => return Ok(Applied::Ignored(reason)),
                 Decision::Apply { changes, result } => (changes, result),
@@ -952,7 +1009,9 @@ impl Processor {
             let outputs = self.domain.outputs(&event, &changes);
             let writes = plan_writes(&current, changes)?;
             if writes.is_empty() {
-                self.wake_waiters(&changed, own).await;
+                // Found applied: a crash may have cut the wake off after the commit
+                // that removed the wait marks, so ask for every record.
+                self.wake_waiters(&changed, &Waiters::Unknown, own).await;
                 return Ok(Applied::Completed(
                     ALREADY_APPLIED.to_string(),
                     None,
@@ -962,16 +1021,25 @@ impl Processor {
             let reads = read_checks(&current, &writes, |key| {
                 self.domain.guards_read(&event, key)
             });
-            match self.state.commit_checked(&writes, &reads).await? {
-                CommitOutcome::Committed => {
-                    self.wake_waiters(&changed, own).await;
+            match self.state.commit_waking(&writes, &reads).await? {
+                (CommitOutcome::Committed, waiters) => {
+                    // Changed records whose change was applied before are not written:
+                    // ask for them as on a redelivery.
+                    let unwritten: Vec<String> = changed
+                        .iter()
+                        .filter(|pk| !writes.iter().any(|w| w.record.key.pk() == **pk))
+                        .cloned()
+                        .collect();
+                    self.wake_waiters(&unwritten, &Waiters::Unknown, own).await;
+                    let written: Vec<String> = writes.iter().map(|w| w.record.key.pk()).collect();
+                    self.wake_waiters(&written, &waiters, own).await;
                     let committed = Committed {
                         at_ms: (self.now_ms)(),
                         payment: moves_payment_status(&current, &writes),
                     };
                     return Ok(Applied::Completed(result, Some(committed), outputs));
                 }
-                CommitOutcome::Conflict => {
+                (CommitOutcome::Conflict, _) => {
                     tracing::debug!(event_id = %event.envelope.event_id, round, "state conflict; deciding again");
                     if round < self.settings.max_conflict_retries {
                         // Spread competing workers apart a little.

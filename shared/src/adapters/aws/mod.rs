@@ -52,7 +52,10 @@ pub use setup::{
     CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
 };
 pub use sinks::{AwsSinkError, AwsSinkFactory, EventBridgeSink, LambdaSink, SqsSink, SINK_ACTIONS};
-pub use state::{create_state_table, DynamoStateStore, STATE_INDEX, STATE_TABLE_ENV};
+pub use state::{
+    create_state_table, migrate_state_table, DynamoStateStore, Migrated, STATE_KEY_SCHEMA,
+    STATE_TABLE_ENV,
+};
 
 use crate::envelope::InboxKey;
 

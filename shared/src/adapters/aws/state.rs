@@ -1,5 +1,19 @@
 //! DynamoDB [`StateStore`]: one item per business record, in its own table
-//! (`EINMAL_STATE_TABLE`).
+//! (`EINMAL_STATE_TABLE`), keyed by hash `tenant_kind` (`tenant#kind`) and range `id`.
+//!
+//! # Why no index
+//!
+//! `list` (operators, the reconciler, `einmal orders list`) needs the records of one
+//! tenant and kind. Keyed this way, that is a Query on the table itself, and no
+//! global secondary index repeats every record write (the previous layout, hash `pk`
+//! plus a `by_tenant_kind` GSI projecting ALL, paid one index WRU per written record:
+//! three on a Shopify order's commit). A KEYS_ONLY index would still pay the entry of
+//! every new record, which is most commits. A busy tenant does not make one hot
+//! partition: one item is at most 1,000 WRU/s anyway, and DynamoDB splits a hot item
+//! collection by sort key (`id`) across partitions (no local index here forbids
+//! that); the GSI had the same hash key and took every write too. Existing tables
+//! are copied once into the new layout with `einmal-migrate-state`
+//! ([`migrate_state_table`], README "Deploy on AWS").
 //!
 //! # Round trips (each is paid for)
 //!
@@ -13,13 +27,28 @@
 //!   transaction costs twice the write units); several = one TransactWriteItems of
 //!   conditional Puts, all or nothing, with a fresh ClientRequestToken so that an SDK
 //!   retry of a transaction that did commit is answered as committed. Condition:
-//!   `attribute_not_exists(pk)` for expected version 0, else `version = :expected`.
-//!   Records the decision only read ([`ReadCheck`]) join the same transaction as
-//!   `ConditionCheck`s with the same condition (each costs 2 WRU per started KB of the
-//!   checked item, like a transactional write); a single write with read checks is
-//!   therefore a transaction, not a PutItem.
-//! - `list`: a Query on the `by_tenant_kind` GSI, never a Scan. GSIs are eventually
+//!   `attribute_not_exists(version)` for expected version 0, else
+//!   `version = :expected`. Records the decision only read ([`ReadCheck`]) join the
+//!   same transaction as `ConditionCheck`s with the same condition (each costs 2 WRU
+//!   per started KB of the checked item, like a transactional write); a single write
+//!   with read checks is therefore a transaction, not a PutItem.
+//! - `list`: a Query on the table (`tenant_kind = :tk`), never a Scan; eventually
 //!   consistent, which is fine for operator views; decisions always `load`.
+//!
+//! # Wait marks (who to wake, without asking)
+//!
+//! An event that must wait for a record first marks it ([`StateStore::mark_waited`]:
+//! one UpdateItem setting `wait_mark`; on a record that does not exist yet it creates
+//! a mark-only item with a TTL, which `load` and `list` treat as no record and a
+//! create's condition accepts). A commit replaces the whole item, so it removes the
+//! mark, and reports it ([`StateStore::commit_waking`], [`Waiters::Marked`]): a
+//! PutItem returns the replaced item (`ALL_OLD`, no read units); a transaction's puts
+//! also require no mark and are retried without that requirement for the items that
+//! carry one. The processor looks up waiters only for marked records, so a commit
+//! nobody waits for costs no waiters Query. Why no wake is lost: the mark is set
+//! before the event parks and the event re-reads the record after parking; a commit
+//! after the mark sees it (the mark stays until a commit removes it), and a commit
+//! before the re-read changes the version the re-read compares.
 //!
 //! # Outcomes
 //!
@@ -41,20 +70,20 @@
 //!
 //! # Item
 //!
-//! `pk` (S, `tenant#kind#id`), `tenant_kind` (S, `tenant#kind`, the GSI hash key),
-//! `tenant`, `kind`, `id` (S), `version` (N), `data` (S, JSON text), `applied` (SS,
-//! the effect keys; omitted when empty because DynamoDB sets cannot be empty),
-//! `updated_at_ms` (N).
+//! `tenant_kind` (S, `tenant#kind`, hash key), `id` (S, range key), `tenant`, `kind`
+//! (S), `version` (N), `data` (S, JSON text), `applied` (SS, the effect keys; omitted
+//! when empty because DynamoDB sets cannot be empty), `updated_at_ms` (N). A
+//! mark-only item: the key, `wait_mark` (N, ms) and `expires_at` (N, TTL seconds).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::batch_get::{batch_get, batch_keys, BATCH_GET_MAX};
+use super::batch_get::{batch_get, BATCH_GET_MAX};
 use super::error::describe;
 use super::setup::{created_or_existing, key_attribute, key_element};
 use super::AwsSetupError;
 use crate::domain::state::{
-    check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+    check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, Waiters,
 };
 use crate::ports::StoreError;
 use crate::time::now_millis;
@@ -62,16 +91,15 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, BillingMode, ConditionCheck, GlobalSecondaryIndex, IndexStatus, KeyType,
-    KeysAndAttributes, Projection, ProjectionType, Put, ScalarAttributeType, TableStatus,
-    TransactWriteItem,
+    AttributeValue, BillingMode, ConditionCheck, KeyType, KeysAndAttributes, Put, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+    TimeToLiveStatus, TransactWriteItem,
 };
 
 /// State table name.
 pub const STATE_TABLE_ENV: &str = "EINMAL_STATE_TABLE";
-/// The GSI `list` queries: hash `tenant_kind`, range `pk`, all attributes projected.
-pub const STATE_INDEX: &str = "by_tenant_kind";
 /// The error code of a request DynamoDB validates as impossible (item too large, ...).
 const VALIDATION_EXCEPTION: &str = "ValidationException";
 /// The same inside a transaction: the cancellation reason of the offending item.
@@ -85,7 +113,6 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// A new PAY_PER_REQUEST table (and its GSI) is usually ACTIVE within seconds.
 const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
-const PK: &str = "pk";
 const TENANT_KIND: &str = "tenant_kind";
 const TENANT: &str = "tenant";
 const KIND: &str = "kind";
@@ -94,6 +121,14 @@ const VERSION: &str = "version";
 const DATA: &str = "data";
 const APPLIED: &str = "applied";
 const UPDATED_AT_MS: &str = "updated_at_ms";
+/// Set (to the time, Unix ms) by an event about to park on the record; removed by the
+/// next commit, which replaces the whole item and so learns it had waiters.
+const WAIT_MARK: &str = "wait_mark";
+/// TTL (Unix seconds) of a mark-only item, the mark of a record that does not exist.
+const EXPIRES_AT: &str = "expires_at";
+/// Tries of a commit whose items parkers keep marking, and of a mark whose record
+/// keeps appearing and vanishing.
+const MARK_TRIES: usize = 3;
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -130,12 +165,12 @@ impl DynamoStateStore {
         &self.client
     }
 
-    async fn get_one(&self, pk: &str) -> Result<Option<Item>, StoreError> {
+    async fn get_one(&self, key: &StateKey) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key(PK, AttributeValue::S(pk.to_string()))
+            .set_key(Some(item_key(key)))
             .consistent_read(true)
             .send()
             .await
@@ -144,9 +179,9 @@ impl DynamoStateStore {
     }
 
     /// One consistent BatchGetItem for up to 100 distinct keys (unprocessed keys retried).
-    async fn get_batch(&self, pks: &[String], found: &mut Vec<Item>) -> Result<(), StoreError> {
+    async fn get_batch(&self, keys: &[&StateKey], found: &mut Vec<Item>) -> Result<(), StoreError> {
         let wanted = KeysAndAttributes::builder()
-            .set_keys(Some(batch_keys(pks)))
+            .set_keys(Some(keys.iter().map(|k| item_key(k)).collect()))
             .consistent_read(true)
             .build()
             .map_err(|e| StoreError::Unavailable(format!("DynamoDB BatchGetItem: {e}")))?;
@@ -154,7 +189,9 @@ impl DynamoStateStore {
         Ok(())
     }
 
-    async fn put_one(&self, w: &StateWrite) -> Result<CommitOutcome, StoreError> {
+    /// One conditional PutItem. It returns the replaced item (`ALL_OLD`: no read units,
+    /// only response bytes), so the commit learns whether it removed a wait mark.
+    async fn put_one(&self, w: &StateWrite) -> Result<(CommitOutcome, Waiters), StoreError> {
         let (condition, names, values) = condition(w.expected_version);
         let result = self
             .client
@@ -164,39 +201,87 @@ impl DynamoStateStore {
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(values)
+            .return_values(ReturnValue::AllOld)
             .send()
             .await;
         match result {
-            Ok(_) => Ok(CommitOutcome::Committed),
+            Ok(out) => {
+                let marked = out
+                    .attributes
+                    .is_some_and(|old| old.contains_key(WAIT_MARK));
+                let keys = if marked {
+                    vec![w.record.key.clone()]
+                } else {
+                    Vec::new()
+                };
+                Ok((CommitOutcome::Committed, Waiters::Marked(keys)))
+            }
             Err(e) => match e.as_service_error() {
                 Some(
                     PutItemError::ConditionalCheckFailedException(_)
                     | PutItemError::TransactionConflictException(_)
                     | PutItemError::ReplicatedWriteConflictException(_),
-                ) => Ok(CommitOutcome::Conflict),
+                ) => Ok((CommitOutcome::Conflict, Waiters::Marked(Vec::new()))),
                 _ => Err(write_failure("DynamoDB PutItem", &e)),
             },
         }
     }
 
+    /// One TransactWriteItems. A transaction returns nothing on success, so its puts
+    /// also require the item to carry no wait mark: a put refused only for a mark
+    /// (the item DynamoDB returns on the failed condition has the expected version) is
+    /// sent again without that requirement and reported as marked. A parker marking
+    /// between two tries costs another try, at most [`MARK_TRIES`]; then `Conflict`
+    /// (the processor reloads and decides again).
     async fn transact(
         &self,
         writes: &[StateWrite],
         reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+        let mut marked: HashSet<usize> = HashSet::new();
+        for _ in 0..MARK_TRIES {
+            match self.transact_once(writes, reads, &marked).await? {
+                Transacted::Committed => {
+                    let keys = marked.iter().map(|&i| writes[i].record.key.clone());
+                    return Ok((CommitOutcome::Committed, Waiters::Marked(keys.collect())));
+                }
+                Transacted::Conflict => {
+                    return Ok((CommitOutcome::Conflict, Waiters::Marked(Vec::new())))
+                }
+                Transacted::Marked(more) => marked.extend(more),
+            }
+        }
+        Ok((CommitOutcome::Conflict, Waiters::Marked(Vec::new())))
+    }
+
+    async fn transact_once(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+        marked: &HashSet<usize>,
+    ) -> Result<Transacted, StoreError> {
         let now = now_millis();
         let unbuilt = |e: aws_sdk_dynamodb::error::BuildError| {
             StoreError::Unavailable(format!("DynamoDB TransactWriteItems: {e}"))
         };
-        let mut items = Vec::with_capacity(writes.len());
-        for w in writes {
-            let (condition, names, values) = condition(w.expected_version);
+        let mut items = Vec::with_capacity(writes.len() + reads.len());
+        for (i, w) in writes.iter().enumerate() {
+            let (condition, mut names, values) = condition(w.expected_version);
+            let condition = if marked.contains(&i) {
+                condition.to_string()
+            } else {
+                names.insert("#mark".to_string(), WAIT_MARK.to_string());
+                format!("({condition}) AND attribute_not_exists(#mark)")
+            };
             let put = Put::builder()
                 .table_name(&self.table)
                 .set_item(Some(encode(&w.record, now)))
                 .condition_expression(condition)
                 .set_expression_attribute_names(Some(names))
                 .set_expression_attribute_values(values)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
                 .build()
                 .map_err(unbuilt)?;
             items.push(TransactWriteItem::builder().put(put).build());
@@ -205,7 +290,7 @@ impl DynamoStateStore {
             let (condition, names, values) = condition(r.version);
             let check = ConditionCheck::builder()
                 .table_name(&self.table)
-                .key(PK, AttributeValue::S(r.key.pk()))
+                .set_key(Some(item_key(&r.key)))
                 .condition_expression(condition)
                 .set_expression_attribute_names(Some(names))
                 .set_expression_attribute_values(values)
@@ -221,23 +306,37 @@ impl DynamoStateStore {
             .send()
             .await;
         let e = match result {
-            Ok(_) => return Ok(CommitOutcome::Committed),
+            Ok(_) => return Ok(Transacted::Committed),
             Err(e) => e,
         };
         if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
             e.as_service_error()
         {
             // One reason per item, in request order; "None" for the items that were fine.
-            let codes: Vec<&str> = cancelled
-                .cancellation_reasons()
-                .iter()
-                .filter_map(|r| r.code())
-                .collect();
-            if codes
-                .iter()
-                .any(|c| matches!(*c, "ConditionalCheckFailed" | "TransactionConflict"))
-            {
-                return Ok(CommitOutcome::Conflict);
+            let reasons = cancelled.cancellation_reasons();
+            let codes: Vec<&str> = reasons.iter().filter_map(|r| r.code()).collect();
+            let mut only_marks = Vec::new();
+            let mut conflict = false;
+            for (i, reason) in reasons.iter().enumerate() {
+                match reason.code() {
+                    Some("ConditionalCheckFailed") => {
+                        let expected = writes.get(i).map(|w| w.expected_version);
+                        match (expected, reason.item()) {
+                            (Some(expected), Some(old)) if marked_at(old, expected) => {
+                                only_marks.push(i)
+                            }
+                            _ => conflict = true,
+                        }
+                    }
+                    Some("TransactionConflict") => conflict = true,
+                    _ => {}
+                }
+            }
+            if conflict {
+                return Ok(Transacted::Conflict);
+            }
+            if !only_marks.is_empty() {
+                return Ok(Transacted::Marked(only_marks));
             }
             let message = format!(
                 "{} [reasons: {}]",
@@ -251,6 +350,74 @@ impl DynamoStateStore {
         }
         Err(write_failure("DynamoDB TransactWriteItems", &e))
     }
+
+    /// One UpdateItem: set the wait mark on a record that exists (condition: it has a
+    /// version), else create the mark-only item with a TTL, so a mark for a record that
+    /// never comes does not stay forever. A record created between the two tries costs
+    /// a third; more than [`MARK_TRIES`] is `Unavailable` (retried like any).
+    async fn mark(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        let now = AttributeValue::N(now_millis().to_string());
+        let expires = AttributeValue::N(keep_until_ms.div_euclid(1000).to_string());
+        for attempt in 0..MARK_TRIES {
+            // Waiting is mostly for a record that does not exist yet: try that first.
+            let exists = attempt % 2 == 1;
+            let update = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(item_key(key)))
+                .expression_attribute_names("#mark", WAIT_MARK)
+                .expression_attribute_names("#version", VERSION)
+                .expression_attribute_values(":now", now.clone());
+            let update = if exists {
+                update
+                    .update_expression("SET #mark = :now")
+                    .condition_expression("attribute_exists(#version)")
+            } else {
+                // Only on a mark-only item: a TTL on a record would delete it.
+                update
+                    .update_expression("SET #mark = :now, #expires = :expires")
+                    .condition_expression("attribute_not_exists(#version)")
+                    .expression_attribute_names("#expires", EXPIRES_AT)
+                    .expression_attribute_values(":expires", expires.clone())
+            };
+            match update.send().await {
+                Ok(_) => return Ok(()),
+                Err(e) => match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(_)) => {}
+                    _ => {
+                        return Err(StoreError::Unavailable(describe(
+                            "DynamoDB UpdateItem (wait mark)",
+                            &e,
+                        )))
+                    }
+                },
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "state {}: the record appeared and vanished while being marked",
+            key.pk()
+        )))
+    }
+}
+
+/// One try of a transaction.
+enum Transacted {
+    Committed,
+    Conflict,
+    /// These writes (indexes) failed only because their items carry a wait mark.
+    Marked(Vec<usize>),
+}
+
+/// Whether `old` (returned by a failed condition) is at `expected` and carries a wait
+/// mark: the condition failed for the mark alone.
+fn marked_at(old: &Item, expected: u64) -> bool {
+    let version = match old.get(VERSION) {
+        None => Some(0),
+        Some(AttributeValue::N(n)) => n.parse::<u64>().ok(),
+        Some(_) => None,
+    };
+    old.contains_key(WAIT_MARK) && version == Some(expected)
 }
 
 /// A failed write: `Rejected` when DynamoDB validated it as impossible (matched on the
@@ -283,9 +450,10 @@ type Values = Option<HashMap<String, AttributeValue>>;
 /// The version guard of one write.
 fn condition(expected_version: u64) -> (&'static str, Names, Values) {
     if expected_version == 0 {
+        // No record: a mark-only item (an event waits for this record) counts as none.
         (
-            "attribute_not_exists(#pk)",
-            HashMap::from([("#pk".to_string(), PK.to_string())]),
+            "attribute_not_exists(#version)",
+            HashMap::from([("#version".to_string(), VERSION.to_string())]),
             None,
         )
     } else {
@@ -304,11 +472,21 @@ fn tenant_kind(tenant: &str, kind: &str) -> String {
     format!("{tenant}#{kind}")
 }
 
+/// The table key of a record: hash `tenant_kind`, range `id`.
+fn item_key(key: &StateKey) -> Item {
+    Item::from([
+        (
+            TENANT_KIND.to_string(),
+            AttributeValue::S(tenant_kind(&key.tenant, &key.kind)),
+        ),
+        (ID.to_string(), AttributeValue::S(key.id.clone())),
+    ])
+}
+
 fn encode(record: &StateRecord, now_ms: i64) -> Item {
     let key = &record.key;
     let s = |v: &str| AttributeValue::S(v.to_string());
     let mut m = Item::with_capacity(9);
-    m.insert(PK.into(), AttributeValue::S(key.pk()));
     m.insert(
         TENANT_KIND.into(),
         AttributeValue::S(tenant_kind(&key.tenant, &key.kind)),
@@ -334,10 +512,11 @@ fn encode(record: &StateRecord, now_ms: i64) -> Item {
 
 /// Decode a stored item. Errors name the key and the attribute, never values.
 fn decode(mut m: Item) -> Result<StateRecord, StoreError> {
-    let pk = match m.remove(PK) {
-        Some(AttributeValue::S(pk)) => pk,
-        _ => return Err(StoreError::Corrupt("state item without a pk".into())),
+    let (tk, id) = match (m.remove(TENANT_KIND), m.get(ID)) {
+        (Some(AttributeValue::S(tk)), Some(AttributeValue::S(id))) => (tk, id.clone()),
+        _ => return Err(StoreError::Corrupt("state item without its key".into())),
     };
+    let pk = format!("{tk}#{id}");
     let corrupt = |what: &str| StoreError::Corrupt(format!("state {pk}: {what}"));
     let mut string = |name: &str| match m.remove(name) {
         Some(AttributeValue::S(v)) => Ok(v),
@@ -349,7 +528,7 @@ fn decode(mut m: Item) -> Result<StateRecord, StoreError> {
         id: string(ID)?,
     };
     let data = string(DATA)?;
-    if key.pk() != pk {
+    if tenant_kind(&key.tenant, &key.kind) != tk || key.id != id {
         return Err(corrupt("tenant, kind and id do not match the key"));
     }
     let version = match m.remove(VERSION) {
@@ -377,23 +556,20 @@ impl StateStore for DynamoStateStore {
     /// Duplicate keys are read once and returned at every position they were asked for.
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
         let mut seen = HashSet::with_capacity(keys.len());
-        let pks: Vec<String> = keys
-            .iter()
-            .map(StateKey::pk)
-            .filter(|pk| seen.insert(pk.clone()))
-            .collect();
-        let mut items = Vec::with_capacity(pks.len());
-        match pks.as_slice() {
+        let distinct: Vec<&StateKey> = keys.iter().filter(|k| seen.insert(k.pk())).collect();
+        let mut items = Vec::with_capacity(distinct.len());
+        match distinct.as_slice() {
             [] => return Ok(Vec::new()),
-            [pk] => items.extend(self.get_one(pk).await?),
+            [key] => items.extend(self.get_one(key).await?),
             _ => {
-                for chunk in pks.chunks(BATCH_GET_MAX) {
+                for chunk in distinct.chunks(BATCH_GET_MAX) {
                     self.get_batch(chunk, &mut items).await?;
                 }
             }
         }
         let mut found: HashMap<String, StateRecord> = HashMap::with_capacity(items.len());
-        for item in items {
+        // A mark-only item (an event waits for a record not written yet) is no record.
+        for item in items.into_iter().filter(|m| m.contains_key(VERSION)) {
             let record = decode(item)?;
             found.insert(record.key.pk(), record);
         }
@@ -420,6 +596,18 @@ impl StateStore for DynamoStateStore {
         writes: &[StateWrite],
         reads: &[ReadCheck],
     ) -> Result<CommitOutcome, StoreError> {
+        Ok(self.commit_waking(writes, reads).await?.0)
+    }
+
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        self.mark(key, keep_until_ms).await
+    }
+
+    async fn commit_waking(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
         let items = writes.len() + reads.len();
         if items > MAX_TRANSACTION_ITEMS {
             return Err(StoreError::Rejected(format!(
@@ -429,14 +617,15 @@ impl StateStore for DynamoStateStore {
         check_writes(writes, reads)?;
         match (writes, reads) {
             // Checks without writes change nothing, so there is nothing to make atomic.
-            ([], _) => Ok(CommitOutcome::Committed),
+            ([], _) => Ok((CommitOutcome::Committed, Waiters::Marked(Vec::new()))),
             ([one], []) => self.put_one(one).await,
             (several, reads) => self.transact(several, reads).await,
         }
     }
 
-    /// In key (`pk`) order, from the GSI (eventually consistent); `limit == 0` means
-    /// [`DEFAULT_LIST_LIMIT`]. Pages until `limit` records are found.
+    /// In `id` order, one Query on the table itself (eventually consistent, like the
+    /// index it replaces: operator views); `limit == 0` means [`DEFAULT_LIST_LIMIT`].
+    /// Pages until `limit` records are found.
     async fn list(
         &self,
         tenant: &str,
@@ -448,14 +637,15 @@ impl StateStore for DynamoStateStore {
             .client
             .query()
             .table_name(&self.table)
-            .index_name(STATE_INDEX)
             .key_condition_expression("#tk = :tk")
             // `tenant#kind` could be spelled by two different pairs if a kind contained
-            // '#'; the filter makes the listing exact at no extra read cost.
-            .filter_expression("#tenant = :tenant AND #kind = :kind")
+            // '#'; the filter makes the listing exact at no extra read cost. Mark-only
+            // items (an event waits for a record not written yet) are no records.
+            .filter_expression("#tenant = :tenant AND #kind = :kind AND attribute_exists(#version)")
             .expression_attribute_names("#tk", TENANT_KIND)
             .expression_attribute_names("#tenant", TENANT)
             .expression_attribute_names("#kind", KIND)
+            .expression_attribute_names("#version", VERSION)
             .expression_attribute_values(":tk", AttributeValue::S(tenant_kind(tenant, kind)))
             .expression_attribute_values(":tenant", AttributeValue::S(tenant.to_string()))
             .expression_attribute_values(":kind", AttributeValue::S(kind.to_string()))
@@ -482,45 +672,37 @@ impl StateStore for DynamoStateStore {
     }
 }
 
-/// Create the state table (hash key `pk`, on-demand) with the [`STATE_INDEX`] GSI
-/// (hash `tenant_kind`, range `pk`, projection ALL), and wait until table and index
-/// are ACTIVE. An existing table is accepted if it has the index, so this is
-/// idempotent. Production tables come from the SAM template in `infra/`.
+/// The state table's key: hash `tenant_kind`, range `id`.
+pub const STATE_KEY_SCHEMA: [(&str, &str); 2] = [(TENANT_KIND, "HASH"), (ID, "RANGE")];
+
+/// Create the state table (hash `tenant_kind`, range `id`, on-demand, TTL on
+/// `expires_at` for mark-only items), wait until it is ACTIVE and turn TTL on. An
+/// existing table is accepted if it has this key, so this is idempotent; a table of
+/// the previous layout (hash `pk`) is refused with the way to migrate it
+/// ([`migrate_state_table`]). Production tables come from the SAM template in
+/// `infra/`.
 pub async fn create_state_table(
     client: &aws_sdk_dynamodb::Client,
     table: &str,
 ) -> Result<(), AwsSetupError> {
-    let bad = |e: aws_sdk_dynamodb::error::BuildError| {
-        AwsSetupError::Resource(format!("table {table}: {e}"))
-    };
     let attribute = |name: &str| key_attribute(table, name, ScalarAttributeType::S);
     let key = |name: &str, key_type: KeyType| key_element(table, name, key_type);
-    let index = GlobalSecondaryIndex::builder()
-        .index_name(STATE_INDEX)
-        .key_schema(key(TENANT_KIND, KeyType::Hash)?)
-        .key_schema(key(PK, KeyType::Range)?)
-        .projection(
-            Projection::builder()
-                .projection_type(ProjectionType::All)
-                .build(),
-        )
-        .build()
-        .map_err(bad)?;
     let created = client
         .create_table()
         .table_name(table)
-        .attribute_definitions(attribute(PK)?)
         .attribute_definitions(attribute(TENANT_KIND)?)
-        .key_schema(key(PK, KeyType::Hash)?)
-        .global_secondary_indexes(index)
+        .attribute_definitions(attribute(ID)?)
+        .key_schema(key(TENANT_KIND, KeyType::Hash)?)
+        .key_schema(key(ID, KeyType::Range)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
     created_or_existing(created)?;
-    wait_active(client, table).await
+    wait_active(client, table).await?;
+    enable_ttl(client, table).await
 }
 
-/// Poll until the table and its index are ACTIVE; a table without the index is an error.
+/// Poll until the table is ACTIVE; a table with another key is an error.
 async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
     let started = Instant::now();
     loop {
@@ -531,25 +713,20 @@ async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(
             .await
             .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTable", &e)))?;
         let description = out.table();
-        let table_active = description.and_then(|t| t.table_status()) == Some(&TableStatus::Active);
-        let index = description.and_then(|t| {
-            t.global_secondary_indexes()
-                .iter()
-                .find(|i| i.index_name() == Some(STATE_INDEX))
-        });
-        if table_active {
-            match index {
-                None => {
-                    return Err(AwsSetupError::Resource(format!(
-                        "table {table} exists without the {STATE_INDEX} index"
-                    )))
-                }
-                // Servers that do not report index status (moto) count as active.
-                Some(i) if matches!(i.index_status(), None | Some(IndexStatus::Active)) => {
-                    return Ok(())
-                }
-                Some(_) => {}
-            }
+        let keys: Vec<(&str, &str)> = description
+            .map(|t| t.key_schema())
+            .unwrap_or_default()
+            .iter()
+            .map(|k| (k.attribute_name(), k.key_type().as_str()))
+            .collect();
+        if !keys.is_empty() && keys != STATE_KEY_SCHEMA {
+            return Err(AwsSetupError::Resource(format!(
+                "table {table} has the key {keys:?}, not {STATE_KEY_SCHEMA:?}: a state table \
+                 of the previous layout; copy it into a new table with `einmal-migrate-state`"
+            )));
+        }
+        if description.and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+            return Ok(());
         }
         if started.elapsed() > TABLE_ACTIVE_TIMEOUT {
             return Err(AwsSetupError::Resource(format!(
@@ -559,6 +736,129 @@ async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// What [`migrate_state_table`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// Records written into the new table.
+    pub copied: u64,
+    /// Records the new table already had at the same or a newer version (a re-run).
+    pub already_there: u64,
+}
+
+/// Copy every record of the state table `from` (any layout: the previous one keyed by
+/// `pk`, or this one) into `to`, created first if missing ([`create_state_table`]).
+/// One Scan, page by page (memory bounded by a page, 1 MB), and one conditional
+/// PutItem per record that never overwrites a newer version, so a re-run after a
+/// failure is safe and copies only what is missing. Run it while the processor and
+/// the reconciler are paused (README "Deploy on AWS"): a record written to `from`
+/// after the Scan passed it would not be copied. Errors name the table and the
+/// record's key, never its data.
+pub async fn migrate_state_table(
+    sdk_config: &aws_config::SdkConfig,
+    from: &str,
+    to: &str,
+) -> Result<Migrated, AwsSetupError> {
+    let client = aws_sdk_dynamodb::Client::new(sdk_config);
+    if from == to {
+        return Err(AwsSetupError::Resource(format!(
+            "cannot migrate table {from} into itself"
+        )));
+    }
+    create_state_table(&client, to).await?;
+    let mut done = Migrated::default();
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(from)
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| AwsSetupError::Resource(describe("DynamoDB Scan", &e)))?;
+        for mut item in page.items.unwrap_or_default() {
+            // The previous layout's hash key; this layout spells the key with
+            // `tenant_kind` and `id`.
+            item.remove("pk");
+            if !item.contains_key(VERSION) {
+                continue; // a mark-only item: nobody waits across a migration
+            }
+            let record = decode(item.clone())
+                .map_err(|e| AwsSetupError::Resource(format!("table {from}: {e}")))?;
+            item.insert(
+                TENANT_KIND.into(),
+                AttributeValue::S(tenant_kind(&record.key.tenant, &record.key.kind)),
+            );
+            let put = client
+                .put_item()
+                .table_name(to)
+                .set_item(Some(item))
+                .condition_expression("attribute_not_exists(#version) OR #version < :version")
+                .expression_attribute_names("#version", VERSION)
+                .expression_attribute_values(
+                    ":version",
+                    AttributeValue::N(record.version.to_string()),
+                )
+                .send()
+                .await;
+            match put {
+                Ok(_) => done.copied += 1,
+                Err(e)
+                    if matches!(
+                        e.as_service_error(),
+                        Some(PutItemError::ConditionalCheckFailedException(_))
+                    ) =>
+                {
+                    done.already_there += 1
+                }
+                Err(e) => {
+                    return Err(AwsSetupError::Resource(format!(
+                        "{} (record {})",
+                        describe("DynamoDB PutItem", &e),
+                        record.key.pk()
+                    )))
+                }
+            }
+        }
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return Ok(done);
+        }
+    }
+}
+
+/// Turn TTL on `expires_at` on unless it already is (re-enabling is refused).
+async fn enable_ttl(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
+    let current = client
+        .describe_time_to_live()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTimeToLive", &e)))?;
+    let status = current
+        .time_to_live_description()
+        .and_then(|d| d.time_to_live_status());
+    if matches!(
+        status,
+        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
+    ) {
+        return Ok(());
+    }
+    let spec = TimeToLiveSpecification::builder()
+        .attribute_name(EXPIRES_AT)
+        .enabled(true)
+        .build()
+        .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?;
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(spec)
+        .send()
+        .await
+        .map_err(|e| AwsSetupError::Resource(describe("DynamoDB UpdateTimeToLive", &e)))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -582,7 +882,8 @@ mod tests {
             let item = encode(&r, 42);
             assert_eq!(item.contains_key(APPLIED), !applied.is_empty());
             assert_eq!(item[TENANT_KIND], AttributeValue::S("shop-1#order".into()));
-            assert_eq!(item[PK], AttributeValue::S("shop-1#order#1001".into()));
+            assert_eq!(item[ID], AttributeValue::S("1001".into()));
+            assert!(!item.contains_key(WAIT_MARK));
             assert_eq!(decode(item).unwrap(), r);
         }
     }
@@ -606,20 +907,33 @@ mod tests {
         assert!(matches!(decode(item), Err(StoreError::Corrupt(_))));
 
         let mut item = encode(&record(&[]), 1);
-        item.insert(ID.into(), AttributeValue::S("other".into()));
+        item.insert(TENANT.into(), AttributeValue::S("other".into()));
         assert!(matches!(decode(item), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
     fn conditions_guard_existence_or_version() {
         let (c, names, values) = condition(0);
-        assert_eq!(c, "attribute_not_exists(#pk)");
-        assert_eq!(names["#pk"], PK);
+        assert_eq!(c, "attribute_not_exists(#version)");
+        assert_eq!(names["#version"], VERSION);
         assert!(values.is_none());
         let (c, names, values) = condition(7);
         assert_eq!(c, "#version = :expected");
         assert_eq!(names["#version"], VERSION);
         assert_eq!(values.unwrap()[":expected"], AttributeValue::N("7".into()));
+    }
+
+    #[test]
+    fn a_failed_condition_is_a_mark_only_at_the_expected_version() {
+        let mark = || (WAIT_MARK.to_string(), AttributeValue::N("1".into()));
+        let mut marked = encode(&record(&[]), 1);
+        marked.extend([mark()]);
+        assert!(marked_at(&marked, 3));
+        assert!(!marked_at(&marked, 2), "another version: a real conflict");
+        assert!(!marked_at(&encode(&record(&[]), 1), 3), "no mark");
+        let mark_only = Item::from([mark()]);
+        assert!(marked_at(&mark_only, 0));
+        assert!(!marked_at(&mark_only, 1));
     }
 
     #[test]
