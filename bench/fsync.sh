@@ -9,6 +9,15 @@
 #                    synchronous=FULL, as the embedded store's writer runs it
 # Then compare with bench/receiver.sh: acks/s divided by the sqlite-wal ceiling is how
 # many requests share one commit at least.
+#
+# With RECEIVER=<requests> (e.g. 20000) it then also counts the commits themselves:
+# [runs] runs of release `einmal serve` on a fresh store under strace (fsync and
+# fdatasync only, through seccomp: the other syscalls run untraced), the load generator
+# at CONCURRENCY connections (default 64), and prints the requests per fsync of the
+# store's WAL (einmal.sqlite-wal: the receiver's inserts and, sharing the same writer,
+# the processor's claims and finishes) and the fsyncs of the other files. The ack rate
+# of these runs is lower than bench/receiver.sh's (strace stops the writer at every
+# fsync); take the rate from there.
 #   bench/fsync.sh [seconds] [runs] [dir]   (dir: default a fresh temp dir, like the
 #                                             benchmarks' data dirs)
 set -euo pipefail
@@ -78,3 +87,33 @@ for name, rates in results.items():
     med = statistics.median(rates)
     print(f"{name:16} {min(rates):9.0f} {med:9.0f} {max(rates):9.0f}  ({1e6 / med:.0f} µs)")
 PY
+
+[ -n "${RECEIVER:-}" ] || exit 0
+cd "$(dirname "$0")/.."
+concurrency=${CONCURRENCY:-64}
+command -v strace >/dev/null || { echo "bench/fsync.sh: RECEIVER needs strace" >&2; exit 1; }
+cargo build --release --quiet --bin einmal --bin einmal-loadgen
+for run in $(seq "$runs"); do
+  data="$work/data-$run"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  RUST_LOG=warn strace -f -qq --seccomp-bpf -e trace=fsync,fdatasync -e signal=none -y \
+    -o "$work/trace-$run" target/release/einmal serve --addr "127.0.0.1:$port" --data-dir "$data" 2>/dev/null &
+  server=$!
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  before=$(grep -c 'einmal.sqlite-wal>' "$work/trace-$run" || true)
+  out=$(target/release/einmal-loadgen --url "http://127.0.0.1:$port" --requests "$RECEIVER" \
+    --concurrency "$concurrency" --duplicates 0.2 --body-bytes 3000 2>/dev/null)
+  after=$(grep -c 'einmal.sqlite-wal>' "$work/trace-$run" || true)
+  # Stop the server, not strace (strace then exits with it).
+  kill $(pgrep -P "$server") 2>/dev/null || true; wait "$server" 2>/dev/null || true
+  echo "run $run: ${out%%$'\n'*}"
+  python3 - "$RECEIVER" "$before" "$after" "$work/trace-$run" <<'PY'
+import collections, re, sys
+requests, before, after, trace = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+wal = after - before
+print(f"  einmal.sqlite-wal fsyncs during the load: {wal}: {requests / max(wal, 1):.1f} requests per fsync")
+files = collections.Counter(m.group(1).rsplit("/", 1)[-1]
+                            for m in re.finditer(r"\(\d+<([^>]*)>", open(trace).read()))
+print("  all fsyncs of the run by file: " + ", ".join(f"{f} {n}" for f, n in files.most_common()))
+PY
+done
