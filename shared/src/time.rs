@@ -58,9 +58,14 @@ pub fn parse_http_date(s: &str) -> Option<i64> {
         return None;
     }
     let (h, m, sec) = (digits(h)?, digits(m)?, digits(sec)?);
-    let date = Date::from_calendar_date(year as i32, Month::try_from(month as u8).ok()?, day as u8).ok()?;
+    let date = Date::from_calendar_date(year as i32, Month::try_from(month as u8).ok()?, day as u8)
+        .ok()?;
     let time = Time::from_hms(h as u8, m as u8, sec as u8).ok()?;
-    Some(PrimitiveDateTime::new(date, time).assume_utc().unix_timestamp())
+    Some(
+        PrimitiveDateTime::new(date, time)
+            .assume_utc()
+            .unix_timestamp(),
+    )
 }
 
 /// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z in Unix seconds.

@@ -215,14 +215,21 @@ fn each_lambda_loads_one_sdk_config_that_every_client_shares() {
             loaders.extend(code.matches(load).map(|_| file.clone()));
         }
     }
-    assert_eq!(loaders, ["shared/src/adapters/aws/mod.rs"], "SDK config loaders");
+    assert_eq!(
+        loaders,
+        ["shared/src/adapters/aws/mod.rs"],
+        "SDK config loaders"
+    );
     let store = code("shared/src/adapters/aws/mod.rs");
     let from_env = store
         .find("pub async fn from_env()")
         .expect("AwsStore::from_env");
     let body = &store[from_env..];
     let body = &body[..body.find("\n    }").expect("end of from_env")];
-    assert!(body.contains("load_defaults("), "the loader is AwsStore::from_env");
+    assert!(
+        body.contains("load_defaults("),
+        "the loader is AwsStore::from_env"
+    );
 
     for function in ["receiver", "processor", "sweeper", "reconciler"] {
         let code: String = rust_files(&format!("functions/{function}/src"))
