@@ -132,11 +132,22 @@ impl HttpsClient {
     }
 }
 
-/// rustls with the system's roots. When none can be loaded (a minimal container), the
-/// client still starts, logs a warning, and every HTTPS request fails (as unreachable)
-/// until the certificates are installed.
+/// How many times this process loaded the system's roots (once: every client clones
+/// the first configuration; a test checks it).
+static ROOT_LOADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// rustls with the system's roots, read from disk once per process (a Lambda's cold
+/// start builds several clients: lookups, PayPal, destinations). When none can be
+/// loaded (a minimal container), the client still starts, logs a warning, and every
+/// HTTPS request fails (as unreachable) until the certificates are installed.
 fn tls_config() -> rustls::ClientConfig {
+    static CONFIG: std::sync::OnceLock<rustls::ClientConfig> = std::sync::OnceLock::new();
+    CONFIG.get_or_init(load_tls_config).clone()
+}
+
+fn load_tls_config() -> rustls::ClientConfig {
     use hyper_rustls::ConfigBuilderExt;
+    ROOT_LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -249,6 +260,17 @@ mod tests {
         };
         assert!(checked("m".into(), metadata, internal).is_ok());
         assert!(checked("l".into(), addrs(&["127.0.0.1:80"]), strict).is_err());
+    }
+
+    #[test]
+    fn the_roots_are_loaded_once_per_process() {
+        let clients = [
+            HttpsClient::new(),
+            HttpsClient::new(),
+            HttpsClient::connecting_to("127.0.0.1:1".parse().unwrap()),
+        ];
+        let _guarded = clients[0].guarded(false);
+        assert_eq!(ROOT_LOADS.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[tokio::test]

@@ -3,6 +3,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use time::format_description::well_known::Rfc3339;
+use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time};
+
 /// Milliseconds since the Unix epoch.
 pub fn now_millis() -> i64 {
     SystemTime::now()
@@ -16,97 +19,17 @@ pub fn now_secs() -> i64 {
     now_millis() / 1000
 }
 
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    // Howard Hinnant's algorithm: days since 1970-01-01 in the proleptic Gregorian calendar.
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Parse `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` to Unix seconds (fraction dropped).
+/// Parse an RFC 3339 date-time (`YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `T`, `t` or a
+/// space between date and time) to Unix seconds, the fraction dropped. A leap second
+/// (`23:59:60` at a month's end, UTC) counts as the second before it.
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<u32> {
-        let part = b.get(r)?;
-        part.iter().all(u8::is_ascii_digit).then(|| {
-            part.iter()
-                .fold(0u32, |acc, d| acc * 10 + u32::from(d - b'0'))
-        })
-    };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+    // The `time` crate takes any byte as the separator; RFC 3339 names these three.
+    if !matches!(s.as_bytes().get(10), Some(b'T' | b't' | b' ')) {
         return None;
     }
-    if b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, min, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let month_days = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&month) || day == 0 || day > month_days[month as usize - 1] {
-        return None;
-    }
-    if hour > 23 || min > 59 || sec > 60 {
-        return None;
-    }
-    let mut i = 19;
-    if b[i] == b'.' {
-        i += 1;
-        let start = i;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start {
-            return None;
-        }
-    }
-    let offset = match b.get(i..)? {
-        [b'Z' | b'z'] => 0,
-        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
-            let (oh, om) = (num(i + 1..i + 3)?, num(i + 4..i + 6)?);
-            if oh > 23 || om > 59 {
-                return None;
-            }
-            let off = i64::from(oh * 3600 + om * 60);
-            if *sign == b'+' {
-                off
-            } else {
-                -off
-            }
-        }
-        _ => return None,
-    };
-    let days = days_from_civil(i64::from(year), month, day);
-    Some(days * 86_400 + i64::from(hour * 3600 + min * 60 + sec) - offset)
+    OffsetDateTime::parse(s, &Rfc3339)
+        .ok()
+        .map(OffsetDateTime::unix_timestamp)
 }
 
 /// Parse an HTTP-date in its preferred form, IMF-fixdate (`Sun, 06 Nov 1994 08:49:37
@@ -135,23 +58,27 @@ pub fn parse_http_date(s: &str) -> Option<i64> {
         return None;
     }
     let (h, m, sec) = (digits(h)?, digits(m)?, digits(sec)?);
-    if day == 0 || day > 31 || h > 23 || m > 59 || sec > 60 {
-        return None;
-    }
-    let days = days_from_civil(i64::from(year), month, day);
-    Some(days * 86_400 + i64::from(h * 3600 + m * 60 + sec))
+    let date = Date::from_calendar_date(year as i32, Month::try_from(month as u8).ok()?, day as u8)
+        .ok()?;
+    let time = Time::from_hms(h as u8, m as u8, sec as u8).ok()?;
+    Some(
+        PrimitiveDateTime::new(date, time)
+            .assume_utc()
+            .unix_timestamp(),
+    )
 }
 
-/// Format Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (for generated headers).
+/// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59Z in Unix seconds.
+const RFC3339_FIRST: i64 = -62_167_219_200;
+const RFC3339_LAST: i64 = 253_402_300_799;
+
+/// Format Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (for generated headers). RFC 3339
+/// has four-digit years only: a time outside 0000–9999 is clamped to that range.
 pub fn format_rfc3339(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    OffsetDateTime::from_unix_timestamp(secs.clamp(RFC3339_FIRST, RFC3339_LAST))
+        .expect("clamped to the representable range")
+        .format(&Rfc3339)
+        .expect("a four-digit year formats")
 }
 
 #[cfg(test)]
@@ -202,5 +129,17 @@ mod tests {
             assert_eq!(parse_rfc3339(&format_rfc3339(secs)), Some(secs), "{secs}");
         }
         assert_eq!(format_rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(format_rfc3339(RFC3339_FIRST), "0000-01-01T00:00:00Z");
+        assert_eq!(format_rfc3339(i64::MIN), "0000-01-01T00:00:00Z");
+        assert_eq!(format_rfc3339(i64::MAX), "9999-12-31T23:59:59Z");
+        // Separators RFC 3339 names, a leap second where one can be, and none elsewhere.
+        assert_eq!(parse_rfc3339("1970-01-01t00:00:00z"), Some(0));
+        assert_eq!(parse_rfc3339("1970-01-01 00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339("1970-01-01X00:00:00Z"), None);
+        assert_eq!(
+            parse_rfc3339("2016-12-31T23:59:60Z"),
+            parse_rfc3339("2016-12-31T23:59:59Z")
+        );
+        assert_eq!(parse_rfc3339("2016-12-30T12:00:60Z"), None);
     }
 }

@@ -199,3 +199,56 @@ fn no_library_file_mixes_aws_and_sqlite_and_each_lives_in_its_folder() {
         }
     }
 }
+
+/// What loads an AWS SDK config (the credential and region chains; on Lambda the
+/// environment, elsewhere files and IMDS too): cold-start work to do once.
+const SDK_CONFIG_LOADS: &[&str] = &["load_defaults(", "aws_config::defaults(", "load_from_env("];
+
+#[test]
+fn each_lambda_loads_one_sdk_config_that_every_client_shares() {
+    // The library has one loader, `AwsStore::from_env`; every other constructor takes
+    // the loaded `SdkConfig`.
+    let mut loaders = Vec::new();
+    for file in rust_files("shared/src") {
+        let code = code(&file);
+        for load in SDK_CONFIG_LOADS {
+            loaders.extend(code.matches(load).map(|_| file.clone()));
+        }
+    }
+    assert_eq!(
+        loaders,
+        ["shared/src/adapters/aws/mod.rs"],
+        "SDK config loaders"
+    );
+    let store = code("shared/src/adapters/aws/mod.rs");
+    let from_env = store
+        .find("pub async fn from_env()")
+        .expect("AwsStore::from_env");
+    let body = &store[from_env..];
+    let body = &body[..body.find("\n    }").expect("end of from_env")];
+    assert!(
+        body.contains("load_defaults("),
+        "the loader is AwsStore::from_env"
+    );
+
+    for function in ["receiver", "processor", "sweeper", "reconciler"] {
+        let code: String = rust_files(&format!("functions/{function}/src"))
+            .iter()
+            .map(|file| code(file))
+            .collect();
+        assert_eq!(
+            code.matches("AwsStore::from_env()").count(),
+            1,
+            "{function} loads its SDK config once"
+        );
+        for load in SDK_CONFIG_LOADS {
+            assert!(!code.contains(load), "{function} calls {load} itself");
+        }
+        // One outbound HTTPS client, cloned into what needs one (the roots are read
+        // once per process anyway: `https::tls_config`).
+        assert!(
+            code.matches("HttpsClient::new()").count() <= 1,
+            "{function} builds more than one HTTPS client"
+        );
+    }
+}

@@ -695,7 +695,7 @@ fn check_chain<'a>(
         None,
     )
     .map_err(|e| format!("chain: {e}"))?;
-    match common_names(ee.subject()).as_deref() {
+    match common_names(leaf).as_deref() {
         Some([cn]) if has_paypal_suffix(cn) => Ok(ee),
         _ => Err("subject common name is not *.paypal.com".into()),
     }
@@ -707,51 +707,15 @@ fn has_paypal_suffix(cn: &str) -> bool {
         && cn.as_bytes()[cn.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX.as_bytes())
 }
 
-/// One DER TLV: (tag, contents, rest). Single-byte tags, definite lengths ≤ 64 KiB.
-fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, b) = b.split_first()?;
-    let (&first, b) = b.split_first()?;
-    let (len, b) = match first {
-        0..=0x7f => (usize::from(first), b),
-        0x81 => (usize::from(*b.first()?), &b[1..]),
-        0x82 => (
-            usize::from(u16::from_be_bytes([*b.first()?, *b.get(1)?])),
-            &b[2..],
-        ),
-        _ => return None,
-    };
-    (tag & 0x1f != 0x1f && b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
-}
-
-/// Every commonName (2.5.4.3) in a DER `Name` (contents of its SEQUENCE); `None` if
-/// malformed or a value is not a string.
-fn common_names(mut name: &[u8]) -> Option<Vec<String>> {
-    const CN_OID: &[u8] = &[0x55, 0x04, 0x03];
-    let mut out = Vec::new();
-    while !name.is_empty() {
-        let (0x31, mut set, rest) = tlv(name)? else {
-            return None;
-        };
-        name = rest;
-        while !set.is_empty() {
-            let (0x30, atv, rest) = tlv(set)? else {
-                return None;
-            };
-            set = rest;
-            let (0x06, oid, value) = tlv(atv)? else {
-                return None;
-            };
-            if oid != CN_OID {
-                continue;
-            }
-            // UTF8String, PrintableString, IA5String.
-            let (0x0c | 0x13 | 0x16, text, []) = tlv(value)? else {
-                return None;
-            };
-            out.push(std::str::from_utf8(text).ok()?.to_owned());
-        }
-    }
-    Some(out)
+/// Every commonName (2.5.4.3) in the subject of a DER certificate; `None` if it does
+/// not parse or a value is not a string (UTF8String, PrintableString, IA5String,
+/// NumericString).
+fn common_names(certificate: &[u8]) -> Option<Vec<String>> {
+    let (_, cert) = x509_parser::parse_x509_certificate(certificate).ok()?;
+    cert.subject()
+        .iter_common_name()
+        .map(|cn| cn.as_str().ok().map(str::to_owned))
+        .collect()
 }
 
 fn extract(body: &[u8], tenant: &TenantConfig, delivery: &str) -> Result<Envelope, ProviderError> {
@@ -1775,8 +1739,8 @@ mod tests {
         ] {
             assert_eq!(has_paypal_suffix(cn), ok, "{cn}");
         }
-        assert_eq!(common_names(&[0x31, 0x05]), None);
-        assert_eq!(common_names(&[]), Some(vec![]));
+        assert_eq!(common_names(&[0x30, 0x05]), None);
+        assert_eq!(common_names(&[]), None);
     }
 
     #[test]

@@ -54,25 +54,7 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Hex (either case) to bytes; errors name the header, never the value.
 pub fn decode_hex(header: &'static str, s: &str) -> Result<Vec<u8>, ProviderError> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let bad = || ProviderError::MalformedHeader(header, "signature is not valid hex");
-    let pairs = s.as_bytes().chunks_exact(2);
-    if !pairs.remainder().is_empty() {
-        return Err(bad());
-    }
-    let mut out = Vec::with_capacity(pairs.len());
-    for pair in pairs {
-        let (hi, lo) = nibble(pair[0]).zip(nibble(pair[1])).ok_or_else(bad)?;
-        out.push(hi << 4 | lo);
-    }
-    Ok(out)
+    hex::decode(s).map_err(|_| ProviderError::MalformedHeader(header, "signature is not valid hex"))
 }
 
 /// Standard base64 (padding optional) to bytes.
