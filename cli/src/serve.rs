@@ -90,12 +90,9 @@ pub async fn run_with(
             "re-enqueued events stored but never enqueued by a previous run"
         );
     }
-    let state = Arc::new(EmbeddedStateStore::open(&args.data_dir).map_err(|e| {
-        format!(
-            "cannot open the state store in {}: {e}",
-            args.data_dir.display()
-        )
-    })?);
+    // The business records share the store's file and writer: the processor's
+    // commits share group commits with the receiver's and its own queue writes.
+    let state = Arc::new(EmbeddedStateStore::new(store.clone()));
     let settings = ProcessSettings {
         max_receive_count: EmbeddedOptions::default().max_receive_count,
         ..ProcessSettings::default()

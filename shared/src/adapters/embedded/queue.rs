@@ -235,8 +235,12 @@ impl EmbeddedStore {
             return Ok(Vec::new());
         }
         let max_receive_count = self.max_receive_count;
+        // Ordered, not durable: a receive lost with a power cut only means the
+        // message is delivered again (see `writer`).
         Ok(self
-            .write(move |conn| receive_messages(conn, table, max, visibility, max_receive_count))
+            .write_ordered(move |conn| {
+                receive_messages(conn, table, max, visibility, max_receive_count)
+            })
             .await?)
     }
 }
@@ -274,10 +278,12 @@ impl Queue for EmbeddedStore {
     }
 
     /// A stale receipt (the message was received again since) deletes nothing.
+    /// Ordered, not durable: a lost delete is a redelivery, which the claim answers
+    /// with "finished".
     async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
         let parsed = parse_receipt(receipt)?;
         let raw = receipt.to_string();
-        self.write(move |conn| {
+        self.write_ordered(move |conn| {
             conn.prepare_cached(parsed.table.delete())?
                 .execute(params![parsed.id, raw])?;
             Ok(())
@@ -286,7 +292,8 @@ impl Queue for EmbeddedStore {
         Ok(())
     }
 
-    /// A stale receipt changes nothing.
+    /// A stale receipt changes nothing. Ordered, not durable: a lost change only
+    /// makes the message visible at the receive's visibility timeout instead.
     async fn change_visibility(
         &self,
         receipt: &str,
@@ -294,7 +301,7 @@ impl Queue for EmbeddedStore {
     ) -> Result<(), QueueError> {
         let parsed = parse_receipt(receipt)?;
         let raw = receipt.to_string();
-        self.write(move |conn| {
+        self.write_ordered(move |conn| {
             let visible_at = now_millis().saturating_add(millis(visibility));
             change_visibility_of(conn, &parsed, &raw, visible_at)
         })

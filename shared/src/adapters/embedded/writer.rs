@@ -16,9 +16,34 @@
 //! is rolled back alone and gets its own error, the others commit. If the commit
 //! itself fails, every caller of the batch gets `Unavailable` (and may retry: all
 //! operations are idempotent or conditional).
+//!
+//! # Writes that need no fsync of their own
+//!
+//! Most writes are *durable* ([`EmbeddedStore::write`]): their batch commits with
+//! `synchronous=FULL`. A few are *ordered* ([`EmbeddedStore::write_ordered`]): the
+//! queue's receive, visibility changes and deletes, and the processor's claim and
+//! finish of an inbox item. A batch of ordered writes only commits with
+//! `synchronous=NORMAL` (no fsync); it is fsynced by the next durable commit, which
+//! syncs the whole WAL file. Why that keeps every guarantee:
+//! - a process crash (`kill -9`) loses nothing either way: a commit is in the WAL
+//!   (the OS page cache) before `COMMIT` returns;
+//! - a power loss can lose only a *suffix* of the commits since the last fsync (WAL
+//!   recovery stops at the first frame whose running checksum fails), i.e. it leaves
+//!   exactly the store a crash right before the first lost commit would have left,
+//!   which the pipeline already recovers from (redelivery; claims and guards are
+//!   idempotent);
+//! - what the world outside the store sees stays behind an fsync: the 2xx of a
+//!   webhook (the inbox put and the queue send are durable), an effect (the state
+//!   commit is durable, before any destination hears of it), a finish that records
+//!   deliveries to destinations (durable, before the relay hands on the next event).
+//!
+//! So one processed batch costs one fsync (its business commits share it), and
+//! concurrent batches and the receiver's writes share even that.
+//! [`EmbeddedStore::commit_stats`] counts the commits and the fsynced ones.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -94,11 +119,45 @@ pub(super) fn checkpoint_loop(conn: Connection, nudged: mpsc::Receiver<()>) {
     }
 }
 
+/// What the writer committed since the store was opened.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed (one per batch of operations).
+    pub commits: u64,
+    /// Of those, the ones committed with `synchronous=FULL`: each fsyncs the WAL
+    /// (at most; a batch that changed nothing writes no frame). The background
+    /// checkpoints' fsyncs are not counted: no caller waits for them.
+    pub fsynced: u64,
+    /// Operations (jobs) in those transactions.
+    pub operations: u64,
+}
+
+/// The writer thread's counters behind [`CommitStats`].
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    commits: AtomicU64,
+    fsynced: AtomicU64,
+    operations: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn snapshot(&self) -> CommitStats {
+        CommitStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            fsynced: self.fsynced.load(Ordering::Relaxed),
+            operations: self.operations.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// One write operation waiting for the next batch.
 pub(super) trait Job: Send {
     /// Run inside the batch transaction. `false`: the operation failed and its
     /// writes must be rolled back.
     fn run(&mut self, conn: &Connection) -> bool;
+    /// Whether the caller may only hear of the commit once it is fsynced (see the
+    /// module documentation for the writes that need not).
+    fn durable(&self) -> bool;
     /// Answer the caller once the batch is over: `Ok` = committed.
     fn finish(self: Box<Self>, batch: Result<(), &DbError>);
 }
@@ -107,6 +166,7 @@ struct Op<T, F> {
     work: Option<F>,
     result: Option<Result<T, DbError>>,
     reply: oneshot::Sender<Result<T, DbError>>,
+    durable: bool,
 }
 
 impl<T, F> Job for Op<T, F>
@@ -122,6 +182,10 @@ where
         let ok = result.is_ok();
         self.result = Some(result);
         ok
+    }
+
+    fn durable(&self) -> bool {
+        self.durable
     }
 
     fn finish(self: Box<Self>, batch: Result<(), &DbError>) {
@@ -142,8 +206,11 @@ pub(super) fn writer_loop(
     conn: Connection,
     rx: mpsc::Receiver<Box<dyn Job>>,
     checkpoint_nudge: mpsc::SyncSender<()>,
+    counters: std::sync::Arc<Counters>,
 ) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    // `open_writer` leaves the connection at FULL.
+    let mut full = true;
     while let Ok(first) = rx.recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -152,7 +219,35 @@ pub(super) fn writer_loop(
                 Err(_) => break,
             }
         }
-        run_batch(&conn, &mut batch);
+        let durable = batch.iter().any(|job| job.durable());
+        if durable != full {
+            // Outside any transaction, so it applies to the next COMMIT.
+            let pragma = if durable {
+                "PRAGMA synchronous = FULL"
+            } else {
+                "PRAGMA synchronous = NORMAL"
+            };
+            match exec(&conn, pragma) {
+                Ok(()) => full = durable,
+                Err(e) => tracing::error!(error = ?e, "embedded store: cannot set the sync mode"),
+            }
+        }
+        // A batch with a durable job never commits without its fsync: if the
+        // connection could not be switched back to FULL, nobody is answered `Ok`.
+        if durable && !full {
+            let err = DbError::Unavailable("the store cannot fsync its commits".into());
+            for job in batch.drain(..) {
+                job.finish(Err(&err));
+            }
+            continue;
+        }
+        counters.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        if run_batch(&conn, &mut batch) {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            if full {
+                counters.fsynced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         // Full: a checkpoint is already due. Disconnected: the checkpointer stopped,
         // the writer's own checkpoints still bound the WAL.
         let _ = checkpoint_nudge.try_send(());
@@ -160,12 +255,8 @@ pub(super) fn writer_loop(
 }
 
 /// Run every job of `batch` in one transaction, commit once, answer everyone.
-fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
-    #[cfg(test)]
-    {
-        tests::BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tests::OPS.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
-    }
+/// `true` when the transaction committed.
+fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
     let outcome = match catch_unwind(AssertUnwindSafe(|| execute_batch(conn, batch))) {
         Ok(outcome) => outcome,
         Err(_) => Err(DbError::Unavailable(
@@ -183,6 +274,7 @@ fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
     for job in batch.drain(..) {
         job.finish(outcome.as_ref().map(|_| ()));
     }
+    outcome.is_ok()
 }
 
 fn execute_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), DbError> {
@@ -212,8 +304,27 @@ fn exec(conn: &Connection, sql: &str) -> Result<(), DbError> {
 
 impl EmbeddedStore {
     /// Run `work` on the writer thread inside the next group-commit transaction;
-    /// the result comes back after the transaction committed.
+    /// the result comes back after the transaction committed and was fsynced.
     pub(super) async fn write<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        self.submit(work, true).await
+    }
+
+    /// [`EmbeddedStore::write`] for a write that needs no fsync of its own: the
+    /// result comes back once the transaction committed; the next durable commit
+    /// fsyncs it (see the module documentation for which writes may).
+    pub(super) async fn write_ordered<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        self.submit(work, false).await
+    }
+
+    async fn submit<T, F>(&self, work: F, durable: bool) -> Result<T, DbError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
@@ -223,6 +334,7 @@ impl EmbeddedStore {
             work: Some(work),
             result: None,
             reply,
+            durable,
         });
         let writer = self
             .writer
@@ -235,11 +347,16 @@ impl EmbeddedStore {
             DbError::Unavailable("the writer thread stopped before answering".into())
         })?
     }
+
+    /// What the writer committed since the store was opened: commits, fsynced
+    /// commits, operations.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.counters.snapshot()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
     use super::*;
@@ -248,10 +365,6 @@ mod tests {
     use crate::adapters::embedded::DB_FILE;
     use crate::ports::{Inbox, PutOutcome, Queue};
     use crate::time::now_millis;
-
-    pub(super) static BATCHES: AtomicUsize = AtomicUsize::new(0);
-
-    pub(super) static OPS: AtomicUsize = AtomicUsize::new(0);
 
     #[tokio::test]
     async fn a_failed_operation_does_not_fail_its_batch() {
@@ -272,16 +385,19 @@ mod tests {
                 work: Some(move |c: &Connection| put_item(c, &a2)),
                 result: None,
                 reply: ta,
+                durable: true,
             }),
             Box::new(Op {
                 work: Some(failing),
                 result: None,
                 reply: tf,
+                durable: true,
             }),
             Box::new(Op {
                 work: Some(move |c: &Connection| put_item(c, &b2)),
                 result: None,
                 reply: tb,
+                durable: true,
             }),
         ];
         run_batch(&conn, &mut batch);
@@ -317,6 +433,7 @@ mod tests {
                 work: Some(move |c: &Connection| put_item(c, &a2)),
                 result: None,
                 reply: ta,
+                durable: true,
             }),
             Box::new(Op {
                 work: Some(|c: &Connection| -> Result<(), DbError> {
@@ -325,6 +442,7 @@ mod tests {
                 }),
                 result: None,
                 reply: tf,
+                durable: true,
             }),
         ];
         run_batch(&conn, &mut batch);
@@ -392,7 +510,8 @@ mod tests {
                 lat.extend(h.await.unwrap());
             }
             let elapsed = start.elapsed();
-            let (batches, ops) = (BATCHES.load(Ordering::Relaxed), OPS.load(Ordering::Relaxed));
+            let stats = store.commit_stats();
+            let (batches, ops) = (stats.commits, stats.operations);
             let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE}-wal"))).map(|m| m.len()).unwrap_or(0);
             let db = std::fs::metadata(store.path()).map(|m| m.len()).unwrap_or(0);
             println!(
