@@ -121,6 +121,7 @@ pub async fn run_with(
     };
     let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::from_store(store.clone());
+    let commit_stats = store.clone();
     let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -169,7 +170,7 @@ pub async fn run_with(
             .run_local("serve", async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             })
-            .await;
+            .await
     });
     // The relay's retries (pending deliveries, the next events of ordered objects).
     let relay_loop = relay.clone().map(|relay| {
@@ -193,7 +194,7 @@ pub async fn run_with(
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
     let _ = stop_tx.send(true);
-    let _ = worker.await;
+    let processed = worker.await.unwrap_or_default();
     let _ = sweep.await;
     if let Some(relay_loop) = relay_loop {
         let _ = relay_loop.await;
@@ -204,6 +205,12 @@ pub async fn run_with(
     eprintln!(
         "einmal: stopped; {}",
         serde_json::to_string(&metrics.snapshot()).unwrap_or_default()
+    );
+    // The group-commit figures (`bench/end-to-end.sh` reads this line).
+    let commits = commit_stats.commit_stats();
+    eprintln!(
+        "einmal: store: {} commits, {} fsynced; processor: {} batches, {} messages",
+        commits.commits, commits.fsynced, processed.batches, processed.messages
     );
     Ok(ExitCode::SUCCESS)
 }

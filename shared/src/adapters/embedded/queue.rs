@@ -292,6 +292,33 @@ impl Queue for EmbeddedStore {
         Ok(())
     }
 
+    /// One write for the whole batch (ordered, as [`Queue::ack`]). A malformed
+    /// receipt is reported after the others were deleted.
+    async fn ack_batch(&self, receipts: &[String]) -> Result<(), QueueError> {
+        let mut parsed = Vec::with_capacity(receipts.len());
+        let mut malformed = None;
+        for receipt in receipts {
+            match parse_receipt(receipt) {
+                Ok(p) => parsed.push((p, receipt.clone())),
+                Err(e) => malformed = malformed.or(Some(e)),
+            }
+        }
+        if !parsed.is_empty() {
+            self.write_ordered(move |conn| {
+                for (p, raw) in &parsed {
+                    conn.prepare_cached(p.table.delete())?
+                        .execute(params![p.id, raw])?;
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        match malformed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
     /// A stale receipt changes nothing. Ordered, not durable: a lost change only
     /// makes the message visible at the receive's visibility timeout instead.
     async fn change_visibility(
