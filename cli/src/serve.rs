@@ -209,8 +209,12 @@ pub async fn run_with(
     // The group-commit figures (`bench/end-to-end.sh` reads this line).
     let commits = commit_stats.commit_stats();
     eprintln!(
-        "einmal: store: {} commits, {} fsynced; processor: {} batches, {} messages",
-        commits.commits, commits.fsynced, processed.batches, processed.messages
+        "einmal: store: {} commits, {} fsynced, {} fsynced with business commits; processor: {} batches, {} messages",
+        commits.commits,
+        commits.fsynced,
+        commits.fsynced_effects,
+        processed.batches,
+        processed.messages
     );
     Ok(ExitCode::SUCCESS)
 }

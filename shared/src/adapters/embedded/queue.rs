@@ -247,13 +247,16 @@ impl EmbeddedStore {
 
 #[async_trait]
 impl Queue for EmbeddedStore {
-    /// Enqueue, and move the inbox item from `received` to `queued` in the same transaction.
+    /// Enqueue, and move the inbox item from `received` to `queued` in the same
+    /// transaction. Ordered, not durable: a send lost with a power cut leaves the item
+    /// `received`, which is re-enqueued at the next start and by the sweeper, as after
+    /// a crash between the receiver's put and its send (see `writer`).
     async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
         let body =
             serde_json::to_string(message).map_err(|e| QueueError::Malformed(e.to_string()))?;
         let message = message.clone();
         Ok(self
-            .write(move |conn| send_message(conn, &message, &body))
+            .write_ordered(move |conn| send_message(conn, &message, &body))
             .await?)
     }
 

@@ -429,7 +429,10 @@ impl StateStore for EmbeddedStateStore {
         // Durable: an effect is reported (and handed to destinations) only once fsynced.
         Ok(self
             .store
-            .write(move |conn| commit_in(conn, &writes, &reads))
+            .submit(
+                move |conn| commit_in(conn, &writes, &reads),
+                super::writer::Durability::Effect,
+            )
             .await?)
     }
 
@@ -510,6 +513,7 @@ mod tests {
         let after = store.commit_stats();
         assert_eq!(after.commits, before.commits + 1);
         assert_eq!(after.fsynced, before.fsynced + 1, "a business commit is fsynced");
+        assert_eq!(after.fsynced_effects, before.fsynced_effects + 1);
         assert_eq!(state.load(&[key]).await.unwrap()[0].version, 1);
     }
 

@@ -19,27 +19,32 @@
 //!
 //! # Writes that need no fsync of their own
 //!
-//! Most writes are *durable* ([`EmbeddedStore::write`]): their batch commits with
-//! `synchronous=FULL`. A few are *ordered* ([`EmbeddedStore::write_ordered`]): the
-//! queue's receive, visibility changes and deletes, and the processor's claim and
-//! finish of an inbox item. A batch of ordered writes only commits with
-//! `synchronous=NORMAL` (no fsync); it is fsynced by the next durable commit, which
-//! syncs the whole WAL file. Why that keeps every guarantee:
+//! Most writes are *durable* ([`EmbeddedStore::write`]): they are answered once
+//! their transaction is committed with `synchronous=FULL` (fsynced). A few are
+//! *ordered* ([`EmbeddedStore::write_ordered`]): the queue's send, receive,
+//! visibility changes and deletes, and the processor's claim and finish of an inbox
+//! item. Of what is pending, the writer commits the ordered writes first, with
+//! `synchronous=NORMAL` (no fsync), answers them, then the durable ones in a second
+//! transaction whose fsync covers both (it syncs the whole WAL file). Why that keeps
+//! every guarantee:
 //! - a process crash (`kill -9`) loses nothing either way: a commit is in the WAL
 //!   (the OS page cache) before `COMMIT` returns;
 //! - a power loss can lose only a *suffix* of the commits since the last fsync (WAL
 //!   recovery stops at the first frame whose running checksum fails), i.e. it leaves
 //!   exactly the store a crash right before the first lost commit would have left,
-//!   which the pipeline already recovers from (redelivery; claims and guards are
-//!   idempotent);
+//!   which the pipeline already recovers from: an item stored but not enqueued is
+//!   re-enqueued (at start and by the sweeper), a lost receive, claim, finish or
+//!   delete means a redelivery, which claims and effect guards make harmless;
 //! - what the world outside the store sees stays behind an fsync: the 2xx of a
-//!   webhook (the inbox put and the queue send are durable), an effect (the state
-//!   commit is durable, before any destination hears of it), a finish that records
-//!   deliveries to destinations (durable, before the relay hands on the next event).
+//!   webhook (the inbox put is durable: "durably in the inbox"), an effect (the
+//!   business commit is durable, before any destination hears of it), a finish that
+//!   records deliveries to destinations (durable, before the relay hands on the
+//!   object's next event).
 //!
-//! So one processed batch costs one fsync (its business commits share it), and
-//! concurrent batches and the receiver's writes share even that.
-//! [`EmbeddedStore::commit_stats`] counts the commits and the fsynced ones.
+//! So a webhook waits for one fsync (its put; the send follows without), and a
+//! processed batch for one (its business commits share it), and concurrent batches
+//! and the receiver's puts share even that. [`EmbeddedStore::commit_stats`] counts
+//! the commits and the fsynced ones.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -128,6 +133,10 @@ pub struct CommitStats {
     /// (at most; a batch that changed nothing writes no frame). The background
     /// checkpoints' fsyncs are not counted: no caller waits for them.
     pub fsynced: u64,
+    /// Of the fsynced ones, those that carried at least one business commit (the
+    /// processor's only write that waits for an fsync, unless it delivers to
+    /// destinations): the processor's fsyncs.
+    pub fsynced_effects: u64,
     /// Operations (jobs) in those transactions.
     pub operations: u64,
 }
@@ -137,6 +146,7 @@ pub struct CommitStats {
 pub(super) struct Counters {
     commits: AtomicU64,
     fsynced: AtomicU64,
+    fsynced_effects: AtomicU64,
     operations: AtomicU64,
 }
 
@@ -145,6 +155,7 @@ impl Counters {
         CommitStats {
             commits: self.commits.load(Ordering::Relaxed),
             fsynced: self.fsynced.load(Ordering::Relaxed),
+            fsynced_effects: self.fsynced_effects.load(Ordering::Relaxed),
             operations: self.operations.load(Ordering::Relaxed),
         }
     }
@@ -158,6 +169,8 @@ pub(super) trait Job: Send {
     /// Whether the caller may only hear of the commit once it is fsynced (see the
     /// module documentation for the writes that need not).
     fn durable(&self) -> bool;
+    /// Whether it is a business commit (counted in [`CommitStats::fsynced_effects`]).
+    fn effect(&self) -> bool;
     /// Answer the caller once the batch is over: `Ok` = committed.
     fn finish(self: Box<Self>, batch: Result<(), &DbError>);
 }
@@ -166,7 +179,18 @@ struct Op<T, F> {
     work: Option<F>,
     result: Option<Result<T, DbError>>,
     reply: oneshot::Sender<Result<T, DbError>>,
-    durable: bool,
+    durability: Durability,
+}
+
+/// How a write waits for the disk (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Answered once committed; fsynced by the next durable commit.
+    Ordered,
+    /// Answered once committed and fsynced.
+    Durable,
+    /// A business commit: durable, and counted.
+    Effect,
 }
 
 impl<T, F> Job for Op<T, F>
@@ -185,7 +209,11 @@ where
     }
 
     fn durable(&self) -> bool {
-        self.durable
+        self.durability != Durability::Ordered
+    }
+
+    fn effect(&self) -> bool {
+        self.durability == Durability::Effect
     }
 
     fn finish(self: Box<Self>, batch: Result<(), &DbError>) {
@@ -208,44 +236,69 @@ pub(super) fn writer_loop(
     checkpoint_nudge: mpsc::SyncSender<()>,
     counters: std::sync::Arc<Counters>,
 ) {
-    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    let mut pending: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    let mut durable: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     // `open_writer` leaves the connection at FULL.
     let mut full = true;
     while let Ok(first) = rx.recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
+        pending.push(first);
+        while pending.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(job) => pending.push(job),
                 Err(_) => break,
             }
         }
-        let durable = batch.iter().any(|job| job.durable());
-        if durable != full {
-            // Outside any transaction, so it applies to the next COMMIT.
-            let pragma = if durable {
-                "PRAGMA synchronous = FULL"
+        // Everything pending was submitted concurrently (no caller waits for another's
+        // answer), so any order is a valid one: the ordered writes commit first without
+        // an fsync and their callers go on at once; the durable ones follow in a
+        // transaction whose fsync also covers the first.
+        let mut i = 0;
+        while i < pending.len() {
+            if pending[i].durable() {
+                durable.push(pending.swap_remove(i));
             } else {
-                "PRAGMA synchronous = NORMAL"
-            };
-            match exec(&conn, pragma) {
-                Ok(()) => full = durable,
-                Err(e) => tracing::error!(error = ?e, "embedded store: cannot set the sync mode"),
+                i += 1;
             }
         }
-        // A batch with a durable job never commits without its fsync: if the
-        // connection could not be switched back to FULL, nobody is answered `Ok`.
-        if durable && !full {
-            let err = DbError::Unavailable("the store cannot fsync its commits".into());
-            for job in batch.drain(..) {
-                job.finish(Err(&err));
+        let effects = durable.iter().any(|job| job.effect());
+        for (batch, sync) in [(&mut pending, false), (&mut durable, true)] {
+            if batch.is_empty() {
+                continue;
             }
-            continue;
-        }
-        counters.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        if run_batch(&conn, &mut batch) {
-            counters.commits.fetch_add(1, Ordering::Relaxed);
-            if full {
-                counters.fsynced.fetch_add(1, Ordering::Relaxed);
+            if sync != full {
+                // Outside any transaction, so it applies to the next COMMIT.
+                let pragma = if sync {
+                    "PRAGMA synchronous = FULL"
+                } else {
+                    "PRAGMA synchronous = NORMAL"
+                };
+                match exec(&conn, pragma) {
+                    Ok(()) => full = sync,
+                    Err(e) => {
+                        tracing::error!(error = ?e, "embedded store: cannot set the sync mode")
+                    }
+                }
+            }
+            // A durable write never commits without its fsync: if the connection could
+            // not be switched back to FULL, nobody of the batch is answered `Ok`.
+            if sync && !full {
+                let err = DbError::Unavailable("the store cannot fsync its commits".into());
+                for job in batch.drain(..) {
+                    job.finish(Err(&err));
+                }
+                continue;
+            }
+            counters
+                .operations
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            if run_batch(&conn, batch) {
+                counters.commits.fetch_add(1, Ordering::Relaxed);
+                if full {
+                    counters.fsynced.fetch_add(1, Ordering::Relaxed);
+                    if effects {
+                        counters.fsynced_effects.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
         // Full: a checkpoint is already due. Disconnected: the checkpointer stopped,
@@ -310,7 +363,7 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
     {
-        self.submit(work, true).await
+        self.submit(work, Durability::Durable).await
     }
 
     /// [`EmbeddedStore::write`] for a write that needs no fsync of its own: the
@@ -321,10 +374,11 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
     {
-        self.submit(work, false).await
+        self.submit(work, Durability::Ordered).await
     }
 
-    async fn submit<T, F>(&self, work: F, durable: bool) -> Result<T, DbError>
+    /// Queue `work` for the writer thread and wait for its answer.
+    pub(super) async fn submit<T, F>(&self, work: F, durability: Durability) -> Result<T, DbError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
@@ -334,7 +388,7 @@ impl EmbeddedStore {
             work: Some(work),
             result: None,
             reply,
-            durable,
+            durability,
         });
         let writer = self
             .writer
@@ -385,19 +439,19 @@ mod tests {
                 work: Some(move |c: &Connection| put_item(c, &a2)),
                 result: None,
                 reply: ta,
-                durable: true,
+                durability: Durability::Durable,
             }),
             Box::new(Op {
                 work: Some(failing),
                 result: None,
                 reply: tf,
-                durable: true,
+                durability: Durability::Durable,
             }),
             Box::new(Op {
                 work: Some(move |c: &Connection| put_item(c, &b2)),
                 result: None,
                 reply: tb,
-                durable: true,
+                durability: Durability::Durable,
             }),
         ];
         run_batch(&conn, &mut batch);
@@ -433,7 +487,7 @@ mod tests {
                 work: Some(move |c: &Connection| put_item(c, &a2)),
                 result: None,
                 reply: ta,
-                durable: true,
+                durability: Durability::Durable,
             }),
             Box::new(Op {
                 work: Some(|c: &Connection| -> Result<(), DbError> {
@@ -442,7 +496,7 @@ mod tests {
                 }),
                 result: None,
                 reply: tf,
-                durable: true,
+                durability: Durability::Durable,
             }),
         ];
         run_batch(&conn, &mut batch);
