@@ -291,15 +291,16 @@ pub(super) fn writer_loop(
             counters
                 .operations
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            if run_batch(&conn, batch) {
+            // Counted before anyone is answered, so a caller reads its own commit.
+            run_batch(&conn, batch, || {
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 if full {
                     counters.fsynced.fetch_add(1, Ordering::Relaxed);
-                    if effects {
+                    if effects && sync {
                         counters.fsynced_effects.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-            }
+            });
         }
         // Full: a checkpoint is already due. Disconnected: the checkpointer stopped,
         // the writer's own checkpoints still bound the WAL.
@@ -307,9 +308,9 @@ pub(super) fn writer_loop(
     }
 }
 
-/// Run every job of `batch` in one transaction, commit once, answer everyone.
-/// `true` when the transaction committed.
-fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
+/// Run every job of `batch` in one transaction, commit once, call `committed` if it
+/// did, answer everyone.
+fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, committed: impl FnOnce()) {
     let outcome = match catch_unwind(AssertUnwindSafe(|| execute_batch(conn, batch))) {
         Ok(outcome) => outcome,
         Err(_) => Err(DbError::Unavailable(
@@ -324,10 +325,12 @@ fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
     if let Err(e) = &outcome {
         tracing::warn!(error = ?e, ops = batch.len(), "embedded store: batch not committed");
     }
+    if outcome.is_ok() {
+        committed();
+    }
     for job in batch.drain(..) {
         job.finish(outcome.as_ref().map(|_| ()));
     }
-    outcome.is_ok()
 }
 
 fn execute_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), DbError> {
@@ -454,7 +457,7 @@ mod tests {
                 durability: Durability::Durable,
             }),
         ];
-        run_batch(&conn, &mut batch);
+        run_batch(&conn, &mut batch, || {});
         assert!(batch.is_empty());
         assert_eq!(ra.await.unwrap(), Ok(PutOutcome::Inserted));
         assert_eq!(rf.await.unwrap(), Err(DbError::Unavailable("boom".into())));
@@ -499,7 +502,7 @@ mod tests {
                 durability: Durability::Durable,
             }),
         ];
-        run_batch(&conn, &mut batch);
+        run_batch(&conn, &mut batch, || {});
         assert!(matches!(ra.await.unwrap(), Err(DbError::Unavailable(_))));
         assert!(matches!(rf.await.unwrap(), Err(DbError::Unavailable(_))));
         assert!(conn.is_autocommit());
