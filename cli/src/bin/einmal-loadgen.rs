@@ -225,7 +225,9 @@ async fn main() -> Result<(), String> {
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
     // For end-to-end benchmarks (`bench/end-to-end.sh`): the run's wall-clock span.
-    println!("run span: first send {started_unix_us} us, last answer {finished_unix_us} us (Unix time)");
+    println!(
+        "run span: first send {started_unix_us} us, last answer {finished_unix_us} us (Unix time)"
+    );
     if let Some(path) = &args.ack_log {
         use std::io::Write;
         let mut out = std::io::BufWriter::new(

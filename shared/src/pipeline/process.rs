@@ -1085,7 +1085,11 @@ impl Processor {
     /// deleted with one [`Queue::ack_batch`] while the retried ones get their
     /// visibility changes, so the batch settles in one group commit instead of one
     /// commit per message. Returns how many messages stay in the queue.
-    pub async fn settle_batch(&self, deliveries: &[Delivery], outcomes: &[MessageOutcome]) -> usize {
+    pub async fn settle_batch(
+        &self,
+        deliveries: &[Delivery],
+        outcomes: &[MessageOutcome],
+    ) -> usize {
         let mut acks = Vec::with_capacity(deliveries.len());
         let mut later = Vec::new();
         let mut dead = Vec::new();

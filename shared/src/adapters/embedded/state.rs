@@ -84,7 +84,8 @@ CREATE INDEX IF NOT EXISTS state_by_tenant_kind ON state(tenant, kind);
 /// Insert or replace a record; the import keeps a row already here when it is at
 /// least as new (only a crash between an import's commit and its rename can bring
 /// the same rows twice).
-const UPSERT: &str = "INSERT INTO state (pk, tenant, kind, id, version, data, applied, updated_at_ms)
+const UPSERT: &str =
+    "INSERT INTO state (pk, tenant, kind, id, version, data, applied, updated_at_ms)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
      ON CONFLICT(pk) DO UPDATE SET
         version = excluded.version,
@@ -244,8 +245,9 @@ fn commit_in(
         let version = to_i64(r.version, "version", &pk)?;
         let data = serde_json::to_string(&r.data)
             .map_err(|e| DbError::Unavailable(format!("{pk}: data cannot be serialized: {e}")))?;
-        let applied = serde_json::to_string(&r.applied)
-            .map_err(|e| DbError::Unavailable(format!("{pk}: applied cannot be serialized: {e}")))?;
+        let applied = serde_json::to_string(&r.applied).map_err(|e| {
+            DbError::Unavailable(format!("{pk}: applied cannot be serialized: {e}"))
+        })?;
         upsert
             .execute(params![
                 pk,
@@ -326,7 +328,8 @@ pub(super) fn import_legacy(conn: &Connection, dir: &Path) -> Result<(), StoreEr
         let side = dir.join(format!("{LEGACY_STATE_DB_FILE}{suffix}"));
         if side.exists() {
             let to = dir.join(format!("{}{suffix}", aside.display()));
-            std::fs::rename(&side, &to).map_err(|e| fail("cannot rename the old state file", &e))?;
+            std::fs::rename(&side, &to)
+                .map_err(|e| fail("cannot rename the old state file", &e))?;
         }
     }
     tracing::warn!(
@@ -369,9 +372,8 @@ fn copy_legacy_rows(conn: &Connection, old: &Connection) -> Result<u64, ImportEr
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let mut upsert = conn.prepare(&format!("{UPSERT} WHERE excluded.version > state.version"))?;
-    let mut select = old.prepare(
-        "SELECT pk, tenant, kind, id, version, data, applied, updated_at_ms FROM state",
-    )?;
+    let mut select = old
+        .prepare("SELECT pk, tenant, kind, id, version, data, applied, updated_at_ms FROM state")?;
     let mut rows = select.query([])?;
     let mut copied = 0u64;
     while let Some(row) = rows.next()? {
@@ -496,7 +498,11 @@ mod tests {
             })
             .unwrap();
         assert_eq!(version, 1);
-        assert!(!dir.path().join("nested").join(LEGACY_STATE_DB_FILE).exists());
+        assert!(!dir
+            .path()
+            .join("nested")
+            .join(LEGACY_STATE_DB_FILE)
+            .exists());
     }
 
     #[tokio::test]
@@ -512,7 +518,11 @@ mod tests {
             .unwrap();
         let after = store.commit_stats();
         assert_eq!(after.commits, before.commits + 1);
-        assert_eq!(after.fsynced, before.fsynced + 1, "a business commit is fsynced");
+        assert_eq!(
+            after.fsynced,
+            before.fsynced + 1,
+            "a business commit is fsynced"
+        );
         assert_eq!(after.fsynced_effects, before.fsynced_effects + 1);
         assert_eq!(state.load(&[key]).await.unwrap()[0].version, 1);
     }
@@ -750,7 +760,10 @@ mod tests {
                 if m.contains("state.sqlite") && m.contains("schema version 7")),
             "{err}"
         );
-        assert!(dir.path().join(LEGACY_STATE_DB_FILE).exists(), "left in place");
+        assert!(
+            dir.path().join(LEGACY_STATE_DB_FILE).exists(),
+            "left in place"
+        );
         let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
         let rows: i64 = raw
             .query_row("SELECT count(*) FROM state", [], |r| r.get(0))
