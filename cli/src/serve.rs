@@ -90,12 +90,9 @@ pub async fn run_with(
             "re-enqueued events stored but never enqueued by a previous run"
         );
     }
-    let state = Arc::new(EmbeddedStateStore::open(&args.data_dir).map_err(|e| {
-        format!(
-            "cannot open the state store in {}: {e}",
-            args.data_dir.display()
-        )
-    })?);
+    // The business records share the store's file and writer: the processor's
+    // commits share group commits with the receiver's and its own queue writes.
+    let state = Arc::new(EmbeddedStateStore::new(store.clone()));
     let settings = ProcessSettings {
         max_receive_count: EmbeddedOptions::default().max_receive_count,
         ..ProcessSettings::default()
@@ -125,6 +122,7 @@ pub async fn run_with(
     let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::from_store(store.clone());
     let store_for_metrics = store.clone();
+    let commit_stats = store.clone();
     let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -185,7 +183,7 @@ pub async fn run_with(
             .run_local("serve", async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             })
-            .await;
+            .await
     });
     // The relay's retries (pending deliveries, the next events of ordered objects).
     let relay_loop = relay.clone().map(|relay| {
@@ -210,7 +208,7 @@ pub async fn run_with(
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
     let _ = stop_tx.send(true);
-    let _ = worker.await;
+    let processed = worker.await.unwrap_or_default();
     let _ = sweep.await;
     if let Some(relay_loop) = relay_loop {
         let _ = relay_loop.await;
@@ -221,6 +219,16 @@ pub async fn run_with(
     eprintln!(
         "einmal: stopped; {}",
         serde_json::to_string(&metrics.snapshot()).unwrap_or_default()
+    );
+    // The group-commit figures (`bench/end-to-end.sh` reads this line).
+    let commits = commit_stats.commit_stats();
+    eprintln!(
+        "einmal: store: {} commits, {} fsynced, {} fsynced with business commits; processor: {} batches, {} messages",
+        commits.commits,
+        commits.fsynced,
+        commits.fsynced_effects,
+        processed.batches,
+        processed.messages
     );
     Ok(ExitCode::SUCCESS)
 }

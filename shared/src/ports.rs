@@ -643,6 +643,17 @@ pub trait Queue: Send + Sync {
     async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError>;
     /// Delete a message after it was handled.
     async fn ack(&self, receipt: &str) -> Result<(), QueueError>;
+    /// [`Queue::ack`] for several messages at once (a handled batch). Default: one
+    /// `ack` after the other; every receipt is tried, the first error is returned.
+    async fn ack_batch(&self, receipts: &[String]) -> Result<(), QueueError> {
+        let mut first = Ok(());
+        for receipt in receipts {
+            if let Err(e) = self.ack(receipt).await {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
     /// Make a received message visible again after `visibility` (0 = now).
     async fn change_visibility(
         &self,

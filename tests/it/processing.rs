@@ -193,7 +193,7 @@ async fn embedded() -> Backend {
         max_receive_count: MAX_RECEIVE_COUNT,
     };
     let store = Arc::new(EmbeddedStore::open(dir.path(), options).expect("store opens"));
-    let state = Arc::new(EmbeddedStateStore::open(dir.path()).expect("state store opens"));
+    let state = Arc::new(EmbeddedStateStore::new(store.clone()));
     let (state, load_failures) = flaky(state);
     Backend {
         inbox: store.clone(),

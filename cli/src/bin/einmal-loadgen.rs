@@ -47,6 +47,10 @@ struct Args {
     /// for end-to-end latencies (`bench/destination.sh`).
     #[arg(long)]
     ack_log: Option<PathBuf>,
+    /// Send at most this many requests per second in total (0 = as fast as the
+    /// connections go): request i leaves at `start + i / rate`, whoever is free.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
 }
 
 struct Prepared {
@@ -112,6 +116,7 @@ async fn worker(
     host: String,
     work: Arc<Vec<Prepared>>,
     next: Arc<AtomicUsize>,
+    pace: Option<(tokio::time::Instant, f64)>,
 ) -> Result<(Vec<Duration>, [usize; 3], Vec<(usize, u128)>), String> {
     let stream = tokio::net::TcpStream::connect(&addr)
         .await
@@ -128,6 +133,9 @@ async fn worker(
     loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
         let Some(p) = work.get(i) else { break };
+        if let Some((start, rate)) = pace {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        }
         let mut req = http::Request::post(p.path.as_str())
             .header("host", host.as_str())
             .header("content-type", "application/json");
@@ -153,11 +161,7 @@ async fn worker(
             outcomes[1] += 1;
         } else {
             outcomes[0] += 1;
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros())
-                .unwrap_or(0);
-            acks.push((i, now));
+            acks.push((i, unix_micros()));
         }
     }
     Ok((latencies, outcomes, acks))
@@ -174,7 +178,12 @@ async fn main() -> Result<(), String> {
     eprintln!("preparing {} signed requests ...", args.requests);
     let work = Arc::new(prepare(&args)?);
     let next = Arc::new(AtomicUsize::new(0));
+    if !(args.rate >= 0.0 && args.rate.is_finite()) {
+        return Err(format!("--rate {} must be a number >= 0", args.rate));
+    }
+    let started_unix_us = unix_micros();
     let started = Instant::now();
+    let pace = (args.rate > 0.0).then(|| (tokio::time::Instant::now(), args.rate));
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
         tasks.push(tokio::spawn(worker(
@@ -182,6 +191,7 @@ async fn main() -> Result<(), String> {
             hostport.clone(),
             work.clone(),
             next.clone(),
+            pace,
         )));
     }
     let mut latencies = Vec::with_capacity(args.requests);
@@ -196,6 +206,7 @@ async fn main() -> Result<(), String> {
         }
     }
     let elapsed = started.elapsed();
+    let finished_unix_us = unix_micros();
     latencies.sort();
     let pct = |p: f64| {
         let idx = ((latencies.len() as f64 - 1.0) * p).round() as usize;
@@ -213,6 +224,10 @@ async fn main() -> Result<(), String> {
         pct(0.99).as_secs_f64() * 1e3,
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
     );
+    // For end-to-end benchmarks (`bench/end-to-end.sh`): the run's wall-clock span.
+    println!(
+        "run span: first send {started_unix_us} us, last answer {finished_unix_us} us (Unix time)"
+    );
     if let Some(path) = &args.ack_log {
         use std::io::Write;
         let mut out = std::io::BufWriter::new(
@@ -227,4 +242,11 @@ async fn main() -> Result<(), String> {
         return Err(format!("{} requests failed", totals[2]));
     }
     Ok(())
+}
+
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
 }

@@ -142,9 +142,15 @@ const WAIT_MARK_MARGIN_MS: i64 = 86_400_000;
 pub const ALREADY_APPLIED: &str = "already applied";
 
 /// Messages taken per receive by [`Processor::run_local`].
-const LOCAL_BATCH: u32 = 10;
-/// Pause of [`Processor::run_local`] when the queue is empty.
-const LOCAL_IDLE: Duration = Duration::from_millis(200);
+const LOCAL_BATCH: u32 = 32;
+/// Batches [`Processor::run_local`] works on at once: while some wait for their
+/// commits, the next one is received and decided, so the store's writer always finds
+/// a full group to commit. Bounds the messages in progress to
+/// `LOCAL_BATCH * LOCAL_IN_FLIGHT`.
+const LOCAL_IN_FLIGHT: usize = 4;
+/// Pause of [`Processor::run_local`] when the queue is empty: an event arriving then
+/// waits at most this long for its receive.
+const LOCAL_IDLE: Duration = Duration::from_millis(50);
 /// Pause of [`Processor::run_local`] after a failed receive.
 const LOCAL_ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// Returning a leased message a little after its lease ends avoids a second bounce.
@@ -1160,37 +1166,141 @@ impl Processor {
         }
     }
 
-    /// The local worker loop of `einmal serve`: receive, process, settle; pause
-    /// briefly when the queue is empty. Returns when `shutdown` completes (a batch in
-    /// progress is finished first).
-    pub async fn run_local(&self, worker: &str, shutdown: impl Future<Output = ()>) {
+    /// [`Processor::settle`] of a whole batch with [`AckMode::Delete`]: the pointers
+    /// of dead-lettered items go to the DLQ first, then every handled message is
+    /// deleted with one [`Queue::ack_batch`] while the retried ones get their
+    /// visibility changes, so the batch settles in one group commit instead of one
+    /// commit per message. Returns how many messages stay in the queue.
+    pub async fn settle_batch(
+        &self,
+        deliveries: &[Delivery],
+        outcomes: &[MessageOutcome],
+    ) -> usize {
+        let mut acks = Vec::with_capacity(deliveries.len());
+        let mut later = Vec::new();
+        let mut dead = Vec::new();
+        for (delivery, outcome) in deliveries.iter().zip(outcomes) {
+            match *outcome {
+                MessageOutcome::Ack => acks.push(delivery.receipt.clone()),
+                MessageOutcome::Retry { delay } | MessageOutcome::LeaveForLater { delay } => {
+                    later.push((delivery, delay))
+                }
+                MessageOutcome::DeadLetterNow => dead.push(delivery),
+            }
+        }
+        let mut kept = later.len();
+        let sent = futures::future::join_all(
+            dead.iter()
+                .map(|d| async move { (*d, self.queue.send_dead_letter(&d.message).await) }),
+        )
+        .await;
+        for (delivery, result) in sent {
+            match result {
+                Ok(()) => acks.push(delivery.receipt.clone()),
+                Err(e) => {
+                    // Keep it: SQS redrive moves it after maxReceiveCount receives.
+                    tracing::error!(pk = %delivery.message.pk, error = %e, "could not send to the dead-letter queue");
+                    kept += 1;
+                }
+            }
+        }
+        let delays = futures::future::join_all(later.iter().map(|(delivery, delay)| async move {
+            if let Err(e) = self.queue.change_visibility(&delivery.receipt, *delay).await {
+                // It comes back after the receive's visibility timeout instead.
+                tracing::warn!(pk = %delivery.message.pk, error = %e, "could not set the retry delay");
+            }
+        }));
+        let deleted = async {
+            if acks.is_empty() {
+                return;
+            }
+            if let Err(e) = self.queue.ack_batch(&acks).await {
+                // Redelivered later; the claim then says they are finished.
+                tracing::warn!(messages = acks.len(), error = %e, "could not delete handled messages");
+            }
+        };
+        futures::future::join(delays, deleted).await;
+        kept
+    }
+
+    /// The local worker loop of `einmal serve`: receive a batch, process it, settle it
+    /// ([`Processor::settle_batch`]), with up to [`LOCAL_IN_FLIGHT`] batches at once
+    /// (the next receive overlaps the processing of the last); pause briefly when the
+    /// queue is empty. Returns when `shutdown` completes, after the batches in
+    /// progress (and a receive under way) were finished.
+    pub async fn run_local(&self, worker: &str, shutdown: impl Future<Output = ()>) -> LocalRun {
         tokio::pin!(shutdown);
         // Hidden at least as long as the lease, so a slow message is not received twice.
         let visibility = millis(self.settings.lease_ms + LEASE_MARGIN_MS);
+        let mut run = LocalRun::default();
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        // Kept across iterations: a receive is never dropped half-way (its messages
+        // would stay hidden for the visibility timeout).
+        let mut receiving = None;
+        let mut pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         loop {
-            let received = tokio::select! {
-                _ = &mut shutdown => return,
-                received = self.queue.receive(LOCAL_BATCH, visibility) => received,
-            };
-            let pause = match received {
-                Ok(deliveries) if !deliveries.is_empty() => {
-                    let outcomes = self.process_batch(&deliveries, worker).await;
-                    for (delivery, (_, outcome)) in deliveries.iter().zip(outcomes) {
-                        self.settle(delivery, outcome, AckMode::Delete).await;
-                    }
-                    continue;
-                }
-                Ok(_) => LOCAL_IDLE,
-                Err(e) => {
-                    tracing::warn!(error = %e, "receive failed");
-                    LOCAL_ERROR_PAUSE
-                }
-            };
+            if receiving.is_none() && pause.is_none() && in_flight.len() < LOCAL_IN_FLIGHT {
+                receiving = Some(self.queue.receive(LOCAL_BATCH, visibility));
+            }
             tokio::select! {
-                _ = &mut shutdown => return,
-                _ = tokio::time::sleep(pause) => {}
+                _ = &mut shutdown => break,
+                Some(()) = futures::StreamExt::next(&mut in_flight), if !in_flight.is_empty() => {}
+                received = optional(&mut receiving) => {
+                    receiving = None;
+                    match received {
+                        Ok(deliveries) if !deliveries.is_empty() => {
+                            run.batches += 1;
+                            run.messages += deliveries.len() as u64;
+                            in_flight.push(self.run_local_batch(deliveries, worker));
+                        }
+                        Ok(_) => pause = Some(Box::pin(tokio::time::sleep(LOCAL_IDLE))),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "receive failed");
+                            pause = Some(Box::pin(tokio::time::sleep(LOCAL_ERROR_PAUSE)));
+                        }
+                    }
+                }
+                () = optional(&mut pause) => pause = None,
             }
         }
+        if let Some(receive) = receiving {
+            if let Ok(deliveries) = receive.await {
+                if !deliveries.is_empty() {
+                    run.batches += 1;
+                    run.messages += deliveries.len() as u64;
+                    in_flight.push(self.run_local_batch(deliveries, worker));
+                }
+            }
+        }
+        while futures::StreamExt::next(&mut in_flight).await.is_some() {}
+        run
+    }
+
+    async fn run_local_batch(&self, deliveries: Vec<Delivery>, worker: &str) {
+        let outcomes: Vec<MessageOutcome> = self
+            .process_batch(&deliveries, worker)
+            .await
+            .into_iter()
+            .map(|(_, outcome)| outcome)
+            .collect();
+        self.settle_batch(&deliveries, &outcomes).await;
+    }
+}
+
+/// What [`Processor::run_local`] handled before it stopped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LocalRun {
+    /// Non-empty batches received.
+    pub batches: u64,
+    /// Messages in them.
+    pub messages: u64,
+}
+
+/// The output of the future in `slot`; never ready while the slot is empty.
+async fn optional<F: Future + Unpin>(slot: &mut Option<F>) -> F::Output {
+    match slot {
+        Some(future) => future.await,
+        None => std::future::pending().await,
     }
 }
 

@@ -401,7 +401,8 @@ pub async fn embedded(max_receive_count: u32) -> Backend {
         EmbeddedStore::open(dir.path(), EmbeddedOptions { max_receive_count })
             .expect("store opens"),
     );
-    let state = Arc::new(EmbeddedStateStore::open(dir.path()).expect("state store opens"));
+    // The records share the store's file and writer, as in `einmal serve`.
+    let state = Arc::new(EmbeddedStateStore::new(store.clone()));
     Backend {
         name: "embedded",
         inbox: store.clone(),

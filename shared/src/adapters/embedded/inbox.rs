@@ -307,8 +307,10 @@ impl InboxProcessing for EmbeddedStore {
     ) -> Result<ClaimOutcome, StoreError> {
         let pk = key.as_str().to_string();
         let owner = owner.to_string();
+        // Ordered, not durable: a claim lost with a power cut leaves the item
+        // claimable again, as if the worker had died before claiming (see `writer`).
         Ok(self
-            .write(move |conn| claim_item(conn, &pk, &owner, now_ms, lease_ms))
+            .write_ordered(move |conn| claim_item(conn, &pk, &owner, now_ms, lease_ms))
             .await?)
     }
 
@@ -320,10 +322,18 @@ impl InboxProcessing for EmbeddedStore {
     ) -> Result<bool, StoreError> {
         let pk = key.as_str().to_string();
         let owner = owner.to_string();
+        let durable_finish = finish.deliveries.is_some();
         let finish = finish.clone();
-        Ok(self
-            .write(move |conn| finish_item(conn, &pk, &owner, &finish))
-            .await?)
+        let work = move |conn: &Connection| finish_item(conn, &pk, &owner, &finish);
+        // A finish lost with a power cut is redone by the redelivery (the effect is
+        // durable and guarded), so it needs no fsync of its own, unless it records
+        // deliveries: destinations heard of the event, and the relay hands on the
+        // object's next event once this finish returns.
+        Ok(if durable_finish {
+            self.write(work).await?
+        } else {
+            self.write_ordered(work).await?
+        })
     }
 
     async fn mark_dead_letter(

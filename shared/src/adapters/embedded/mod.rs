@@ -1,10 +1,12 @@
-//! Embedded adapter: every storage port on SQLite. The inbox and the work queue
-//! share one file (`einmal.sqlite`), the business records (`state.sqlite`) and the
-//! audit log (`audit.sqlite`) have their own.
+//! Embedded adapter: every storage port on SQLite. The inbox, the work queue and
+//! the business records share one file (`einmal.sqlite`) and one writer, so the
+//! receiver's inserts and the processor's claims, business commits, finishes and
+//! acks share group commits; the audit log (`audit.sqlite`) has its own file.
 //!
 //! One file per port (`inbox`, `queue`, `sweep`, `hints`, `replay`, `state`,
-//! `audit`); `writer` is the group-commit writer thread every inbox and queue write
-//! goes through, `schema` the tables and migrations, `waiting` the parked items.
+//! `audit`); `writer` is the group-commit writer thread every write of
+//! `einmal.sqlite` goes through, `schema` the tables and migrations, `waiting` the
+//! parked items.
 //!
 //! Reads (`get`, `list`) use a small pool of separate connections; WAL lets them
 //! run while the writer commits. A read that starts after a write returned sees it.
@@ -22,7 +24,8 @@ mod waiting;
 mod writer;
 
 pub use audit::EmbeddedAuditLog;
-pub use state::EmbeddedStateStore;
+pub use state::{EmbeddedStateStore, LEGACY_STATE_DB_FILE};
+pub use writer::CommitStats;
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
@@ -67,6 +70,7 @@ pub struct EmbeddedStore {
     checkpointer_thread: Option<JoinHandle<()>>,
     readers: Arc<Readers>,
     max_receive_count: u32,
+    counters: Arc<writer::Counters>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -88,6 +92,9 @@ impl EmbeddedStore {
         })?;
         let path = dir.join(DB_FILE);
         let conn = writer::open_writer(&path).map_err(StoreError::from)?;
+        // Business records of a version that kept them in their own file move in
+        // before anything else runs.
+        state::import_legacy(&conn, dir)?;
         let checkpoint_conn = writer::open_checkpointer(&path).map_err(StoreError::from)?;
         // The writer nudges the checkpointer after commits; when the writer stops, the
         // nudge channel closes and the checkpointer stops too.
@@ -99,9 +106,11 @@ impl EmbeddedStore {
                 StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}"))
             })?;
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
+        let counters = Arc::new(writer::Counters::default());
+        let writer_counters = counters.clone();
         let writer_thread = std::thread::Builder::new()
             .name("einmal-sqlite-writer".into())
-            .spawn(move || writer::writer_loop(conn, rx, nudge))
+            .spawn(move || writer::writer_loop(conn, rx, nudge, writer_counters))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the writer thread: {e}")))?;
         Ok(EmbeddedStore {
             readers: Arc::new(Readers {
@@ -113,6 +122,7 @@ impl EmbeddedStore {
             writer_thread: Some(writer_thread),
             checkpointer_thread: Some(checkpointer_thread),
             max_receive_count: options.max_receive_count.max(1),
+            counters,
         })
     }
 
@@ -161,6 +171,9 @@ enum DbError {
     Unavailable(String),
     Corrupt(String),
     Malformed(String),
+    /// A write the store refuses for good (a business record SQLite finds too big,
+    /// a constraint): `StoreError::Rejected`.
+    Rejected(String),
 }
 
 impl From<rusqlite::Error> for DbError {
@@ -181,6 +194,7 @@ impl From<DbError> for StoreError {
         match e {
             DbError::Unavailable(m) => StoreError::Unavailable(m),
             DbError::Corrupt(m) | DbError::Malformed(m) => StoreError::Corrupt(m),
+            DbError::Rejected(m) => StoreError::Rejected(m),
         }
     }
 }
@@ -189,7 +203,9 @@ impl From<DbError> for QueueError {
     fn from(e: DbError) -> Self {
         match e {
             DbError::Unavailable(m) => QueueError::Unavailable(m),
-            DbError::Corrupt(m) | DbError::Malformed(m) => QueueError::Malformed(m),
+            DbError::Corrupt(m) | DbError::Malformed(m) | DbError::Rejected(m) => {
+                QueueError::Malformed(m)
+            }
         }
     }
 }

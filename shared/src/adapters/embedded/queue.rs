@@ -236,21 +236,28 @@ impl EmbeddedStore {
             return Ok(Vec::new());
         }
         let max_receive_count = self.max_receive_count;
+        // Ordered, not durable: a receive lost with a power cut only means the
+        // message is delivered again (see `writer`).
         Ok(self
-            .write(move |conn| receive_messages(conn, table, max, visibility, max_receive_count))
+            .write_ordered(move |conn| {
+                receive_messages(conn, table, max, visibility, max_receive_count)
+            })
             .await?)
     }
 }
 
 #[async_trait]
 impl Queue for EmbeddedStore {
-    /// Enqueue, and move the inbox item from `received` to `queued` in the same transaction.
+    /// Enqueue, and move the inbox item from `received` to `queued` in the same
+    /// transaction. Ordered, not durable: a send lost with a power cut leaves the item
+    /// `received`, which is re-enqueued at the next start and by the sweeper, as after
+    /// a crash between the receiver's put and its send (see `writer`).
     async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
         let body =
             serde_json::to_string(message).map_err(|e| QueueError::Malformed(e.to_string()))?;
         let message = message.clone();
         Ok(self
-            .write(move |conn| send_message(conn, &message, &body))
+            .write_ordered(move |conn| send_message(conn, &message, &body))
             .await?)
     }
 
@@ -275,10 +282,12 @@ impl Queue for EmbeddedStore {
     }
 
     /// A stale receipt (the message was received again since) deletes nothing.
+    /// Ordered, not durable: a lost delete is a redelivery, which the claim answers
+    /// with "finished".
     async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
         let parsed = parse_receipt(receipt)?;
         let raw = receipt.to_string();
-        self.write(move |conn| {
+        self.write_ordered(move |conn| {
             conn.prepare_cached(parsed.table.delete())?
                 .execute(params![parsed.id, raw])?;
             Ok(())
@@ -287,7 +296,35 @@ impl Queue for EmbeddedStore {
         Ok(())
     }
 
-    /// A stale receipt changes nothing.
+    /// One write for the whole batch (ordered, as [`Queue::ack`]). A malformed
+    /// receipt is reported after the others were deleted.
+    async fn ack_batch(&self, receipts: &[String]) -> Result<(), QueueError> {
+        let mut parsed = Vec::with_capacity(receipts.len());
+        let mut malformed = None;
+        for receipt in receipts {
+            match parse_receipt(receipt) {
+                Ok(p) => parsed.push((p, receipt.clone())),
+                Err(e) => malformed = malformed.or(Some(e)),
+            }
+        }
+        if !parsed.is_empty() {
+            self.write_ordered(move |conn| {
+                for (p, raw) in &parsed {
+                    conn.prepare_cached(p.table.delete())?
+                        .execute(params![p.id, raw])?;
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        match malformed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// A stale receipt changes nothing. Ordered, not durable: a lost change only
+    /// makes the message visible at the receive's visibility timeout instead.
     async fn change_visibility(
         &self,
         receipt: &str,
@@ -295,7 +332,7 @@ impl Queue for EmbeddedStore {
     ) -> Result<(), QueueError> {
         let parsed = parse_receipt(receipt)?;
         let raw = receipt.to_string();
-        self.write(move |conn| {
+        self.write_ordered(move |conn| {
             let visible_at = now_millis().saturating_add(millis(visibility));
             change_visibility_of(conn, &parsed, &raw, visible_at)
         })

@@ -1,11 +1,11 @@
-//! The SQLite schema of the inbox and queue file (`einmal.sqlite`) and its
+//! The SQLite schema of the store's file (`einmal.sqlite`) and its
 //! migrations, run by the writer connection on open.
 
 use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{hints, relay, sweep, waiting, DbError};
+use super::{hints, relay, state, sweep, waiting, DbError};
 
 /// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
 /// error class, result); a version 1 file is upgraded in place on open.
@@ -103,6 +103,8 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
     waiting::ensure_waiting_columns(conn)?;
     // Idempotent too: the relay's columns, its partial index and the order cursors.
     relay::ensure_relay_schema(conn)?;
+    // Idempotent too: the business records (in their own file before).
+    conn.execute_batch(state::STATE_SCHEMA)?;
     Ok(())
 }
 

@@ -16,9 +16,39 @@
 //! is rolled back alone and gets its own error, the others commit. If the commit
 //! itself fails, every caller of the batch gets `Unavailable` (and may retry: all
 //! operations are idempotent or conditional).
+//!
+//! # Writes that need no fsync of their own
+//!
+//! Most writes are *durable* ([`EmbeddedStore::write`]): they are answered once
+//! their transaction is committed with `synchronous=FULL` (fsynced). A few are
+//! *ordered* ([`EmbeddedStore::write_ordered`]): the queue's send, receive,
+//! visibility changes and deletes, and the processor's claim and finish of an inbox
+//! item. Of what is pending, the writer commits the ordered writes first, with
+//! `synchronous=NORMAL` (no fsync), answers them, then the durable ones in a second
+//! transaction whose fsync covers both (it syncs the whole WAL file). Why that keeps
+//! every guarantee:
+//! - a process crash (`kill -9`) loses nothing either way: a commit is in the WAL
+//!   (the OS page cache) before `COMMIT` returns;
+//! - a power loss can lose only a *suffix* of the commits since the last fsync (WAL
+//!   recovery stops at the first frame whose running checksum fails), i.e. it leaves
+//!   exactly the store a crash right before the first lost commit would have left,
+//!   which the pipeline already recovers from: an item stored but not enqueued is
+//!   re-enqueued (at start and by the sweeper), a lost receive, claim, finish or
+//!   delete means a redelivery, which claims and effect guards make harmless;
+//! - what the world outside the store sees stays behind an fsync: the 2xx of a
+//!   webhook (the inbox put is durable: "durably in the inbox"), an effect (the
+//!   business commit is durable, before any destination hears of it), a finish that
+//!   records deliveries to destinations (durable, before the relay hands on the
+//!   object's next event).
+//!
+//! So a webhook waits for one fsync (its put; the send follows without), and a
+//! processed batch for one (its business commits share it), and concurrent batches
+//! and the receiver's puts share even that. [`EmbeddedStore::commit_stats`] counts
+//! the commits and the fsynced ones.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -94,11 +124,53 @@ pub(super) fn checkpoint_loop(conn: Connection, nudged: mpsc::Receiver<()>) {
     }
 }
 
+/// What the writer committed since the store was opened.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed (one per batch of operations).
+    pub commits: u64,
+    /// Of those, the ones committed with `synchronous=FULL`: each fsyncs the WAL
+    /// (at most; a batch that changed nothing writes no frame). The background
+    /// checkpoints' fsyncs are not counted: no caller waits for them.
+    pub fsynced: u64,
+    /// Of the fsynced ones, those that carried at least one business commit (the
+    /// processor's only write that waits for an fsync, unless it delivers to
+    /// destinations): the processor's fsyncs.
+    pub fsynced_effects: u64,
+    /// Operations (jobs) in those transactions.
+    pub operations: u64,
+}
+
+/// The writer thread's counters behind [`CommitStats`].
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    commits: AtomicU64,
+    fsynced: AtomicU64,
+    fsynced_effects: AtomicU64,
+    operations: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn snapshot(&self) -> CommitStats {
+        CommitStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            fsynced: self.fsynced.load(Ordering::Relaxed),
+            fsynced_effects: self.fsynced_effects.load(Ordering::Relaxed),
+            operations: self.operations.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// One write operation waiting for the next batch.
 pub(super) trait Job: Send {
     /// Run inside the batch transaction. `false`: the operation failed and its
     /// writes must be rolled back.
     fn run(&mut self, conn: &Connection) -> bool;
+    /// Whether the caller may only hear of the commit once it is fsynced (see the
+    /// module documentation for the writes that need not).
+    fn durable(&self) -> bool;
+    /// Whether it is a business commit (counted in [`CommitStats::fsynced_effects`]).
+    fn effect(&self) -> bool;
     /// Answer the caller once the batch is over: `Ok` = committed.
     fn finish(self: Box<Self>, batch: Result<(), &DbError>);
 }
@@ -107,6 +179,18 @@ struct Op<T, F> {
     work: Option<F>,
     result: Option<Result<T, DbError>>,
     reply: oneshot::Sender<Result<T, DbError>>,
+    durability: Durability,
+}
+
+/// How a write waits for the disk (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Durability {
+    /// Answered once committed; fsynced by the next durable commit.
+    Ordered,
+    /// Answered once committed and fsynced.
+    Durable,
+    /// A business commit: durable, and counted.
+    Effect,
 }
 
 impl<T, F> Job for Op<T, F>
@@ -122,6 +206,14 @@ where
         let ok = result.is_ok();
         self.result = Some(result);
         ok
+    }
+
+    fn durable(&self) -> bool {
+        self.durability != Durability::Ordered
+    }
+
+    fn effect(&self) -> bool {
+        self.durability == Durability::Effect
     }
 
     fn finish(self: Box<Self>, batch: Result<(), &DbError>) {
@@ -142,30 +234,83 @@ pub(super) fn writer_loop(
     conn: Connection,
     rx: mpsc::Receiver<Box<dyn Job>>,
     checkpoint_nudge: mpsc::SyncSender<()>,
+    counters: std::sync::Arc<Counters>,
 ) {
-    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    let mut pending: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    let mut durable: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
+    // `open_writer` leaves the connection at FULL.
+    let mut full = true;
     while let Ok(first) = rx.recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
+        pending.push(first);
+        while pending.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(job) => pending.push(job),
                 Err(_) => break,
             }
         }
-        run_batch(&conn, &mut batch);
+        // Everything pending was submitted concurrently (no caller waits for another's
+        // answer), so any order is a valid one: the ordered writes commit first without
+        // an fsync and their callers go on at once; the durable ones follow in a
+        // transaction whose fsync also covers the first.
+        let mut i = 0;
+        while i < pending.len() {
+            if pending[i].durable() {
+                durable.push(pending.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let effects = durable.iter().any(|job| job.effect());
+        for (batch, sync) in [(&mut pending, false), (&mut durable, true)] {
+            if batch.is_empty() {
+                continue;
+            }
+            if sync != full {
+                // Outside any transaction, so it applies to the next COMMIT.
+                let pragma = if sync {
+                    "PRAGMA synchronous = FULL"
+                } else {
+                    "PRAGMA synchronous = NORMAL"
+                };
+                match exec(&conn, pragma) {
+                    Ok(()) => full = sync,
+                    Err(e) => {
+                        tracing::error!(error = ?e, "embedded store: cannot set the sync mode")
+                    }
+                }
+            }
+            // A durable write never commits without its fsync: if the connection could
+            // not be switched back to FULL, nobody of the batch is answered `Ok`.
+            if sync && !full {
+                let err = DbError::Unavailable("the store cannot fsync its commits".into());
+                for job in batch.drain(..) {
+                    job.finish(Err(&err));
+                }
+                continue;
+            }
+            counters
+                .operations
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            // Counted before anyone is answered, so a caller reads its own commit.
+            run_batch(&conn, batch, || {
+                counters.commits.fetch_add(1, Ordering::Relaxed);
+                if full {
+                    counters.fsynced.fetch_add(1, Ordering::Relaxed);
+                    if effects && sync {
+                        counters.fsynced_effects.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
         // Full: a checkpoint is already due. Disconnected: the checkpointer stopped,
         // the writer's own checkpoints still bound the WAL.
         let _ = checkpoint_nudge.try_send(());
     }
 }
 
-/// Run every job of `batch` in one transaction, commit once, answer everyone.
-fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
-    #[cfg(test)]
-    {
-        tests::BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tests::OPS.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
-    }
+/// Run every job of `batch` in one transaction, commit once, call `committed` if it
+/// did, answer everyone.
+fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, committed: impl FnOnce()) {
     let outcome = match catch_unwind(AssertUnwindSafe(|| execute_batch(conn, batch))) {
         Ok(outcome) => outcome,
         Err(_) => Err(DbError::Unavailable(
@@ -179,6 +324,9 @@ fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) {
     }
     if let Err(e) = &outcome {
         tracing::warn!(error = ?e, ops = batch.len(), "embedded store: batch not committed");
+    }
+    if outcome.is_ok() {
+        committed();
     }
     for job in batch.drain(..) {
         job.finish(outcome.as_ref().map(|_| ()));
@@ -212,8 +360,28 @@ fn exec(conn: &Connection, sql: &str) -> Result<(), DbError> {
 
 impl EmbeddedStore {
     /// Run `work` on the writer thread inside the next group-commit transaction;
-    /// the result comes back after the transaction committed.
+    /// the result comes back after the transaction committed and was fsynced.
     pub(super) async fn write<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        self.submit(work, Durability::Durable).await
+    }
+
+    /// [`EmbeddedStore::write`] for a write that needs no fsync of its own: the
+    /// result comes back once the transaction committed; the next durable commit
+    /// fsyncs it (see the module documentation for which writes may).
+    pub(super) async fn write_ordered<T, F>(&self, work: F) -> Result<T, DbError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        self.submit(work, Durability::Ordered).await
+    }
+
+    /// Queue `work` for the writer thread and wait for its answer.
+    pub(super) async fn submit<T, F>(&self, work: F, durability: Durability) -> Result<T, DbError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
@@ -223,6 +391,7 @@ impl EmbeddedStore {
             work: Some(work),
             result: None,
             reply,
+            durability,
         });
         let writer = self
             .writer
@@ -235,11 +404,16 @@ impl EmbeddedStore {
             DbError::Unavailable("the writer thread stopped before answering".into())
         })?
     }
+
+    /// What the writer committed since the store was opened: commits, fsynced
+    /// commits, operations.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.counters.snapshot()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
     use super::*;
@@ -248,10 +422,6 @@ mod tests {
     use crate::adapters::embedded::DB_FILE;
     use crate::ports::{Inbox, PutOutcome, Queue};
     use crate::time::now_millis;
-
-    pub(super) static BATCHES: AtomicUsize = AtomicUsize::new(0);
-
-    pub(super) static OPS: AtomicUsize = AtomicUsize::new(0);
 
     #[tokio::test]
     async fn a_failed_operation_does_not_fail_its_batch() {
@@ -272,19 +442,22 @@ mod tests {
                 work: Some(move |c: &Connection| put_item(c, &a2)),
                 result: None,
                 reply: ta,
+                durability: Durability::Durable,
             }),
             Box::new(Op {
                 work: Some(failing),
                 result: None,
                 reply: tf,
+                durability: Durability::Durable,
             }),
             Box::new(Op {
                 work: Some(move |c: &Connection| put_item(c, &b2)),
                 result: None,
                 reply: tb,
+                durability: Durability::Durable,
             }),
         ];
-        run_batch(&conn, &mut batch);
+        run_batch(&conn, &mut batch, || {});
         assert!(batch.is_empty());
         assert_eq!(ra.await.unwrap(), Ok(PutOutcome::Inserted));
         assert_eq!(rf.await.unwrap(), Err(DbError::Unavailable("boom".into())));
@@ -317,6 +490,7 @@ mod tests {
                 work: Some(move |c: &Connection| put_item(c, &a2)),
                 result: None,
                 reply: ta,
+                durability: Durability::Durable,
             }),
             Box::new(Op {
                 work: Some(|c: &Connection| -> Result<(), DbError> {
@@ -325,9 +499,10 @@ mod tests {
                 }),
                 result: None,
                 reply: tf,
+                durability: Durability::Durable,
             }),
         ];
-        run_batch(&conn, &mut batch);
+        run_batch(&conn, &mut batch, || {});
         assert!(matches!(ra.await.unwrap(), Err(DbError::Unavailable(_))));
         assert!(matches!(rf.await.unwrap(), Err(DbError::Unavailable(_))));
         assert!(conn.is_autocommit());
@@ -392,7 +567,8 @@ mod tests {
                 lat.extend(h.await.unwrap());
             }
             let elapsed = start.elapsed();
-            let (batches, ops) = (BATCHES.load(Ordering::Relaxed), OPS.load(Ordering::Relaxed));
+            let stats = store.commit_stats();
+            let (batches, ops) = (stats.commits, stats.operations);
             let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE}-wal"))).map(|m| m.len()).unwrap_or(0);
             let db = std::fs::metadata(store.path()).map(|m| m.len()).unwrap_or(0);
             println!(
