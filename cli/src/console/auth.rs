@@ -114,14 +114,14 @@ pub(super) async fn login(
         .find(|(k, _)| k == "token")
         .map(|(_, v)| v.into_owned());
     let Some(expected) = &console.token else {
-        return Redirect::to(&format!("{BASE}/")).into_response();
+        return Redirect::to(BASE).into_response();
     };
     match token {
         Some(given) if same(&given, expected) => {
             let cookie = format!("{COOKIE}={given}; HttpOnly; SameSite=Strict; Path={BASE}");
             (
                 [(header::SET_COOKIE, cookie)],
-                Redirect::to(&format!("{BASE}/")),
+                Redirect::to(BASE),
             )
                 .into_response()
         }

@@ -33,7 +33,7 @@ pub(super) fn page(console: &Console, title: &str, body: Markup) -> Markup {
                 header {
                     strong { "einmal console" } " "
                     span.muted { "(" (console.stores.backend) ") " }
-                    a href={ (BASE) "/" } { "Overview" }
+                    a href=(BASE) { "Overview" }
                     a href={ (BASE) "/events" } { "Events" }
                     a href={ (BASE) "/dead-letters" } { "Dead letters" }
                     a href={ (BASE) "/audit" } { "Audit log" }
