@@ -165,7 +165,7 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     eprintln!(
-        "einmal: console on http://{local}{BASE}/ ({}{})",
+        "einmal: console on http://{local}{BASE} ({}{})",
         stores.backend,
         if token.is_some() {
             ", token required"
@@ -173,10 +173,10 @@ pub async fn serve(
             ""
         }
     );
-    let app = Router::new().nest(BASE, router(stores, token)).route(
-        "/",
-        get(|| async { axum::response::Redirect::to("/console/") }),
-    );
+    let app = Router::new()
+        .nest(BASE, router(stores, token))
+        .route("/", get(|| async { axum::response::Redirect::to(BASE) }))
+        .route("/console/", get(|| async { axum::response::Redirect::to(BASE) }));
     axum::serve(listener, app)
         .with_graceful_shutdown(crate::serve_http::shutdown_signal())
         .await
