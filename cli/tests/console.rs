@@ -255,7 +255,7 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
         "--event-id", "ev-console-1", "--url", &format!("http://{addr}"),
     ]);
     assert!(stdout(&sent).starts_with("200 "), "{}", stdout(&sent));
-    let key = "shopify#demo#ev-console-1";
+    let key = "shopify#demo#demo.myshopify.com:orders/create:ev-console-1";
     wait_until("the order to be dead-lettered", || {
         events_in("dead_letter", &data_dir).iter().any(|e| e["key"] == key)
     });
@@ -308,6 +308,12 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     client.find(Locator::Css("input[name=object]")).await.unwrap().send_keys("1001").await.unwrap();
     client.find(Locator::Css("input[name=type]")).await.unwrap().send_keys("orders/create").await.unwrap();
     client.find(Locator::Id("search-button")).await.unwrap().click().await.unwrap();
+    // The results page shows the search it ran in its form.
+    client
+        .wait()
+        .for_element(Locator::Css("input[name=object][value='1001']"))
+        .await
+        .unwrap();
     let found = client.find(Locator::Css("a.event")).await.unwrap();
     assert_eq!(found.text().await.unwrap(), key);
     assert!(client.current_url().await.unwrap().as_str().contains("object=1001"));
@@ -320,7 +326,14 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     form.find(Locator::Css("input[name=reason]")).await.unwrap().send_keys("stock records seeded").await.unwrap();
     form.find(Locator::Css("input[name=operator]")).await.unwrap().send_keys("ops-ana").await.unwrap();
     form.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
-    let summary = client.find(Locator::Id("replay-summary")).await.unwrap().text().await.unwrap();
+    let summary = client
+        .wait()
+        .for_element(Locator::Id("replay-summary"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(summary.contains("Replayed 1 of 1"), "{summary}");
     shoot("replayed.png").await;
 
@@ -345,8 +358,15 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
 
     // The event's page: completed, its timeline and its body.
     client.find(Locator::LinkText("Events")).await.unwrap().click().await.unwrap();
-    client.find(Locator::Css("a.event")).await.unwrap().click().await.unwrap();
-    let state = client.find(Locator::Id("event-state")).await.unwrap().text().await.unwrap();
+    client.wait().for_element(Locator::Css("a.event")).await.unwrap().click().await.unwrap();
+    let state = client
+        .wait()
+        .for_element(Locator::Id("event-state"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert_eq!(state, "completed");
     let body = client.find(Locator::Id("body")).await.unwrap().text().await.unwrap();
     assert!(body.contains("SKU-BLUE-L"), "{body}");
