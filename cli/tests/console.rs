@@ -113,13 +113,29 @@ fn a_non_loopback_console_needs_a_token_and_bad_input_is_a_4xx_with_the_reason()
         .unwrap();
     assert_eq!(open.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&open.stderr).contains("give a token"));
-    let short = einmal(&["console", "--addr", "0.0.0.0:0", "--token", "short", "--data-dir", data_dir]);
+    let short = einmal(&[
+        "console",
+        "--addr",
+        "0.0.0.0:0",
+        "--token",
+        "short",
+        "--data-dir",
+        data_dir,
+    ]);
     assert_eq!(short.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&short.stderr).contains("too short"));
 
     // With a token (here on loopback, so the test can reach it): every page asks for it.
     let addr = format!("127.0.0.1:{}", free_port());
-    let _console = spawn_einmal(&["console", "--addr", &addr, "--token", TOKEN, "--data-dir", data_dir]);
+    let _console = spawn_einmal(&[
+        "console",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "--data-dir",
+        data_dir,
+    ]);
     wait_for_port(&addr, "einmal console");
     let bearer = format!("Bearer {TOKEN}");
     let with_token = [("Authorization", bearer.as_str())];
@@ -127,18 +143,42 @@ fn a_non_loopback_console_needs_a_token_and_bad_input_is_a_4xx_with_the_reason()
     let none = http("GET", &addr, "/console/events", &[], "");
     assert_eq!(none.status, 401);
     assert_eq!(json(&none)["error"], "unauthorized");
-    let wrong = http("GET", &addr, "/console/events", &[("Authorization", "Bearer console-test-token-0123456788")], "");
+    let wrong = http(
+        "GET",
+        &addr,
+        "/console/events",
+        &[("Authorization", "Bearer console-test-token-0123456788")],
+        "",
+    );
     assert_eq!(wrong.status, 401);
     assert_eq!(json(&wrong)["message"], "wrong console token");
-    let html = http("GET", &addr, "/console/audit", &[("Accept", "text/html")], "");
+    let html = http(
+        "GET",
+        &addr,
+        "/console/audit",
+        &[("Accept", "text/html")],
+        "",
+    );
     assert_eq!(html.status, 401);
-    assert!(html.body.contains("name=\"token\""), "a browser gets the login form");
-    assert_eq!(http("GET", &addr, "/console/events", &with_token, "").status, 200);
+    assert!(
+        html.body.contains("name=\"token\""),
+        "a browser gets the login form"
+    );
+    assert_eq!(
+        http("GET", &addr, "/console/events", &with_token, "").status,
+        200
+    );
 
     // The login form sets the cookie; the cookie then opens the pages.
     let bad_login = http("POST", &addr, "/console/login", &[], "token=nope");
     assert_eq!(bad_login.status, 401);
-    let login = http("POST", &addr, "/console/login", &[], &format!("token={TOKEN}"));
+    let login = http(
+        "POST",
+        &addr,
+        "/console/login",
+        &[],
+        &format!("token={TOKEN}"),
+    );
     assert_eq!(login.status, 303, "{}", login.head);
     let cookie_line = login
         .head
@@ -147,7 +187,10 @@ fn a_non_loopback_console_needs_a_token_and_bad_input_is_a_4xx_with_the_reason()
         .expect("a cookie is set");
     assert!(cookie_line.contains("HttpOnly") && cookie_line.contains("SameSite=Strict"));
     let cookie = format!("einmal_console={TOKEN}");
-    assert_eq!(http("GET", &addr, "/console", &[("Cookie", &cookie)], "").status, 200);
+    assert_eq!(
+        http("GET", &addr, "/console", &[("Cookie", &cookie)], "").status,
+        200
+    );
 
     // Bad input: a 4xx naming the problem, as JSON for a non-browser client.
     for (path, status, needle) in [
@@ -168,7 +211,13 @@ fn a_non_loopback_console_needs_a_token_and_bad_input_is_a_4xx_with_the_reason()
     }
     // A POST without the page's CSRF token is refused; with it, reason and operator
     // are still required.
-    let forged = http("POST", &addr, "/console/replay", &with_token, "id=a%23b%23c&reason=r&operator=o&csrf=x");
+    let forged = http(
+        "POST",
+        &addr,
+        "/console/replay",
+        &with_token,
+        "id=a%23b%23c&reason=r&operator=o&csrf=x",
+    );
     assert_eq!(forged.status, 403);
     let page = http("GET", &addr, "/console/dead-letters", &with_token, "");
     let csrf = page
@@ -181,12 +230,23 @@ fn a_non_loopback_console_needs_a_token_and_bad_input_is_a_4xx_with_the_reason()
     for (form, needle) in [
         (format!("id=a%23b%23c&operator=o&csrf={csrf}"), "reason"),
         (format!("id=a%23b%23c&reason=r&csrf={csrf}"), "operator"),
-        (format!("reason=r&operator=o&csrf={csrf}&action=later"), "action"),
+        (
+            format!("reason=r&operator=o&csrf={csrf}&action=later"),
+            "action",
+        ),
     ] {
-        let path = if form.contains("action") { "/console/replay-bulk" } else { "/console/replay" };
+        let path = if form.contains("action") {
+            "/console/replay-bulk"
+        } else {
+            "/console/replay"
+        };
         let r = http("POST", &addr, path, &with_token, &form);
         assert_eq!(r.status, 400, "{form}: {}", r.body);
-        assert!(json(&r)["message"].as_str().unwrap().contains(needle), "{}", r.body);
+        assert!(
+            json(&r)["message"].as_str().unwrap().contains(needle),
+            "{}",
+            r.body
+        );
     }
     // Nothing was replayed or audited by any of it.
     let audit = einmal(&["audit", "list", "--json", "--data-dir", data_dir]);
@@ -210,8 +270,20 @@ fn stdout(o: &Output) -> String {
 }
 
 fn events_in(state: &str, data_dir: &str) -> Vec<serde_json::Value> {
-    let out = einmal(&["events", "list", "--state", state, "--json", "--data-dir", data_dir]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = einmal(&[
+        "events",
+        "list",
+        "--state",
+        state,
+        "--json",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_str(&stdout(&out)).unwrap()
 }
 
@@ -224,7 +296,16 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn on_hand(data_dir: &str, sku: &str) -> i64 {
-    let out = einmal(&["inventory", "show", "--tenant", "demo", sku, "--json", "--data-dir", data_dir]);
+    let out = einmal(&[
+        "inventory",
+        "show",
+        "--tenant",
+        "demo",
+        sku,
+        "--json",
+        "--data-dir",
+        data_dir,
+    ]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     v["on_hand"].as_i64().unwrap()
 }
@@ -238,7 +319,9 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
             std::env::var("EINMAL_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
             "EINMAL_REQUIRE_CHROMIUM=1 but /usr/bin/chromium or /usr/bin/chromedriver is missing"
         );
-        eprintln!("skipped: install chromium and chromium-driver to run the console's browser test");
+        eprintln!(
+            "skipped: install chromium and chromium-driver to run the console's browser test"
+        );
         return;
     };
 
@@ -250,19 +333,45 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     let _serve = spawn_einmal(&["serve", "--addr", &addr, "--data-dir", &data_dir]);
     wait_for_port(&addr, "einmal serve");
     let sent = einmal(&[
-        "send", "--provider", "shopify", "--tenant", "demo", "--topic", "orders/create",
-        "--event", "events/samples/domain/shopify-orders-create.json",
-        "--event-id", "ev-console-1", "--url", &format!("http://{addr}"),
+        "send",
+        "--provider",
+        "shopify",
+        "--tenant",
+        "demo",
+        "--topic",
+        "orders/create",
+        "--event",
+        "events/samples/domain/shopify-orders-create.json",
+        "--event-id",
+        "ev-console-1",
+        "--url",
+        &format!("http://{addr}"),
     ]);
     assert!(stdout(&sent).starts_with("200 "), "{}", stdout(&sent));
     let key = "shopify#demo#demo.myshopify.com:orders/create:ev-console-1";
     wait_until("the order to be dead-lettered", || {
-        events_in("dead_letter", &data_dir).iter().any(|e| e["key"] == key)
+        events_in("dead_letter", &data_dir)
+            .iter()
+            .any(|e| e["key"] == key)
     });
     // The stock arrives; the operator replays from the console.
     for (sku, qty) in [("SKU-RED-M", "10"), ("SKU-BLUE-L", "5")] {
-        let out = einmal(&["inventory", "set", "--tenant", "demo", sku, "--on-hand", qty, "--data-dir", &data_dir]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = einmal(&[
+            "inventory",
+            "set",
+            "--tenant",
+            "demo",
+            sku,
+            "--on-hand",
+            qty,
+            "--data-dir",
+            &data_dir,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     let driver_port = free_port();
@@ -305,9 +414,27 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     assert!(client.source().await.unwrap().contains("Events by state"));
     shoot("overview.png").await;
     client.goto(&format!("{base}/events")).await.unwrap();
-    client.find(Locator::Css("input[name=object]")).await.unwrap().send_keys("1001").await.unwrap();
-    client.find(Locator::Css("input[name=type]")).await.unwrap().send_keys("orders/create").await.unwrap();
-    client.find(Locator::Id("search-button")).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::Css("input[name=object]"))
+        .await
+        .unwrap()
+        .send_keys("1001")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("input[name=type]"))
+        .await
+        .unwrap()
+        .send_keys("orders/create")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Id("search-button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     // The results page shows the search it ran in its form.
     client
         .wait()
@@ -316,16 +443,36 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
         .unwrap();
     let found = client.find(Locator::Css("a.event")).await.unwrap();
     assert_eq!(found.text().await.unwrap(), key);
-    assert!(client.current_url().await.unwrap().as_str().contains("object=1001"));
+    assert!(client
+        .current_url()
+        .await
+        .unwrap()
+        .as_str()
+        .contains("object=1001"));
     shoot("events-search.png").await;
 
     // The dead letters page: replay it with a reason and the operator's name.
     client.goto(&format!("{base}/dead-letters")).await.unwrap();
     shoot("dead-letters.png").await;
     let form = client.find(Locator::Css("form.replay")).await.unwrap();
-    form.find(Locator::Css("input[name=reason]")).await.unwrap().send_keys("stock records seeded").await.unwrap();
-    form.find(Locator::Css("input[name=operator]")).await.unwrap().send_keys("ops-ana").await.unwrap();
-    form.find(Locator::Css("button[type=submit]")).await.unwrap().click().await.unwrap();
+    form.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys("stock records seeded")
+        .await
+        .unwrap();
+    form.find(Locator::Css("input[name=operator]"))
+        .await
+        .unwrap()
+        .send_keys("ops-ana")
+        .await
+        .unwrap();
+    form.find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let summary = client
         .wait()
         .for_element(Locator::Id("replay-summary"))
@@ -340,25 +487,68 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     // The effect is applied, once: the order exists, the stock went down by the
     // order's quantities exactly once.
     wait_until("the replayed order to complete", || {
-        events_in("completed", &data_dir).iter().any(|e| e["key"] == key)
+        events_in("completed", &data_dir)
+            .iter()
+            .any(|e| e["key"] == key)
     });
     assert_eq!(on_hand(&data_dir, "SKU-BLUE-L"), 3, "2 of 5 reserved, once");
     assert_eq!(on_hand(&data_dir, "SKU-RED-M"), 9, "1 of 10 reserved, once");
-    let order = einmal(&["orders", "show", "--tenant", "demo", "1001", "--json", "--data-dir", &data_dir]);
-    assert!(order.status.success(), "{}", String::from_utf8_lossy(&order.stderr));
+    let order = einmal(&[
+        "orders",
+        "show",
+        "--tenant",
+        "demo",
+        "1001",
+        "--json",
+        "--data-dir",
+        &data_dir,
+    ]);
+    assert!(
+        order.status.success(),
+        "{}",
+        String::from_utf8_lossy(&order.stderr)
+    );
     assert!(events_in("dead_letter", &data_dir).is_empty());
 
     // The audit log page shows the replay with its reason and operator.
     client.goto(&format!("{base}/audit")).await.unwrap();
-    let reason = client.find(Locator::Css("table.audit td.reason")).await.unwrap().text().await.unwrap();
-    let actor = client.find(Locator::Css("table.audit td.actor")).await.unwrap().text().await.unwrap();
-    assert_eq!((reason.as_str(), actor.as_str()), ("stock records seeded", "ops-ana"));
+    let reason = client
+        .find(Locator::Css("table.audit td.reason"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let actor = client
+        .find(Locator::Css("table.audit td.actor"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        (reason.as_str(), actor.as_str()),
+        ("stock records seeded", "ops-ana")
+    );
     assert!(client.source().await.unwrap().contains(key));
     shoot("audit.png").await;
 
     // The event's page: completed, its timeline and its body.
-    client.find(Locator::LinkText("Events")).await.unwrap().click().await.unwrap();
-    client.wait().for_element(Locator::Css("a.event")).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::LinkText("Events"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("a.event"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let state = client
         .wait()
         .for_element(Locator::Id("event-state"))
@@ -368,7 +558,13 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
         .await
         .unwrap();
     assert_eq!(state, "completed");
-    let body = client.find(Locator::Id("body")).await.unwrap().text().await.unwrap();
+    let body = client
+        .find(Locator::Id("body"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(body.contains("SKU-BLUE-L"), "{body}");
     shoot("event.png").await;
 

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use einmal::pipeline::ingest::Ingestor;
-use einmal::ports::{
-    Inbox, InboxFilter, InboxPage, InboxQuery, InboxState, Queue, SearchError,
-};
+use einmal::ports::{Inbox, InboxFilter, InboxPage, InboxQuery, InboxState, Queue, SearchError};
 use einmal::time::now_millis;
 use einmal_tests::fixtures::{config, signed};
 
@@ -75,7 +73,10 @@ async fn all_pages(inbox: &dyn Inbox, mut q: InboxQuery) -> (Vec<String>, usize)
     loop {
         let InboxPage { items, next_cursor } = inbox.search(&q).await.expect("search");
         pages += 1;
-        assert!(items.len() <= q.filter.limit.max(1), "a page holds at most its limit");
+        assert!(
+            items.len() <= q.filter.limit.max(1),
+            "a page holds at most its limit"
+        );
         keys.extend(items.into_iter().map(|i| i.key.as_str().to_owned()));
         match next_cursor {
             Some(c) => q.cursor = Some(c),
@@ -92,7 +93,11 @@ async fn keys_of(inbox: &dyn Inbox, q: InboxQuery) -> HashSet<String> {
     set
 }
 
-fn expected(tenant: &str, range: impl Iterator<Item = usize>, keep: impl Fn(usize) -> bool) -> HashSet<String> {
+fn expected(
+    tenant: &str,
+    range: impl Iterator<Item = usize>,
+    keep: impl Fn(usize) -> bool,
+) -> HashSet<String> {
     range
         .filter(|i| keep(*i))
         .map(|i| format!("stripe#{tenant}#evt_{tenant}_{i}"))
@@ -126,40 +131,58 @@ async fn filters_and_the_cursor_find_exactly_the_matching_events(b: Backend) {
         expected("t1", 0..12, |_| true)
     );
     assert_eq!(keys.len(), 12);
-    assert!(pages >= 3, "12 events at 5 a page take at least 3 pages, took {pages}");
+    assert!(
+        pages >= 3,
+        "12 events at 5 a page take at least 3 pages, took {pages}"
+    );
 
-    let by_type = keys_of(inbox, query(|q| {
-        t1(q);
-        q.event_type = Some("charge.refunded".into());
-    }))
+    let by_type = keys_of(
+        inbox,
+        query(|q| {
+            t1(q);
+            q.event_type = Some("charge.refunded".into());
+        }),
+    )
     .await;
     assert_eq!(by_type, expected("t1", 0..12, |i| i % 2 == 1));
 
-    let by_object = keys_of(inbox, query(|q| {
-        t1(q);
-        q.object_id = Some("pi_1".into());
-    }))
+    let by_object = keys_of(
+        inbox,
+        query(|q| {
+            t1(q);
+            q.object_id = Some("pi_1".into());
+        }),
+    )
     .await;
     assert_eq!(by_object, expected("t1", 0..12, |i| i % 3 == 1));
 
-    let type_and_object = keys_of(inbox, query(|q| {
-        t1(q);
-        q.event_type = Some("payment_intent.succeeded".into());
-        q.object_id = Some("pi_0".into());
-    }))
+    let type_and_object = keys_of(
+        inbox,
+        query(|q| {
+            t1(q);
+            q.event_type = Some("payment_intent.succeeded".into());
+            q.object_id = Some("pi_0".into());
+        }),
+    )
     .await;
     assert_eq!(type_and_object, expected("t1", 0..12, |i| i % 6 == 0));
 
-    let second_wave = keys_of(inbox, query(|q| {
-        t1(q);
-        q.since_ms = Some(start_of_second);
-    }))
+    let second_wave = keys_of(
+        inbox,
+        query(|q| {
+            t1(q);
+            q.since_ms = Some(start_of_second);
+        }),
+    )
     .await;
     assert_eq!(second_wave, expected("t1", 6..12, |_| true));
-    let first_wave = keys_of(inbox, query(|q| {
-        t1(q);
-        q.until_ms = Some(end_of_first + 1);
-    }))
+    let first_wave = keys_of(
+        inbox,
+        query(|q| {
+            t1(q);
+            q.until_ms = Some(end_of_first + 1);
+        }),
+    )
     .await;
     assert_eq!(first_wave, expected("t1", 0..6, |_| true));
 
@@ -167,7 +190,11 @@ async fn filters_and_the_cursor_find_exactly_the_matching_events(b: Backend) {
     assert_eq!(other_tenant, expected("t2", 0..3, |_| true));
     let nobody = keys_of(inbox, query(|q| q.object_id = Some("pi_none".into()))).await;
     assert!(nobody.is_empty());
-    let none_dead = keys_of(inbox, query(|q| q.filter.state = Some(InboxState::DeadLetter))).await;
+    let none_dead = keys_of(
+        inbox,
+        query(|q| q.filter.state = Some(InboxState::DeadLetter)),
+    )
+    .await;
     assert!(none_dead.is_empty());
 
     // A cursor the store did not hand out is the caller's error, not a store failure.
@@ -196,7 +223,11 @@ async fn counts_by_state_cover_every_state_and_the_scope(b: Backend) {
     };
     let all = counts(None, None).await;
     assert!(!all.truncated);
-    assert_eq!(all.counts.len(), InboxState::ALL.len(), "every state, zeros included");
+    assert_eq!(
+        all.counts.len(),
+        InboxState::ALL.len(),
+        "every state, zeros included"
+    );
     let total = |c: &einmal::ports::StateCounts| c.counts.iter().map(|(_, n)| n).sum::<u64>();
     assert_eq!(total(&all), 5);
     // Freshly received events are received or queued, nothing else yet.

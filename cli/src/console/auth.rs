@@ -119,11 +119,7 @@ pub(super) async fn login(
     match token {
         Some(given) if same(&given, expected) => {
             let cookie = format!("{COOKIE}={given}; HttpOnly; SameSite=Strict; Path={BASE}");
-            (
-                [(header::SET_COOKIE, cookie)],
-                Redirect::to(BASE),
-            )
-                .into_response()
+            ([(header::SET_COOKIE, cookie)], Redirect::to(BASE)).into_response()
         }
         _ => {
             let status = StatusCode::UNAUTHORIZED;

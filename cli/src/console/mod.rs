@@ -176,7 +176,10 @@ pub async fn serve(
     let app = Router::new()
         .nest(BASE, router(stores, token))
         .route("/", get(|| async { axum::response::Redirect::to(BASE) }))
-        .route("/console/", get(|| async { axum::response::Redirect::to(BASE) }));
+        .route(
+            "/console/",
+            get(|| async { axum::response::Redirect::to(BASE) }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(crate::serve_http::shutdown_signal())
         .await

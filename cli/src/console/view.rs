@@ -278,7 +278,7 @@ mod tests {
         assert!(Params::parse("state=a&state=b", &["state"]).is_err());
         let p = Params::parse("state=&since=2026-12-01T09%3A30", &["state", "since"]).unwrap();
         assert_eq!(p.get("state"), None);
-        assert_eq!(p.time_ms("since").unwrap(), Some(1_764_581_400_000));
+        assert_eq!(p.time_ms("since").unwrap(), Some(1_796_117_400_000));
         assert!(Params::parse("since=yesterday", &["since"])
             .unwrap()
             .time_ms("since")
