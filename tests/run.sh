@@ -38,6 +38,16 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && [ -z "${EINMAL_
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends postgresql
 fi
 export EINMAL_REQUIRE_POSTGRES=1
+# The console's browser test drives Debian's chromium through chromedriver (WebDriver);
+# in this script it must not skip.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  echo "== installing chromium chromium-driver (apt-get)"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends chromium chromium-driver
+fi
+export EINMAL_REQUIRE_CHROMIUM=1
 # The HTTP destination's signatures are checked with Python's `standardwebhooks` too (the
 # library a user's app verifies with), in the venv's Python.
 if ! .venv/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then

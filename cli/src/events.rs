@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use einmal::envelope::InboxKey;
-use einmal::ports::{InboxFilter, InboxItem, InboxState};
+use einmal::ports::{InboxFilter, InboxItem, InboxQuery, InboxState};
 
 use crate::store::{ListArgs, ScopeArgs, StoreArgs};
 use einmal_cli::error::CliError;
@@ -27,16 +27,38 @@ pub enum EventsCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Inbox items, newest first.
+    /// Inbox items, a page at a time (newest first on the embedded store); the
+    /// next page's cursor is printed on stderr.
     List {
         /// received, queued, processing, completed, ignored, retryable, waiting, dead_letter
         #[arg(long, value_parser = parse_state)]
         state: Option<InboxState>,
+        /// Event type (Stripe `type`, Shopify topic, …).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        /// The object the event is about (payment, order id).
+        #[arg(long = "object")]
+        object_id: Option<String>,
+        /// Received at or after (RFC 3339).
+        #[arg(long, value_parser = parse_time)]
+        since: Option<i64>,
+        /// Received before (RFC 3339).
+        #[arg(long, value_parser = parse_time)]
+        until: Option<i64>,
+        /// Continue where the previous page stopped (the cursor it printed).
+        #[arg(long)]
+        cursor: Option<String>,
         #[command(flatten)]
         scope: ScopeArgs,
         #[command(flatten)]
         list: ListArgs,
     },
+}
+
+pub(crate) fn parse_time(s: &str) -> Result<i64, String> {
+    einmal::time::parse_rfc3339(s)
+        .map(|secs| secs.saturating_mul(1000))
+        .ok_or_else(|| format!("not an RFC 3339 time: {s:?}"))
 }
 
 fn parse_state(s: &str) -> Result<InboxState, String> {
@@ -81,17 +103,34 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
         }
         EventsCommand::List {
             state,
+            event_type,
+            object_id,
+            since,
+            until,
+            cursor,
             scope: ScopeArgs { provider, tenant },
             list: ListArgs { limit, json, store },
         } => {
             let inbox = store.open().await?;
-            let filter = InboxFilter {
-                state,
-                provider,
-                tenant,
-                limit,
+            let query = InboxQuery {
+                filter: InboxFilter {
+                    state,
+                    provider,
+                    tenant,
+                    limit,
+                },
+                event_type,
+                object_id,
+                since_ms: since,
+                until_ms: until,
+                cursor,
             };
-            let items = inbox.list(&filter).await.map_err(|e| e.to_string())?;
+            let page = inbox.search(&query).await.map_err(|e| e.to_string())?;
+            let items = page.items;
+            // On stderr, so stdout (text or JSON) stays the items alone.
+            if let Some(next) = &page.next_cursor {
+                eprintln!("einmal: more events: --cursor {next}");
+            }
             if json {
                 let values: Vec<_> = items.iter().map(item_json).collect();
                 println!(

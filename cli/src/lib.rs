@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod metrics;
+pub mod console;
 pub mod relay;
 pub mod serve;
 pub mod serve_http;

@@ -86,6 +86,41 @@ enum Command {
     Completions(completions::CompletionsArgs),
     /// Print the man page (roff), e.g. `einmal man | man -l -`.
     Man(completions::ManArgs),
+    /// The web console (events, dead letters and replays, audit log, reconciliation)
+    /// on the chosen store; `einmal serve` also serves it at /console.
+    Console(ConsoleArgs),
+}
+
+#[derive(clap::Args)]
+struct ConsoleArgs {
+    /// Where to listen; an address that is not loopback needs --token.
+    #[arg(long, default_value = "127.0.0.1:8790")]
+    addr: std::net::SocketAddr,
+    /// The console's token (at least 16 characters): asked for by every page.
+    #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(flatten)]
+    store: store::StoreArgs,
+}
+
+/// `einmal console`: the token rule first, then the stores, then serve.
+async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
+    use einmal_cli::console;
+    console::check_access(&args.addr, args.token.as_deref()).map_err(|e| e.to_string())?;
+    let ops = args.store.open_ops().await?;
+    let backend = match args.store.backend {
+        store::Backend::Embedded => format!("embedded, {}", args.store.data_dir.display()),
+        store::Backend::Aws => "aws".to_owned(),
+    };
+    let stores = console::ConsoleStores {
+        inbox: args.store.open().await?,
+        replayer: ops.replayer,
+        audit: ops.audit,
+        intake: None,
+        backend,
+    };
+    console::serve(stores, args.addr, args.token).await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[tokio::main]
@@ -115,6 +150,7 @@ async fn main() -> ExitCode {
         Command::Setup(args) => setup::run(args, json).await,
         Command::Completions(args) => completions::completions(args, Cli::command()),
         Command::Man(args) => completions::man(args, Cli::command()),
+        Command::Console(args) => run_console(args).await,
     };
     match result {
         Ok(code) => code,

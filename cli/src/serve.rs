@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// Tenant configuration (TOML).
     #[arg(long, default_value_os_t = crate::default_config_path())]
     pub config: PathBuf,
+    /// The token of the console at /console; required to serve it on an address that
+    /// is not loopback (without one the console is off there).
+    #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
+    pub console_token: Option<String>,
     #[command(flatten)]
     pub limits: ClientLimits,
 }
@@ -123,6 +127,12 @@ pub async fn run_with(
     let sweeper = Sweeper::from_store(store.clone());
     let store_for_metrics = store.clone();
     let commit_stats = store.clone();
+    let console = crate::console::for_serve(
+        store.clone(),
+        &args.data_dir,
+        &args.addr,
+        args.console_token.clone(),
+    )?;
     let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -203,8 +213,13 @@ pub async fn run_with(
             })
             .await;
     });
+    let intake = ingestor.metrics().clone();
     let app =
         router(ingestor, args.limits.body_timeout()).merge(crate::metrics::routes(serve_metrics));
+    let app = match console {
+        Some(console) => app.nest(crate::console::BASE, console.with_intake(intake).router()),
+        None => app,
+    };
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
     let _ = stop_tx.send(true);

@@ -193,6 +193,51 @@ pub struct InboxFilter {
     pub limit: usize,
 }
 
+/// An event search ([`Inbox::search`]): the [`InboxFilter`] scope plus type, object,
+/// time range and a cursor. `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct InboxQuery {
+    /// State, provider, tenant and the page size (`limit` 0 = the store's default).
+    pub filter: InboxFilter,
+    pub event_type: Option<String>,
+    pub object_id: Option<String>,
+    /// Received at or after (Unix ms).
+    pub since_ms: Option<i64>,
+    /// Received before (Unix ms).
+    pub until_ms: Option<i64>,
+    /// Where the previous page stopped ([`InboxPage::next_cursor`]); `None` = the start.
+    pub cursor: Option<String>,
+}
+
+/// One page of a search. The order is the store's own and stable across pages:
+/// newest first on the embedded store, the table's key order on DynamoDB.
+#[derive(Debug, Clone, Default)]
+pub struct InboxPage {
+    pub items: Vec<InboxItem>,
+    /// Opaque; `Some` while more items may follow (a page may be short, even empty,
+    /// when a store bounds the work one page may do).
+    pub next_cursor: Option<String>,
+}
+
+/// How many items of a scope are in each state ([`Inbox::count_states`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// Every state of [`InboxState::ALL`], zeros included.
+    pub counts: Vec<(InboxState, u64)>,
+    /// The store stopped at its bound before the end: the counts are lower bounds.
+    pub truncated: bool,
+}
+
+/// Why a search failed: the caller's cursor (a client error), or the store.
+#[derive(Debug, Error)]
+pub enum SearchError {
+    /// A cursor this store did not hand out: from another store, cut, or made up.
+    #[error("invalid cursor: {0}")]
+    InvalidCursor(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// The store could not be reached or refused the call (throttling, I/O, timeouts):
@@ -229,6 +274,12 @@ pub trait Inbox: Send + Sync {
     async fn get(&self, key: &InboxKey) -> Result<Option<InboxItem>, StoreError>;
     /// Operator listing, newest first.
     async fn list(&self, filter: &InboxFilter) -> Result<Vec<InboxItem>, StoreError>;
+    /// Operator search: one page of the items `query` matches (see [`InboxPage`]).
+    /// A cursor this store did not hand out is [`SearchError::InvalidCursor`].
+    async fn search(&self, query: &InboxQuery) -> Result<InboxPage, SearchError>;
+    /// Items per state within `filter`'s provider and tenant (its state and limit
+    /// are ignored).
+    async fn count_states(&self, filter: &InboxFilter) -> Result<StateCounts, StoreError>;
     /// Record that the receiver's queue send failed, so the next duplicate re-enqueues
     /// at once. Only applies while the item is still `received`.
     async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError>;

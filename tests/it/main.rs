@@ -27,6 +27,7 @@ mod processing;
 mod reconcile;
 mod reconcile_thin;
 mod replay;
+mod search;
 mod signed_facts;
 mod state_migration;
 mod state_store;

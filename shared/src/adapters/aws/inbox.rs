@@ -34,6 +34,7 @@ use crate::ports::{
     ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
     PutOutcome, StoreError, WaitChange,
 };
+use crate::ports::{InboxPage, InboxQuery, SearchError, StateCounts};
 
 impl AwsStore {
     /// The existing item of a failed conditional put; our own insert when it carries
@@ -311,6 +312,15 @@ impl Inbox for AwsStore {
         }
         newest_first(&mut found, limit);
         Ok(found)
+    }
+
+    /// A bounded Scan (see `search.rs` for the bound and why no index).
+    async fn search(&self, query: &InboxQuery) -> Result<InboxPage, SearchError> {
+        self.search_scan(query).await
+    }
+
+    async fn count_states(&self, filter: &InboxFilter) -> Result<StateCounts, StoreError> {
+        self.count_states_scan(filter).await
     }
 
     async fn mark_enqueue_failed(&self, key: &InboxKey) -> Result<(), StoreError> {

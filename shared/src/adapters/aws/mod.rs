@@ -34,6 +34,7 @@ mod queue;
 mod relay;
 mod relay_setup;
 mod replay;
+mod search;
 mod setup;
 pub mod sinks;
 mod state;

@@ -10,6 +10,7 @@ use crate::ports::{
     ClaimOutcome, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState, PutOutcome,
     Source, StoreError, WaitChange, Waiting,
 };
+use crate::ports::{InboxPage, InboxQuery, SearchError, StateCounts};
 
 /// `list` limit when the filter says 0.
 const DEFAULT_LIST_LIMIT: usize = 100;
@@ -187,6 +188,26 @@ impl Inbox for EmbeddedStore {
     async fn list(&self, filter: &InboxFilter) -> Result<Vec<InboxItem>, StoreError> {
         let filter = filter.clone();
         Ok(self.read(move |conn| list_items(conn, &filter)).await?)
+    }
+
+    async fn search(&self, query: &InboxQuery) -> Result<InboxPage, SearchError> {
+        let after = query
+            .cursor
+            .as_deref()
+            .map(super::search::decode_cursor)
+            .transpose()?;
+        let query = query.clone();
+        Ok(self
+            .read(move |conn| super::search::search(conn, &query, after))
+            .await
+            .map_err(StoreError::from)?)
+    }
+
+    async fn count_states(&self, filter: &InboxFilter) -> Result<StateCounts, StoreError> {
+        let filter = filter.clone();
+        Ok(self
+            .read(move |conn| super::search::count_states(conn, &filter))
+            .await?)
     }
 
     /// Sets the flag only while the item is `received`; `updated_at_ms` is left alone

@@ -18,6 +18,7 @@ mod queue;
 mod relay;
 mod replay;
 mod schema;
+mod search;
 mod state;
 mod sweep;
 mod waiting;
