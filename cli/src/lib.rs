@@ -3,9 +3,9 @@
 //! The other commands (`send`, `events`, `replay`, …) need no domain: the stock
 //! `einmal` binary works on the same data directory.
 
+pub mod console;
 pub mod error;
 pub mod metrics;
-pub mod console;
 pub mod relay;
 pub mod serve;
 pub mod serve_http;
