@@ -217,14 +217,29 @@ impl Rig {
         }
     }
 
+    /// Every stored item with its body (a listing on AWS leaves the body in its own
+    /// item; `get` reads it).
     async fn items(&self) -> Vec<InboxItem> {
-        self.store
+        let listed = self
+            .store
             .list(&InboxFilter {
                 limit: 10_000,
                 ..Default::default()
             })
             .await
-            .unwrap()
+            .unwrap();
+        let mut items = Vec::with_capacity(listed.len());
+        for item in listed {
+            let key = item.envelope.key();
+            items.push(
+                self.store
+                    .get(&key)
+                    .await
+                    .unwrap()
+                    .expect("listed, so stored"),
+            );
+        }
+        items
     }
 
     /// Run the relay's retry pass until `done` holds for the stored items.

@@ -193,13 +193,15 @@ pub async fn crash_between_commit_and_finish(
             h.outcome
         );
     }
+    // On AWS nothing claims (the message carries the item): a crashed run leaves it
+    // `received`; the embedded store claimed it.
+    let crashed_state = if b.name == "aws" {
+        InboxState::Received
+    } else {
+        InboxState::Processing
+    };
     for e in &events {
-        assert_eq!(
-            b.item(e).await.state,
-            InboxState::Processing,
-            "{}",
-            e.event_id
-        );
+        assert_eq!(b.item(e).await.state, crashed_state, "{}", e.event_id);
     }
     drain(&b, &b.processor(LEASE_MS)).await;
     data_of(&subject.check(&b).await)
