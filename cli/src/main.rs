@@ -116,7 +116,7 @@ async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
         inbox: args.store.open().await?,
         replayer: ops.replayer,
         audit: ops.audit,
-        intake: None,
+        figures: None,
         backend,
     };
     console::serve(stores, args.addr, args.token).await?;

@@ -73,7 +73,7 @@ async fn overview_page(console: &Console, query: &str) -> Page {
         .iter()
         .map(|(s, n)| (s.as_str().to_owned(), *n))
         .collect();
-    let intake = console.stores.intake.as_ref().map(|m| m.snapshot());
+    let figures = console.stores.figures.as_ref().map(|m| m.since_start());
     let body = html! {
         p.muted { "As of " (at(now)) @if counts.truncated { " (counts are lower bounds: the store's read bound was reached)" } }
         table {
@@ -83,8 +83,19 @@ async fn overview_page(console: &Console, query: &str) -> Page {
             tr { th { "Drain rate" } td { (drain) } }
         }
         (bars("Events by state", &state_rows))
-        @match intake {
-            Some(c) => {
+        @match figures {
+            Some((c, processed)) => {
+                table {
+                    tr {
+                        th { "PaymentWithinSlo since start" }
+                        td {
+                            @if processed.payments == 0 { "- (no payment event processed yet)" }
+                            @else { (slo_share(processed.within_slo, processed.payments)) " (" (processed.within_slo) " of " (processed.payments) " payment events within the SLI threshold)" }
+                        }
+                    }
+                    tr { th { "Completed since start" } td { (processed.completed) } }
+                    tr { th { "Dead-lettered since start" } td { (processed.dead_letters) } }
+                }
                 (bars("Intake since start", &[
                     ("accepted".into(), c.accepted),
                     ("duplicates".into(), c.duplicates),
@@ -100,6 +111,11 @@ async fn overview_page(console: &Console, query: &str) -> Page {
         }
     };
     Ok(("Overview".into(), body))
+}
+
+/// `within` of `total` as a percentage with one decimal.
+fn slo_share(within: u64, total: u64) -> String {
+    format!("{:.1}%", within as f64 * 100.0 / total as f64)
 }
 
 /// Events that reached a terminal state per second, between the oldest kept sample
