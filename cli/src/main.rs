@@ -106,7 +106,9 @@ struct ConsoleArgs {
 /// `einmal console`: the token rule first, then the stores, then serve.
 async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
     use einmal_cli::console;
-    console::check_access(&args.addr, args.token.as_deref()).map_err(|e| e.to_string())?;
+    // A missing or short token is a usage error (exit 2), before anything is opened.
+    console::check_access(&args.addr, args.token.as_deref())
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let ops = args.store.open_ops().await?;
     let backend = match args.store.backend {
         store::Backend::Embedded => format!("embedded, {}", args.store.data_dir.display()),
