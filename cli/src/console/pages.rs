@@ -637,6 +637,7 @@ async fn reconcile_page(console: &Console, raw: &str) -> Page {
                     }
                 }
             }
+            (differences_table(r))
             @if !r.events.is_empty() {
                 p { "Ingested: " @for e in r.events.iter().take(EVENTS_SHOWN) { code { (e) } " " } }
             }
@@ -644,6 +645,30 @@ async fn reconcile_page(console: &Console, raw: &str) -> Page {
         @if runs.is_empty() { p.muted { "No reconciliation run recorded." } }
     };
     Ok(("Reconciliation".into(), body))
+}
+
+/// The differences the run's audit record lists (at most
+/// [`einmal::reconcile::MAX_AUDITED_DIFFERENCES`]; records of older runs have none).
+fn differences_table(r: &AuditRecord) -> Markup {
+    let total = r.result["differences"].as_u64().unwrap_or(0);
+    let listed = r.result["difference_list"].as_array();
+    html! {
+        @if let Some(list) = listed.filter(|l| !l.is_empty()) {
+            h3 { "Differences" @if (list.len() as u64) < total { " (the first " (list.len()) " of " (total) ")" } }
+            table {
+                tr { th { "Kind" } th { "Provider" } th { "Tenant" } th { "Object" } th { "Order" } th { "Provider says" } th { "Our order" } }
+                @for d in list {
+                    tr {
+                        @for k in ["kind", "provider", "tenant", "object_id", "order_id", "provider_status", "our_status"] {
+                            td { (cell(&d[k])) }
+                        }
+                    }
+                }
+            }
+        } @else if total > 0 {
+            p.muted { (total) " differences (this run's record keeps the count only)" }
+        }
+    }
 }
 
 fn cell(v: &serde_json::Value) -> String {
