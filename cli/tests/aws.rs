@@ -802,6 +802,28 @@ async fn reconcile_with_backend_aws_ingests_the_missed_event_once() {
     assert_eq!(records[1]["actor"], json!("ops-dan"));
     assert_eq!(records[1]["events"], json!([missed.inbox_key().as_str()]));
     assert_eq!(records[0]["result"]["ingested"], json!(0));
+    // The differences themselves, in the DynamoDB audit table and on the console.
+    assert_eq!(
+        records[1]["result"]["difference_list"],
+        json!([{"kind": "event pending", "provider": "stripe", "tenant": TENANT,
+                "object_id": r["differences"][0]["object_id"], "order_id": "6001",
+                "provider_status": "succeeded", "our_status": "pending processing"}])
+    );
+    assert_eq!(records[0]["result"]["difference_list"], json!([]));
+    let (_console, addr) = aws.console().await;
+    let (status, page) =
+        tokio::task::spawn_blocking(move || http("GET", &addr, "/console/reconcile", ""))
+            .await
+            .unwrap();
+    assert_eq!(status, 200, "{page}");
+    let row = page
+        .split("<tr>")
+        .find(|row| row.contains("event pending"))
+        .unwrap_or_else(|| panic!("the difference is shown: {page}"));
+    assert!(
+        row.contains("6001") && row.contains("pending processing"),
+        "{row}"
+    );
 
     // Bad input: a provider reconciliation does not know, a tenant that does not exist.
     let out = aws
@@ -1008,6 +1030,36 @@ fn http(method: &str, addr: &str, path: &str, body: &str) -> (u16, String) {
     )
 }
 
+impl Aws {
+    /// `einmal console --backend aws` on a free loopback port, once it listens.
+    async fn console(&self) -> (Child, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
+        command
+            .args(["console", "--backend", "aws", "--addr", &addr])
+            .current_dir(repo())
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("EINMAL_CONSOLE_TOKEN")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        let child = Child(command.spawn().expect("einmal console starts"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "einmal console did not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (child, addr)
+    }
+}
+
 /// A query or form value: the characters of inbox keys that are not plain.
 fn encoded(v: &str) -> String {
     v.replace('%', "%25")
@@ -1033,29 +1085,7 @@ async fn console_with_backend_aws_lists_events_and_replays_a_dead_letter_audited
     let key = broken.inbox_key();
     assert_eq!(aws.item(&key).await.state, InboxState::DeadLetter);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
-    command
-        .args(["console", "--backend", "aws", "--addr", &addr])
-        .current_dir(repo())
-        .env_remove("AWS_PROFILE")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("EINMAL_CONSOLE_TOKEN")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    for (k, v) in &aws.env {
-        command.env(k, v);
-    }
-    let _console = Child(command.spawn().expect("einmal console starts"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(Instant::now() < deadline, "einmal console did not listen");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (_console, addr) = aws.console().await;
     let get = |path: String| {
         let addr = addr.clone();
         async move {
