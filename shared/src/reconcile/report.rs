@@ -300,3 +300,46 @@ mod tests {
         assert_eq!(list[49]["object_id"], json!("pi_49"));
     }
 }
+
+#[cfg(test)]
+mod embedded_tests {
+    use super::*;
+    use crate::adapters::embedded::EmbeddedAuditLog;
+    use crate::audit::AuditLog;
+
+    #[tokio::test]
+    async fn the_differences_survive_the_embedded_audit_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = EmbeddedAuditLog::open(dir.path()).unwrap();
+        let report = TenantReport {
+            provider: "shopify".into(),
+            tenant: "t1".into(),
+            since: "2026-01-01T00:00:00Z".into(),
+            fetched: 1,
+            already_present: 1,
+            ingested: 0,
+            checkpoint: Some("2026-01-02T00:00:00Z".into()),
+            error: None,
+            ingested_events: Vec::new(),
+            differences: vec![Difference {
+                provider: "shopify".into(),
+                tenant: "t1".into(),
+                object_id: "820982911946154508".into(),
+                order_id: "820982911946154508".into(),
+                provider_status: "paid".into(),
+                our_status: "pending".into(),
+            }],
+        };
+        let record = audit_record("ops", "nightly", &ReconcileOptions::default(), &[report], 7);
+        audit.append(&record).await.unwrap();
+        let reopened = EmbeddedAuditLog::open(dir.path()).unwrap();
+        let stored = reopened.list(10).await.unwrap();
+        assert_eq!(stored.len(), 1);
+        assert_eq!(
+            stored[0].result["difference_list"],
+            json!([{"kind": "status differs", "provider": "shopify", "tenant": "t1",
+                    "object_id": "820982911946154508", "order_id": "820982911946154508",
+                    "provider_status": "paid", "our_status": "pending"}])
+        );
+    }
+}
