@@ -629,7 +629,7 @@ fn serve_overview_shows_intake_and_payment_within_slo_and_metrics_keep_every_cou
     let bar = |label: &str| {
         page.split(&format!(">{label}</text>"))
             .nth(1)
-            .and_then(|rest| rest.split("</text>").nth(0))
+            .and_then(|rest| rest.split("</text>").next())
             .and_then(|t| t.rsplit('>').next())
             .unwrap_or_else(|| panic!("{label} bar: {page}"))
             .to_owned()
