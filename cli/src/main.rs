@@ -106,6 +106,7 @@ struct ConsoleArgs {
 /// `einmal console`: the token rule first, then the stores, then serve.
 async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
     use einmal_cli::console;
+    // A missing or short token is a usage error (exit 2), before anything is opened.
     console::check_access(&args.addr, args.token.as_deref())
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let ops = args.store.open_ops().await?;
@@ -117,7 +118,7 @@ async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
         inbox: args.store.open().await?,
         replayer: ops.replayer,
         audit: ops.audit,
-        intake: None,
+        figures: None,
         backend,
     };
     console::serve(stores, args.addr, args.token).await?;

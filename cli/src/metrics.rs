@@ -79,6 +79,20 @@ struct Drained {
     relay_since_log: RelayTally,
     /// The intake counters at the last drain (`None`: none yet, all zero).
     intake: Option<IngestCounts>,
+    since_start: Processed,
+}
+
+/// The processor's figures since `einmal serve` started, for the console's overview:
+/// read from the same drain as `/metrics` and the log line, so no count is lost to
+/// either. Fixed size: four counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Processed {
+    pub completed: u64,
+    pub dead_letters: u64,
+    /// Payment events whose effect was measured against the SLI threshold.
+    pub payments: u64,
+    /// Those within it (`PaymentWithinSlo` is `within_slo / payments`).
+    pub within_slo: u64,
 }
 
 /// The figures behind `/metrics` and the minute log line of `einmal serve`.
@@ -251,6 +265,12 @@ impl ServeMetrics {
                 histogram.observe(*v);
             }
         }
+        let start = &mut drained.since_start;
+        start.completed += worker.completed;
+        start.dead_letters += worker.dead_letters;
+        // Counted from count and sum, not the values: those are capped per interval.
+        start.payments += worker.payment_within_slo.count;
+        start.within_slo += worker.payment_within_slo.sum.round() as u64;
         merge_worker(&mut drained.since_log, worker);
 
         if let Some(relay) = &self.relay {
@@ -278,6 +298,16 @@ impl ServeMetrics {
         (
             std::mem::take(&mut drained.since_log),
             std::mem::take(&mut drained.relay_since_log),
+        )
+    }
+
+    /// The intake counters and the processor's figures since start (the console's
+    /// overview); drains into the same series, so `/metrics` still gets every count.
+    pub fn since_start(&self) -> (IngestCounts, Processed) {
+        let drained = self.drain();
+        (
+            drained.intake.unwrap_or_else(|| self.intake.snapshot()),
+            drained.since_start,
         )
     }
 

@@ -213,11 +213,13 @@ pub async fn run_with(
             })
             .await;
     });
-    let intake = ingestor.metrics().clone();
-    let app =
-        router(ingestor, args.limits.body_timeout()).merge(crate::metrics::routes(serve_metrics));
+    let app = router(ingestor, args.limits.body_timeout())
+        .merge(crate::metrics::routes(serve_metrics.clone()));
     let app = match console {
-        Some(console) => app.nest(crate::console::BASE, console.with_intake(intake).router()),
+        Some(console) => app.nest(
+            crate::console::BASE,
+            console.with_figures(serve_metrics).router(),
+        ),
         None => app,
     };
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.

@@ -802,6 +802,28 @@ async fn reconcile_with_backend_aws_ingests_the_missed_event_once() {
     assert_eq!(records[1]["actor"], json!("ops-dan"));
     assert_eq!(records[1]["events"], json!([missed.inbox_key().as_str()]));
     assert_eq!(records[0]["result"]["ingested"], json!(0));
+    // The differences themselves, in the DynamoDB audit table and on the console.
+    assert_eq!(
+        records[1]["result"]["difference_list"],
+        json!([{"kind": "event pending", "provider": "stripe", "tenant": TENANT,
+                "object_id": r["differences"][0]["object_id"], "order_id": "6001",
+                "provider_status": "succeeded", "our_status": "pending processing"}])
+    );
+    assert_eq!(records[0]["result"]["difference_list"], json!([]));
+    let (_console, addr) = aws.console().await;
+    let (status, page) =
+        tokio::task::spawn_blocking(move || http("GET", &addr, "/console/reconcile", ""))
+            .await
+            .unwrap();
+    assert_eq!(status, 200, "{page}");
+    let row = page
+        .split("<tr>")
+        .find(|row| row.contains("event pending"))
+        .unwrap_or_else(|| panic!("the difference is shown: {page}"));
+    assert!(
+        row.contains("6001") && row.contains("pending processing"),
+        "{row}"
+    );
 
     // Bad input: a provider reconciliation does not know, a tenant that does not exist.
     let out = aws
@@ -972,4 +994,166 @@ options = {{ path_token = "{GOPAY_PATH_TOKEN}", access_token = "{GOPAY_TOKEN}", 
     assert_eq!(aws.drain_with(&processor).await, 0);
     assert_eq!(aws.records(&keys).await, state_after);
     assert_eq!(aws.items().await.len(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// console --backend aws
+
+/// A child process killed (by its own handle) when the test ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One HTTP/1.1 request over a plain socket: (status, body).
+fn http(method: &str, addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("the console answers");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok());
+    (
+        status.unwrap_or_else(|| panic!("not HTTP: {head}")),
+        body.to_owned(),
+    )
+}
+
+impl Aws {
+    /// `einmal console --backend aws` on a free loopback port, once it listens.
+    async fn console(&self) -> (Child, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
+        command
+            .args(["console", "--backend", "aws", "--addr", &addr])
+            .current_dir(repo())
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("EINMAL_CONSOLE_TOKEN")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        let child = Child(command.spawn().expect("einmal console starts"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "einmal console did not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (child, addr)
+    }
+}
+
+/// A query or form value: the characters of inbox keys that are not plain.
+fn encoded(v: &str) -> String {
+    v.replace('%', "%25")
+        .replace('#', "%23")
+        .replace('&', "%26")
+        .replace('+', "%2B")
+        .replace(' ', "+")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_with_backend_aws_lists_events_and_replays_a_dead_letter_audited() {
+    // The stores as `einmal setup --backend aws` creates them.
+    let name = moto::unique_name("einmal-console");
+    let aws = Aws::on_setup(&name).await;
+    let setup = aws.einmal(&["setup"]).await;
+    assert!(setup.status.success(), "{}", stderr(&setup));
+    aws.seed(RED, 10).await;
+    let broken = orders_create(6001, 1_764_600_000, &[(NOPE, 1)], 2_000, "pending");
+    let fine = orders_create(6002, 1_764_600_100, &[(RED, 2)], 3_000, "pending");
+    aws.send(&broken).await;
+    aws.send(&fine).await;
+    aws.drain().await;
+    let key = broken.inbox_key();
+    assert_eq!(aws.item(&key).await.state, InboxState::DeadLetter);
+
+    let (_console, addr) = aws.console().await;
+    let get = |path: String| {
+        let addr = addr.clone();
+        async move {
+            tokio::task::spawn_blocking(move || http("GET", &addr, &path, ""))
+                .await
+                .unwrap()
+        }
+    };
+
+    // The events page lists both with their states; an event's page shows its timeline.
+    let (status, page) = get("/console/events".into()).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("aws"), "the header names the backend");
+    for (k, state) in [(&key, "dead_letter"), (&fine.inbox_key(), "completed")] {
+        let row = page
+            .split("<tr")
+            .find(|row| row.contains(k.as_str()))
+            .unwrap_or_else(|| panic!("{k} listed: {page}"));
+        assert!(row.contains(state), "{k} is {state}: {row}");
+    }
+    let (status, page) = get("/console/events?state=dead_letter".into()).await;
+    assert_eq!(status, 200);
+    assert!(page.contains(key.as_str()) && !page.contains(fine.inbox_key().as_str()));
+    let (status, page) = get(format!("/console/event?id={}", encoded(key.as_str()))).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("dead_letter") && page.contains("unknown SKU SKU-NOPE"),
+        "{page}"
+    );
+
+    // The stock arrives; the dead letter is replayed through the page's form.
+    aws.seed(NOPE, 5).await;
+    let (status, page) = get("/console/dead-letters".into()).await;
+    assert_eq!(status, 200);
+    assert!(page.contains(key.as_str()), "{page}");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the form carries the CSRF token")
+        .to_owned();
+    let form = format!(
+        "id={}&reason=stock+arrived&operator=ops-dana&csrf={csrf}",
+        encoded(key.as_str())
+    );
+    let (status, page) = {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || http("POST", &addr, "/console/replay", &form))
+            .await
+            .unwrap()
+    };
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("replayed"), "{page}");
+    assert_eq!(aws.drain().await, 1, "one message: the replayed event");
+    assert_eq!(aws.item(&key).await.state, InboxState::Completed);
+    assert_eq!(aws.on_hand(NOPE).await, 5 - 1, "the effect is applied once");
+
+    // Audited with the operator and the reason, in the user's audit table.
+    let records = aws.audit.list(10).await.expect("audit list");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].action, "replay");
+    assert_eq!(records[0].actor, "ops-dana");
+    assert_eq!(records[0].reason, "stock arrived");
+    assert_eq!(records[0].events, vec![key.as_str().to_owned()]);
+    let (status, page) = get("/console/audit".into()).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("ops-dana") && page.contains("stock arrived"),
+        "{page}"
+    );
 }

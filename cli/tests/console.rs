@@ -571,3 +571,85 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     client.close().await.unwrap();
     let _ = chromedriver.0.kill();
 }
+
+/// `einmal serve`'s overview shows the intake counters and `PaymentWithinSlo` from
+/// the same drain as `/metrics`: reading the console takes nothing from a scrape.
+#[test]
+fn serve_overview_shows_intake_and_payment_within_slo_and_metrics_keep_every_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap().to_owned();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _serve = spawn_einmal(&["serve", "--addr", &addr, "--data-dir", &data_dir]);
+    wait_for_port(&addr, "einmal serve");
+    // The standalone note is for `einmal console`; here the figures are in the page.
+    let before = http("GET", &addr, "/console", &[], "");
+    assert_eq!(before.status, 200);
+    assert!(before.body.contains("- (no payment event processed yet)"));
+    for duplicate in ["false", "true"] {
+        let sent = einmal(&[
+            "send",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "demo",
+            "--event",
+            "events/samples/domain/stripe-payment_intent.succeeded.json",
+            "--event-id",
+            "evt_console_slo",
+            "--url",
+            &format!("http://{addr}"),
+        ]);
+        assert!(
+            stdout(&sent).contains(&format!("\"duplicate\":{duplicate}")),
+            "{}",
+            stdout(&sent)
+        );
+    }
+    wait_until("the payment to be completed", || {
+        events_in("completed", &data_dir)
+            .iter()
+            .any(|e| e["key"] == "stripe#demo#evt_console_slo")
+    });
+    // The processor's tally is drained when the effect is counted: read until it is in.
+    let mut page = String::new();
+    wait_until("the overview to count the payment", || {
+        page = http("GET", &addr, "/console", &[], "").body;
+        page.contains("of 1 payment events within the SLI threshold")
+    });
+    // The sample's event time is long past: outside the SLI threshold.
+    assert!(page.contains("0.0% (0 of 1 payment events"), "{page}");
+    let row = |name: &str| {
+        page.split("<tr>")
+            .find(|r| r.contains(name))
+            .unwrap_or_else(|| panic!("{name} row: {page}"))
+            .to_owned()
+    };
+    assert!(row("Completed since start").contains("<td>1</td>"));
+    assert!(row("Dead-lettered since start").contains("<td>0</td>"));
+    let bar = |label: &str| {
+        page.split(&format!(">{label}</text>"))
+            .nth(1)
+            .and_then(|rest| rest.split("</text>").next())
+            .and_then(|t| t.rsplit('>').next())
+            .unwrap_or_else(|| panic!("{label} bar: {page}"))
+            .to_owned()
+    };
+    assert_eq!(bar("accepted"), "1");
+    assert_eq!(bar("duplicates"), "1");
+    assert_eq!(bar("signature failures"), "0");
+
+    // `/metrics` after the console's reads: every count is still there.
+    let metrics = http("GET", &addr, "/metrics", &[], "").body;
+    for line in [
+        "einmal_webhooks_accepted_total 1",
+        "einmal_webhooks_duplicate_total 1",
+        "einmal_events_completed_total 1",
+        "einmal_payment_within_slo_count 1",
+        "einmal_payment_within_slo_sum 0.0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
+    // And the console again: since start, not since the last read.
+    let again = http("GET", &addr, "/console", &[], "").body;
+    assert!(again.contains("0.0% (0 of 1 payment events"), "{again}");
+}

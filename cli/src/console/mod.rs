@@ -26,7 +26,8 @@ use axum::Router;
 use einmal::audit::AuditLog;
 use einmal::pipeline::replay::Replayer;
 use einmal::ports::InboxStore;
-use einmal::telemetry::IngestMetrics;
+
+use crate::metrics::ServeMetrics;
 
 pub use auth::TokenError;
 
@@ -41,8 +42,9 @@ pub struct ConsoleStores {
     /// The same audited replay path as `einmal replay`.
     pub replayer: Replayer,
     pub audit: Arc<dyn AuditLog>,
-    /// The receiver's intake counters when it runs in this process (`einmal serve`).
-    pub intake: Option<Arc<IngestMetrics>>,
+    /// The receiver's and processor's figures when they run in this process
+    /// (`einmal serve`): read through `/metrics`' own drain, so neither loses counts.
+    pub figures: Option<Arc<ServeMetrics>>,
     /// Shown in the header: `embedded (.einmal)`, `aws`.
     pub backend: String,
 }
@@ -88,16 +90,16 @@ pub fn router(stores: ConsoleStores, token: Option<String>) -> Router {
         .with_state(console)
 }
 
-/// The console of `einmal serve`, before it is mounted (the intake counters come
-/// from the receiver built after it).
+/// The console of `einmal serve`, before it is mounted (the figures come from the
+/// receiver and processor built after it).
 pub struct ServeConsole {
     stores: ConsoleStores,
     token: Option<String>,
 }
 
 impl ServeConsole {
-    pub fn with_intake(mut self, intake: Arc<IngestMetrics>) -> Self {
-        self.stores.intake = Some(intake);
+    pub fn with_figures(mut self, figures: Arc<ServeMetrics>) -> Self {
+        self.stores.figures = Some(figures);
         self
     }
 
@@ -132,7 +134,7 @@ pub fn for_serve(
             replayer: Replayer::from_store(inbox.clone(), audit.clone()),
             inbox,
             audit,
-            intake: None,
+            figures: None,
             backend: format!("embedded, {}", data_dir.display()),
         },
         token,

@@ -73,7 +73,7 @@ async fn overview_page(console: &Console, query: &str) -> Page {
         .iter()
         .map(|(s, n)| (s.as_str().to_owned(), *n))
         .collect();
-    let intake = console.stores.intake.as_ref().map(|m| m.snapshot());
+    let figures = console.stores.figures.as_ref().map(|m| m.since_start());
     let body = html! {
         p.muted { "As of " (at(now)) @if counts.truncated { " (counts are lower bounds: the store's read bound was reached)" } }
         table {
@@ -83,8 +83,19 @@ async fn overview_page(console: &Console, query: &str) -> Page {
             tr { th { "Drain rate" } td { (drain) } }
         }
         (bars("Events by state", &state_rows))
-        @match intake {
-            Some(c) => {
+        @match figures {
+            Some((c, processed)) => {
+                table {
+                    tr {
+                        th { "PaymentWithinSlo since start" }
+                        td {
+                            @if processed.payments == 0 { "- (no payment event processed yet)" }
+                            @else { (slo_share(processed.within_slo, processed.payments)) " (" (processed.within_slo) " of " (processed.payments) " payment events within the SLI threshold)" }
+                        }
+                    }
+                    tr { th { "Completed since start" } td { (processed.completed) } }
+                    tr { th { "Dead-lettered since start" } td { (processed.dead_letters) } }
+                }
                 (bars("Intake since start", &[
                     ("accepted".into(), c.accepted),
                     ("duplicates".into(), c.duplicates),
@@ -100,6 +111,11 @@ async fn overview_page(console: &Console, query: &str) -> Page {
         }
     };
     Ok(("Overview".into(), body))
+}
+
+/// `within` of `total` as a percentage with one decimal.
+fn slo_share(within: u64, total: u64) -> String {
+    format!("{:.1}%", within as f64 * 100.0 / total as f64)
 }
 
 /// Events that reached a terminal state per second, between the oldest kept sample
@@ -621,6 +637,7 @@ async fn reconcile_page(console: &Console, raw: &str) -> Page {
                     }
                 }
             }
+            (differences_table(r))
             @if !r.events.is_empty() {
                 p { "Ingested: " @for e in r.events.iter().take(EVENTS_SHOWN) { code { (e) } " " } }
             }
@@ -628,6 +645,30 @@ async fn reconcile_page(console: &Console, raw: &str) -> Page {
         @if runs.is_empty() { p.muted { "No reconciliation run recorded." } }
     };
     Ok(("Reconciliation".into(), body))
+}
+
+/// The differences the run's audit record lists (at most
+/// [`einmal::reconcile::MAX_AUDITED_DIFFERENCES`]; records of older runs have none).
+fn differences_table(r: &AuditRecord) -> Markup {
+    let total = r.result["differences"].as_u64().unwrap_or(0);
+    let listed = r.result["difference_list"].as_array();
+    html! {
+        @if let Some(list) = listed.filter(|l| !l.is_empty()) {
+            h3 { "Differences" @if (list.len() as u64) < total { " (the first " (list.len()) " of " (total) ")" } }
+            table {
+                tr { th { "Kind" } th { "Provider" } th { "Tenant" } th { "Object" } th { "Order" } th { "Provider says" } th { "Our order" } }
+                @for d in list {
+                    tr {
+                        @for k in ["kind", "provider", "tenant", "object_id", "order_id", "provider_status", "our_status"] {
+                            td { (cell(&d[k])) }
+                        }
+                    }
+                }
+            }
+        } @else if total > 0 {
+            p.muted { (total) " differences (this run's record keeps the count only)" }
+        }
+    }
 }
 
 fn cell(v: &serde_json::Value) -> String {

@@ -151,7 +151,10 @@ use crate::time;
 use crate::time::format_rfc3339;
 
 pub use mollie::MOLLIE_PAGE_SIZE;
-pub use report::{audit_record, Difference, TenantReport, MISSING, PENDING_PROCESSING, UNREADABLE};
+pub use report::{
+    audit_record, Difference, TenantReport, MAX_AUDITED_DIFFERENCES, MISSING, PENDING_PROCESSING,
+    UNREADABLE,
+};
 pub use shopify::{shopify_create_event_id, shopify_event_id};
 pub use watched::MAX_WATCHED_ITEMS;
 

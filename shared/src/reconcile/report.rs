@@ -175,9 +175,29 @@ pub(super) async fn differences(
     Ok(out)
 }
 
+/// Most differences one run's audit record lists (`result.difference_list`, the
+/// first ones in tenant order; `result.differences` keeps the full count): an audit
+/// record stays a few KB (DynamoDB items are capped at 400 KB) however far apart the
+/// provider and the orders are.
+pub const MAX_AUDITED_DIFFERENCES: usize = 50;
+
+impl Difference {
+    /// What kind of difference: the provider says paid and our order is missing,
+    /// unreadable, waiting for the event just ingested, or in another status.
+    pub fn kind(&self) -> &'static str {
+        match self.our_status.as_str() {
+            MISSING => "order missing",
+            UNREADABLE => "order unreadable",
+            PENDING_PROCESSING => "event pending",
+            _ => "status differs",
+        }
+    }
+}
+
 /// The audit record of one reconciliation run (`action = reconcile`): the selector is
 /// provider/tenant/since, the events are the inbox keys ingested, the result the
-/// per-tenant counts.
+/// per-tenant counts and the first [`MAX_AUDITED_DIFFERENCES`] differences (ids and
+/// statuses only: no payload, no secret).
 pub fn audit_record(
     actor: &str,
     reason: &str,
@@ -216,7 +236,110 @@ pub fn audit_record(
             "already_present": reports.iter().map(|r| r.already_present).sum::<usize>(),
             "ingested": reports.iter().map(|r| r.ingested).sum::<usize>(),
             "differences": reports.iter().map(|r| r.differences.len()).sum::<usize>(),
+            "difference_list": reports
+                .iter()
+                .flat_map(|r| r.differences.iter())
+                .take(MAX_AUDITED_DIFFERENCES)
+                .map(|d| json!({
+                    "kind": d.kind(),
+                    "provider": d.provider,
+                    "tenant": d.tenant,
+                    "object_id": d.object_id,
+                    "order_id": d.order_id,
+                    "provider_status": d.provider_status,
+                    "our_status": d.our_status,
+                }))
+                .collect::<Vec<_>>(),
             "failed": reports.iter().filter(|r| r.error.is_some()).count(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn difference(i: usize, our_status: &str) -> Difference {
+        Difference {
+            provider: "stripe".into(),
+            tenant: "t1".into(),
+            object_id: format!("pi_{i}"),
+            order_id: format!("{i}"),
+            provider_status: "succeeded".into(),
+            our_status: our_status.into(),
+        }
+    }
+
+    #[test]
+    fn the_audit_record_lists_each_difference_up_to_the_bound_and_counts_all() {
+        let report = TenantReport {
+            provider: "stripe".into(),
+            tenant: "t1".into(),
+            since: "2026-01-01T00:00:00Z".into(),
+            fetched: 70,
+            already_present: 0,
+            ingested: 0,
+            checkpoint: None,
+            error: None,
+            ingested_events: Vec::new(),
+            differences: (0..70)
+                .map(|i| difference(i, if i == 0 { MISSING } else { "pending" }))
+                .collect(),
+        };
+        let record = audit_record("ops", "r", &ReconcileOptions::default(), &[report], 1);
+        assert_eq!(record.result["differences"], json!(70));
+        let list = record.result["difference_list"].as_array().unwrap();
+        assert_eq!(list.len(), MAX_AUDITED_DIFFERENCES);
+        assert_eq!(
+            list[0],
+            json!({"kind": "order missing", "provider": "stripe", "tenant": "t1",
+                   "object_id": "pi_0", "order_id": "0", "provider_status": "succeeded",
+                   "our_status": "missing"})
+        );
+        assert_eq!(list[1]["kind"], json!("status differs"));
+        assert_eq!(list[49]["object_id"], json!("pi_49"));
+    }
+}
+
+#[cfg(test)]
+mod embedded_tests {
+    use super::*;
+    use crate::adapters::embedded::EmbeddedAuditLog;
+    use crate::audit::AuditLog;
+
+    #[tokio::test]
+    async fn the_differences_survive_the_embedded_audit_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = EmbeddedAuditLog::open(dir.path()).unwrap();
+        let report = TenantReport {
+            provider: "shopify".into(),
+            tenant: "t1".into(),
+            since: "2026-01-01T00:00:00Z".into(),
+            fetched: 1,
+            already_present: 1,
+            ingested: 0,
+            checkpoint: Some("2026-01-02T00:00:00Z".into()),
+            error: None,
+            ingested_events: Vec::new(),
+            differences: vec![Difference {
+                provider: "shopify".into(),
+                tenant: "t1".into(),
+                object_id: "820982911946154508".into(),
+                order_id: "820982911946154508".into(),
+                provider_status: "paid".into(),
+                our_status: "pending".into(),
+            }],
+        };
+        let record = audit_record("ops", "nightly", &ReconcileOptions::default(), &[report], 7);
+        audit.append(&record).await.unwrap();
+        let reopened = EmbeddedAuditLog::open(dir.path()).unwrap();
+        let stored = reopened.list(10).await.unwrap();
+        assert_eq!(stored.len(), 1);
+        assert_eq!(
+            stored[0].result["difference_list"],
+            json!([{"kind": "status differs", "provider": "shopify", "tenant": "t1",
+                    "object_id": "820982911946154508", "order_id": "820982911946154508",
+                    "provider_status": "paid", "our_status": "pending"}])
+        );
     }
 }
