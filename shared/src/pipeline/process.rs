@@ -142,12 +142,12 @@ const WAIT_MARK_MARGIN_MS: i64 = 86_400_000;
 pub const ALREADY_APPLIED: &str = "already applied";
 
 /// Messages taken per receive by [`Processor::run_local`].
-const LOCAL_BATCH: u32 = 32;
+const LOCAL_BATCH: u32 = 64;
 /// Batches [`Processor::run_local`] works on at once: while some wait for their
 /// commits, the next one is received and decided, so the store's writer always finds
 /// a full group to commit. Bounds the messages in progress to
 /// `LOCAL_BATCH * LOCAL_IN_FLIGHT`.
-const LOCAL_IN_FLIGHT: usize = 4;
+const LOCAL_IN_FLIGHT: usize = 8;
 /// Pause of [`Processor::run_local`] when the queue is empty: an event arriving then
 /// waits at most this long for its receive.
 const LOCAL_IDLE: Duration = Duration::from_millis(50);
