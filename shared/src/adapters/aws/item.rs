@@ -544,10 +544,11 @@ impl Decoder<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> InboxItem {
+    /// A small received Stripe item (the queue's tests use it too).
+    pub(crate) fn sample() -> InboxItem {
         let envelope = Envelope {
             provider: "stripe".into(),
             tenant: "shop-1".into(),

@@ -279,37 +279,9 @@ mod tests {
     }
 
     fn item(body: Vec<u8>) -> InboxItem {
-        let envelope = crate::envelope::Envelope {
-            provider: "stripe".into(),
-            tenant: "t1".into(),
-            event_id: "evt_1".into(),
-            event_type: "payment_intent.succeeded".into(),
-            object_id: Some("pi_1".into()),
-            object_version: None,
-            occurred_at: Some(1_700_000_000),
-            delivery_id: None,
-        };
         InboxItem {
-            key: envelope.key(),
-            envelope,
-            state: crate::ports::InboxState::Received,
-            source: crate::ports::Source::Webhook,
-            attempts: 0,
-            received_at_ms: 1_700_000_000_123,
-            updated_at_ms: 1_700_000_000_123,
-            expires_at: 1_702_592_000,
-            enqueue_failed: false,
-            last_error: None,
-            last_error_class: None,
-            lease_until_ms: None,
-            lease_owner: None,
-            result: None,
-            body_encoding: "zstd".into(),
-            body_len: 42,
             body,
-            waiting: None,
-            deliveries: Vec::new(),
-            relay_due_ms: None,
+            ..crate::adapters::aws::item::tests::sample()
         }
     }
 

@@ -396,8 +396,12 @@ async fn wait_table_active(
     }
 }
 
-/// Turn TTL on unless it already is (re-enabling is a ValidationException).
-async fn enable_ttl(dynamodb: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
+/// Turn TTL on `expires_at` unless it already is (re-enabling is a ValidationException).
+/// The inbox and the state table (its mark-only items) both expire on it.
+pub(super) async fn enable_ttl(
+    dynamodb: &aws_sdk_dynamodb::Client,
+    table: &str,
+) -> Result<(), AwsSetupError> {
     let current = dynamodb
         .describe_time_to_live()
         .table_name(table)

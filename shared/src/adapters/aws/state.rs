@@ -94,8 +94,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, BillingMode, ConditionCheck, KeyType, KeysAndAttributes, Put, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
-    TimeToLiveStatus, TransactWriteItem,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TransactWriteItem,
 };
 
 /// State table name.
@@ -699,7 +698,7 @@ pub async fn create_state_table(
         .await;
     created_or_existing(created)?;
     wait_active(client, table).await?;
-    enable_ttl(client, table).await
+    super::setup::enable_ttl(client, table).await
 }
 
 /// Poll until the table is ACTIVE; a table with another key is an error.
@@ -827,38 +826,6 @@ pub async fn migrate_state_table(
             return Ok(done);
         }
     }
-}
-
-/// Turn TTL on `expires_at` on unless it already is (re-enabling is refused).
-async fn enable_ttl(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
-    let current = client
-        .describe_time_to_live()
-        .table_name(table)
-        .send()
-        .await
-        .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTimeToLive", &e)))?;
-    let status = current
-        .time_to_live_description()
-        .and_then(|d| d.time_to_live_status());
-    if matches!(
-        status,
-        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
-    ) {
-        return Ok(());
-    }
-    let spec = TimeToLiveSpecification::builder()
-        .attribute_name(EXPIRES_AT)
-        .enabled(true)
-        .build()
-        .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))?;
-    client
-        .update_time_to_live()
-        .table_name(table)
-        .time_to_live_specification(spec)
-        .send()
-        .await
-        .map_err(|e| AwsSetupError::Resource(describe("DynamoDB UpdateTimeToLive", &e)))?;
-    Ok(())
 }
 
 #[cfg(test)]
