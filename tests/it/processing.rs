@@ -19,7 +19,9 @@ use async_trait::async_trait;
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use einmal::domain::state::{
+    Commit, CommitAnswer, CommitOutcome, StateKey, StateRecord, StateStore, StateWrite,
+};
 use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
@@ -155,6 +157,14 @@ impl StateStore for FlakyLoads {
     async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
         self.inner.commit(writes).await
     }
+    // Forwarded, so that the batches of these scenarios gather their commits on the
+    // embedded store as in production.
+    fn gathers_commits(&self) -> bool {
+        self.inner.gathers_commits()
+    }
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        self.inner.commit_each(commits).await
+    }
     async fn list(
         &self,
         tenant: &str,
@@ -184,6 +194,8 @@ struct Backend {
     load_failures: Arc<AtomicUsize>,
     /// Every AWS call of the stores (AWS only).
     calls: Option<CallCounter>,
+    /// The embedded store itself, for its commit counters (embedded only).
+    embedded: Option<Arc<EmbeddedStore>>,
     _keep: Box<dyn Any + Send>,
 }
 
@@ -198,11 +210,12 @@ async fn embedded() -> Backend {
     Backend {
         inbox: store.clone(),
         processing: store.clone(),
-        queue: store,
+        queue: store.clone(),
         state,
         domain: Arc::default(),
         load_failures,
         calls: None,
+        embedded: Some(store),
         _keep: Box::new(dir),
     }
 }
@@ -232,6 +245,7 @@ async fn aws() -> Backend {
         domain: Arc::default(),
         load_failures,
         calls: Some(counter),
+        embedded: None,
         _keep: Box::new(()),
     }
 }
@@ -1209,8 +1223,85 @@ on_both_backends!(
     a_wait_parks_and_a_commit_on_its_record_wakes_it,
     unsupported_and_missing_events_are_acknowledged,
     a_batch_survives_its_bad_records,
+    a_batch_with_competing_events_applies_each_once,
     run_local_drains_the_queue,
 );
+
+/// Several events of one batch on the same records: on the embedded store their
+/// commits are gathered into one call, where all but one of each record's conflict
+/// and decide again; every effect is applied once.
+async fn a_batch_with_competing_events_applies_each_once(b: Backend) {
+    let processor = b.processor(settings());
+    let mut batch = Vec::new();
+    for i in 0..4 {
+        batch.push(
+            b.deliver(&format!("evt_race_a{i}"), "incr", "ra", &format!("v{i}"), 1)
+                .await,
+        );
+        batch.push(
+            b.deliver(&format!("evt_race_b{i}"), "pair", "rb", &format!("v{i}"), 2)
+                .await,
+        );
+    }
+    // The same message twice in the batch: one run leaves it to the other.
+    batch.push(batch[0].clone());
+    let outcomes = processor.process_batch(&batch, "w1").await;
+    for (i, (_, outcome)) in outcomes.iter().take(8).enumerate() {
+        assert_eq!(*outcome, MessageOutcome::Ack, "event {i}");
+    }
+    assert_eq!(b.count("ra").await, 4);
+    assert_eq!(b.count("rb").await, 8);
+    assert_eq!(b.count("rb-mirror").await, 8);
+    for d in &batch {
+        assert_eq!(b.item(&d.message.pk).await.state, InboxState::Completed);
+    }
+}
+
+/// The business commits of a batch reach the embedded store's writer as one job: a
+/// single fsynced transaction carries the effects of every event in it. The gather
+/// wait is an hour, so only the runs themselves complete the group and the count
+/// does not depend on timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_commits_its_effects_under_one_fsync() {
+    let b = embedded().await;
+    let store = b.embedded.clone().expect("embedded store");
+    let processor = b
+        .processor(settings())
+        .with_commit_gather(Duration::from_secs(3600));
+    let mut batch = Vec::new();
+    for i in 0..12 {
+        let object = format!("one-{i}");
+        batch.push(
+            b.deliver(&format!("evt_one_{i}"), "incr", &object, "v1", 1)
+                .await,
+        );
+    }
+    batch.push(b.deliver("evt_one_pair", "pair", "one-pair", "v1", 3).await);
+    batch.push(b.deliver("evt_one_bad", "fail", "one-bad", "v1", 1).await);
+    batch.push(
+        b.deliver("evt_one_other", "other", "one-other", "v1", 1)
+            .await,
+    );
+    let before = store.commit_stats();
+    let outcomes = processor.process_batch(&batch, "w1").await;
+    let after = store.commit_stats();
+    let expected: Vec<MessageOutcome> = (0..13)
+        .map(|_| MessageOutcome::Ack)
+        .chain([MessageOutcome::DeadLetterNow, MessageOutcome::Ack])
+        .collect();
+    let got: Vec<MessageOutcome> = outcomes.into_iter().map(|(_, o)| o).collect();
+    assert_eq!(got, expected);
+    for i in 0..12 {
+        assert_eq!(b.count(&format!("one-{i}")).await, 1);
+    }
+    assert_eq!(b.count("one-pair").await, 3);
+    assert_eq!(b.count("one-pair-mirror").await, 3);
+    assert_eq!(
+        after.fsynced_effects - before.fsynced_effects,
+        1,
+        "one fsync for the batch's 13 business commits: {before:?} -> {after:?}"
+    );
+}
 
 // ---------------------------------------------------------------------------
 // Cost

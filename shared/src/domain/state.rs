@@ -146,6 +146,17 @@ pub enum Waiters {
     Marked(Vec<StateKey>),
 }
 
+/// One commit of [`StateStore::commit_each`]: the arguments of
+/// [`StateStore::commit_waking`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    pub writes: Vec<StateWrite>,
+    pub reads: Vec<ReadCheck>,
+}
+
+/// The answer to one [`StateStore::commit_waking`].
+pub type CommitAnswer = Result<(CommitOutcome, Waiters), StoreError>;
+
 #[async_trait]
 pub trait StateStore: Send + Sync {
     /// Strongly consistent read of several records, in the order of `keys`.
@@ -176,6 +187,24 @@ pub trait StateStore: Send + Sync {
         reads: &[ReadCheck],
     ) -> Result<(CommitOutcome, Waiters), StoreError> {
         Ok((self.commit_checked(writes, reads).await?, Waiters::Unknown))
+    }
+    /// Whether [`StateStore::commit_each`] puts several commits under one durable
+    /// write (the embedded store: one transaction, one fsync), so that a caller with
+    /// several commits at hand (the processor: a batch's business commits) does better
+    /// to gather them first. The default does not.
+    fn gathers_commits(&self) -> bool {
+        false
+    }
+    /// Several independent commits, each a [`StateStore::commit_waking`] of its own
+    /// (all of it or none of it; one's conflict or refusal leaves the others alone),
+    /// answered in their order. The default runs them concurrently, one by one.
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        futures::future::join_all(
+            commits
+                .iter()
+                .map(|c| self.commit_waking(&c.writes, &c.reads)),
+        )
+        .await
     }
     /// Mark `key` (existing or not) as waited on, before an event parks on it, so that
     /// the next [`StateStore::commit_waking`] of it reports it as

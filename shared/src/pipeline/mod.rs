@@ -1,3 +1,4 @@
+pub(crate) mod commit_group;
 pub mod hint_limit;
 pub mod ingest;
 pub mod process;

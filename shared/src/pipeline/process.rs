@@ -92,6 +92,7 @@ use futures::FutureExt;
 use thiserror::Error;
 use tracing::Level;
 
+use super::commit_group::{self, Member};
 use super::relay::Relay;
 use crate::body;
 use crate::config::Config;
@@ -411,6 +412,8 @@ pub struct Processor {
     sli_threshold_ms: i64,
     /// Delivers finished events to the destinations before the finish write.
     relay: Option<Arc<Relay>>,
+    /// How long a batch's business commits wait for each other (zero: not gathered).
+    commit_gather: Duration,
 }
 
 impl Processor {
@@ -443,7 +446,17 @@ impl Processor {
             metrics: Arc::new(WorkerMetrics::default()),
             sli_threshold_ms: DEFAULT_SLI_THRESHOLD_MS,
             relay: None,
+            commit_gather: commit_group::DEFAULT_GATHER_WAIT,
         }
+    }
+
+    /// On a state store that gathers commits ([`StateStore::gathers_commits`]), the
+    /// business commits of a batch ([`Processor::process_batch`]) go to the store
+    /// together, each waiting at most `wait` for the others (`pipeline::commit_group`;
+    /// default 50 ms); zero commits each on its own.
+    pub fn with_commit_gather(mut self, wait: Duration) -> Self {
+        self.commit_gather = wait;
+        self
     }
 
     /// Deliver every `completed` / `ignored` event (and its decision's outputs) to the
@@ -538,6 +551,18 @@ impl Processor {
         worker: &str,
         trace_header: Option<&str>,
     ) -> MessageOutcome {
+        self.process_in(delivery, worker, trace_header, None).await
+    }
+
+    /// One message; its business commit goes through `commits` when the batch
+    /// gathers them.
+    async fn process_in(
+        &self,
+        delivery: &Delivery,
+        worker: &str,
+        trace_header: Option<&str>,
+        commits: Option<&Member>,
+    ) -> MessageOutcome {
         let trace_id = trace_header.and_then(trace::trace_id);
         let key = &delivery.message.pk;
         let started = Instant::now();
@@ -580,7 +605,11 @@ impl Processor {
             }
         };
 
-        let result = self.apply(&item).await;
+        let result = self.apply(&item, commits).await;
+        if let Some(member) = commits {
+            // Decided and committed (or not): the batch's other commits need not wait.
+            member.done();
+        }
         let attempt = item.attempts;
         // Deliver before the finish, so the same write records the deliveries.
         let delivered = match (&self.relay, &result) {
@@ -927,7 +956,7 @@ impl Processor {
     }
 
     /// Decide and commit the event's effects (steps 2 and 3).
-    async fn apply(&self, item: &InboxItem) -> Result<Applied, Failure> {
+    async fn apply(&self, item: &InboxItem, commits: Option<&Member>) -> Result<Applied, Failure> {
         if item.body_encoding != body::BODY_ENCODING {
             return Err(Failure::Permanent(format!(
                 "unknown body encoding {:?}",
@@ -949,7 +978,7 @@ impl Processor {
             envelope,
             body: &raw,
         };
-        self.commit_event(&event, Some(&item.key)).await
+        self.commit_event(&event, Some(&item.key), commits).await
     }
 
     /// Steps 2 and 3 for one domain event, without an inbox item: decide and commit its
@@ -959,7 +988,7 @@ impl Processor {
         &self,
         event: &DomainEvent<'_>,
     ) -> Result<EffectOutcome, EffectError> {
-        match self.commit_event(event, None).await {
+        match self.commit_event(event, None, None).await {
             Ok(Applied::Completed(result, Some(_), _)) => Ok(EffectOutcome::Committed(result)),
             Ok(Applied::Completed(result, None, _)) => Ok(EffectOutcome::Unchanged(result)),
             Ok(Applied::Ignored(reason)) => Ok(EffectOutcome::Ignored(reason)),
@@ -973,6 +1002,7 @@ impl Processor {
         &self,
         event: &DomainEvent<'_>,
         own: Option<&crate::envelope::InboxKey>,
+        commits: Option<&Member>,
     ) -> Result<Applied, Failure> {
         let event = *event;
         let targets = self.domain.targets(&event)?;
@@ -1027,7 +1057,11 @@ impl Processor {
             let reads = read_checks(&current, &writes, |key| {
                 self.domain.guards_read(&event, key)
             });
-            match self.state.commit_waking(&writes, &reads).await? {
+            let answer = match commits {
+                Some(member) => member.commit_waking(&writes, &reads).await,
+                None => self.state.commit_waking(&writes, &reads).await,
+            };
+            match answer? {
                 (CommitOutcome::Committed, waiters) => {
                     // Changed records whose change was applied before are not written:
                     // ask for them as on a redelivery.
@@ -1094,7 +1128,9 @@ impl Processor {
     }
 
     /// Process a batch concurrently. One bad record never fails the others: even a
-    /// panic in one becomes a retry of that message alone.
+    /// panic in one becomes a retry of that message alone. On a store that gathers
+    /// commits, the batch's business commits go to it together
+    /// ([`Processor::with_commit_gather`]).
     pub async fn process_batch(
         &self,
         deliveries: &[Delivery],
@@ -1111,9 +1147,21 @@ impl Processor {
         trace_headers: &[Option<String>],
         worker: &str,
     ) -> Vec<(String, MessageOutcome)> {
-        let runs = deliveries.iter().enumerate().map(|(i, delivery)| async move {
+        let gather =
+            deliveries.len() > 1 && !self.commit_gather.is_zero() && self.state.gathers_commits();
+        let mut members = if gather {
+            commit_group::members(self.state.clone(), deliveries.len(), self.commit_gather)
+        } else {
+            Vec::new()
+        }
+        .into_iter();
+        let runs = deliveries.iter().enumerate().map(|(i, delivery)| {
+            let member = members.next();
+            async move {
             let trace = trace_headers.get(i).and_then(|t| t.as_deref());
-            let outcome = AssertUnwindSafe(self.process_traced(delivery, worker, trace))
+            // Dropped when the run ends (a panic included): the others stop waiting for it.
+            let member = member;
+            let outcome = AssertUnwindSafe(self.process_in(delivery, worker, trace, member.as_ref()))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {
@@ -1122,6 +1170,7 @@ impl Processor {
                     MessageOutcome::Retry { delay: self.backoff(delivery.receive_count) }
                 });
             (delivery.receipt.clone(), outcome)
+            }
         });
         futures::future::join_all(runs).await
     }

@@ -26,6 +26,11 @@
 //! commit changes all of its records or none. Two commits of one batch see each
 //! other in order: the second one of two racing decisions conflicts.
 //!
+//! [`StateStore::commit_each`] hands several commits to the writer as one job: each
+//! in a savepoint of its own (so each is still all or nothing, and one's conflict
+//! or error leaves the others), all under one fsync. The processor gathers a
+//! batch's business commits into one such call.
+//!
 //! # Reads
 //!
 //! `load` and `list` use the store's read connections (WAL lets them run while the
@@ -52,7 +57,8 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row}
 use super::{DbError, EmbeddedOptions, EmbeddedStore, BUSY_TIMEOUT};
 use crate::domain::state::check_writes;
 use crate::domain::state::{
-    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, MAX_RECORD_BYTES,
+    Commit, CommitAnswer, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+    Waiters, MAX_RECORD_BYTES,
 };
 use crate::ports::StoreError;
 use crate::time::now_millis;
@@ -264,6 +270,33 @@ fn commit_in(
     Ok(CommitOutcome::Committed)
 }
 
+/// Several commits in one job of the writer's batch transaction, each in a savepoint
+/// of its own: a commit that fails is rolled back alone and answered with its error.
+/// Only an error that aborted the whole transaction fails the job.
+fn commit_each_in(
+    conn: &Connection,
+    commits: &[(usize, Commit)],
+) -> Result<Vec<Result<CommitOutcome, DbError>>, DbError> {
+    let mut outcomes = Vec::with_capacity(commits.len());
+    for (_, commit) in commits {
+        conn.execute_batch("SAVEPOINT state_commit")?;
+        match commit_in(conn, &commit.writes, &commit.reads) {
+            Ok(outcome) => {
+                conn.execute_batch("RELEASE state_commit")?;
+                outcomes.push(Ok(outcome));
+            }
+            Err(e) => {
+                if conn.is_autocommit() {
+                    return Err(e);
+                }
+                conn.execute_batch("ROLLBACK TO state_commit; RELEASE state_commit")?;
+                outcomes.push(Err(e));
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
 fn list_in(
     conn: &Connection,
     tenant: &str,
@@ -436,6 +469,66 @@ impl StateStore for EmbeddedStateStore {
                 super::writer::Durability::Effect,
             )
             .await?)
+    }
+
+    fn gathers_commits(&self) -> bool {
+        true
+    }
+
+    /// One durable job for all: the commits share one fsync.
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        // Answered before the writer: empty commits (nothing to make atomic) and
+        // malformed or oversized ones (refused as `commit_checked` refuses them).
+        let mut answers: Vec<Option<CommitAnswer>> = commits
+            .iter()
+            .map(|c| {
+                if c.writes.is_empty() {
+                    return Some(Ok((CommitOutcome::Committed, Waiters::Unknown)));
+                }
+                check_writes(&c.writes, &c.reads)
+                    .and_then(|()| check_sizes(&c.writes))
+                    .err()
+                    .map(Err)
+            })
+            .collect();
+        let todo: Vec<(usize, Commit)> = commits
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| answers[*i].is_none())
+            .map(|(i, c)| (i, c.clone()))
+            .collect();
+        if !todo.is_empty() {
+            let positions: Vec<usize> = todo.iter().map(|(i, _)| *i).collect();
+            let done = self
+                .store
+                .submit(
+                    move |conn| commit_each_in(conn, &todo),
+                    super::writer::Durability::Effect,
+                )
+                .await;
+            match done {
+                Ok(outcomes) => {
+                    for (i, outcome) in positions.into_iter().zip(outcomes) {
+                        answers[i] = Some(
+                            outcome
+                                .map(|o| (o, Waiters::Unknown))
+                                .map_err(StoreError::from),
+                        );
+                    }
+                }
+                Err(e) => {
+                    for i in positions {
+                        answers[i] = Some(Err(StoreError::from(e.clone())));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| Err(StoreError::Unavailable("commit was not answered".into())))
+            })
+            .collect()
     }
 
     /// In key (`pk`) order; `limit == 0` means [`DEFAULT_LIST_LIMIT`].
