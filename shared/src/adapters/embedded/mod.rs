@@ -41,8 +41,13 @@ use writer::Job;
 /// File name of the database inside the store directory.
 pub const DB_FILE: &str = "einmal.sqlite";
 
-/// Idle read connections kept open.
-const MAX_IDLE_READERS: usize = 4;
+/// Read connections: at most this many reads run at once (the others wait for a
+/// connection), and all of them stay open. Without the bound a burst opened a new
+/// connection per read beyond the idle ones (parsing the schema each time) on a
+/// blocking thread of its own, and closed it after: under load the receiver's and the
+/// processor's reads spent more CPU on opening connections and switching threads than
+/// on reading.
+const MAX_READERS: usize = 4;
 /// How long a connection waits for a lock held by another process (e.g. the CLI).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -70,6 +75,8 @@ pub struct EmbeddedStore {
     writer_thread: Option<JoinHandle<()>>,
     checkpointer_thread: Option<JoinHandle<()>>,
     readers: Arc<Readers>,
+    /// One permit per read connection ([`MAX_READERS`]).
+    read_permits: Arc<tokio::sync::Semaphore>,
     max_receive_count: u32,
     counters: Arc<writer::Counters>,
 }
@@ -116,8 +123,9 @@ impl EmbeddedStore {
         Ok(EmbeddedStore {
             readers: Arc::new(Readers {
                 path: path.clone(),
-                idle: Mutex::new(Vec::new()),
+                idle: Mutex::new(Vec::with_capacity(MAX_READERS)),
             }),
+            read_permits: Arc::new(tokio::sync::Semaphore::new(MAX_READERS)),
             path,
             writer: Some(tx),
             writer_thread: Some(writer_thread),
@@ -141,10 +149,21 @@ impl EmbeddedStore {
     {
         let readers = self.readers.clone();
         match tokio::runtime::Handle::try_current() {
-            Ok(handle) => handle
-                .spawn_blocking(move || readers.with(work))
-                .await
-                .map_err(|e| DbError::Unavailable(format!("read task failed: {e}")))?,
+            Ok(handle) => {
+                let permit = self
+                    .read_permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| DbError::Unavailable("the read pool is closed".into()))?;
+                handle
+                    .spawn_blocking(move || {
+                        let _permit = permit;
+                        readers.with(work)
+                    })
+                    .await
+                    .map_err(|e| DbError::Unavailable(format!("read task failed: {e}")))?
+            }
             Err(_) => readers.with(work),
         }
     }
@@ -225,7 +244,8 @@ fn open_reader(path: &Path) -> Result<Connection, DbError> {
     Ok(conn)
 }
 
-/// A few idle read connections; more are opened on demand.
+/// The read connections: opened on first need and kept, at most [`MAX_READERS`] in
+/// use through [`EmbeddedStore::read`].
 struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
@@ -245,7 +265,7 @@ impl Readers {
         let result = work(&conn);
         if conn.is_autocommit() {
             if let Ok(mut idle) = self.idle.lock() {
-                if idle.len() < MAX_IDLE_READERS {
+                if idle.len() < MAX_READERS {
                     idle.push(conn);
                 }
             }
