@@ -10,8 +10,11 @@
 //! on loopback), and checks both their output and the stores afterwards. Bad input (an unknown id,
 //! an unknown provider) gets a clear message and a non-zero exit.
 
+mod common;
+
+use common::{http, repo, Reply};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,10 +45,6 @@ const LEASE_MS: i64 = 2_000;
 const API_KEY: &str = "sk_test_cli_reconcile";
 const GOPAY_TOKEN: &str = "gopay-cli-access-token";
 const GOPAY_PATH_TOKEN: &str = "gopay-cli-path-token";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// A config with one Stripe tenant whose API (`api_base`) answers with `api_key`.
 fn write_stripe_config(path: &std::path::Path, api_base: &str, api_key: &str) {
@@ -811,10 +810,11 @@ async fn reconcile_with_backend_aws_ingests_the_missed_event_once() {
     );
     assert_eq!(records[0]["result"]["difference_list"], json!([]));
     let (_console, addr) = aws.console().await;
-    let (status, page) =
-        tokio::task::spawn_blocking(move || http("GET", &addr, "/console/reconcile", ""))
-            .await
-            .unwrap();
+    let Reply {
+        status, body: page, ..
+    } = tokio::task::spawn_blocking(move || http("GET", &addr, "/console/reconcile", &[], ""))
+        .await
+        .unwrap();
     assert_eq!(status, 200, "{page}");
     let row = page
         .split("<tr>")
@@ -1009,27 +1009,6 @@ impl Drop for Child {
     }
 }
 
-/// One HTTP/1.1 request over a plain socket: (status, body).
-fn http(method: &str, addr: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("the console answers");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if method == "POST" {
-        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
-    let mut resp = Vec::new();
-    let _ = s.read_to_end(&mut resp);
-    let text = String::from_utf8_lossy(&resp).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok());
-    (
-        status.unwrap_or_else(|| panic!("not HTTP: {head}")),
-        body.to_owned(),
-    )
-}
-
 impl Aws {
     /// `einmal console --backend aws` on a free loopback port, once it listens.
     async fn console(&self) -> (Child, String) {
@@ -1089,9 +1068,10 @@ async fn console_with_backend_aws_lists_events_and_replays_a_dead_letter_audited
     let get = |path: String| {
         let addr = addr.clone();
         async move {
-            tokio::task::spawn_blocking(move || http("GET", &addr, &path, ""))
+            let reply = tokio::task::spawn_blocking(move || http("GET", &addr, &path, &[], ""))
                 .await
-                .unwrap()
+                .unwrap();
+            (reply.status, reply.body)
         }
     };
 
@@ -1131,9 +1111,11 @@ async fn console_with_backend_aws_lists_events_and_replays_a_dead_letter_audited
         "id={}&reason=stock+arrived&operator=ops-dana&csrf={csrf}",
         encoded(key.as_str())
     );
-    let (status, page) = {
+    let Reply {
+        status, body: page, ..
+    } = {
         let addr = addr.clone();
-        tokio::task::spawn_blocking(move || http("POST", &addr, "/console/replay", &form))
+        tokio::task::spawn_blocking(move || http("POST", &addr, "/console/replay", &[], &form))
             .await
             .unwrap()
     };

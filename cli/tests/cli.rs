@@ -1,22 +1,13 @@
 //! End-to-end through the real binary: `einmal serve` on a free port with a temp
 //! store, `einmal send` signing the demo samples, `einmal events` reading the store.
 
+mod common;
+
+use common::{einmal, repo};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn einmal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_einmal"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("einmal runs")
-}
 
 struct Server {
     child: Child,

@@ -3,7 +3,10 @@
 //! run that says "would", one exit code per kind of failure, `--json` errors, a
 //! mistyped --data-dir refused, completions and the man page, `einmal setup`.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{einmal, repo};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
 
@@ -12,18 +15,6 @@ use einmal::config_source::ConfigSource;
 use einmal::pipeline::ingest::Ingestor;
 use einmal_tests::scenario::{self, stripe_event, TENANT};
 use serde_json::{json, Value};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn einmal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_einmal"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("einmal runs")
-}
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -1,12 +1,11 @@
 //! `einmal config check` and `einmal serve` on invalid configurations, through the
 //! real binary.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use common::repo;
+use std::path::Path;
+use std::process::{Command, Output};
 
 fn einmal(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_einmal"))

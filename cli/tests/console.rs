@@ -7,23 +7,14 @@
 //! Without chromium/chromedriver the browser test says so and passes, unless
 //! `EINMAL_REQUIRE_CHROMIUM=1` (as `tests/run.sh` sets), where it fails.
 
-use std::io::{Read, Write};
+mod common;
+
+use common::{einmal, http, repo, Reply};
+
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn einmal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_einmal"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("einmal runs")
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -63,35 +54,6 @@ fn spawn_einmal(args: &[&str]) -> Proc {
             .spawn()
             .expect("einmal starts"),
     )
-}
-
-struct Reply {
-    status: u16,
-    head: String,
-    body: String,
-}
-
-/// One HTTP/1.1 request over a plain socket (no client crate needed for this).
-fn http(method: &str, addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if method == "POST" {
-        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
-    let mut resp = Vec::new();
-    let _ = s.read_to_end(&mut resp);
-    let text = String::from_utf8_lossy(&resp).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Reply {
-        status: head.split(' ').nth(1).unwrap().parse().unwrap(),
-        head: head.to_owned(),
-        body: body.to_owned(),
-    }
 }
 
 fn json(r: &Reply) -> serde_json::Value {

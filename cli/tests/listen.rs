@@ -2,9 +2,12 @@
 //! send` posted, signed with the secret `listen` printed first, and `listen` prints a
 //! line naming the delivered event.
 
+mod common;
+
+use common::repo;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -15,10 +18,6 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::Router;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 type Received = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
 

@@ -4,27 +4,18 @@
 //! exactly one effect per event. `einmal events show` prints the deliveries. A bad
 //! destination stops `serve` at start, naming it.
 
+mod common;
+
+use common::{einmal, repo};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use einmal::destinations::delivery_key;
 use einmal_tests::destination_server::{Answer, DestinationServer, SECRET};
 
 const EVENTS: usize = 20;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn einmal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_einmal"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("einmal runs")
-}
 
 /// The demo configuration plus one HTTP destination for the demo Stripe tenant.
 fn config_with_destination(dir: &Path, url: &str) -> PathBuf {

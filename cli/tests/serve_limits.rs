@@ -4,18 +4,17 @@
 //! timeouts (flags) so no test sleeps long; every wait is bounded by a generous
 //! [`GUARD`] that only a hang would reach, never a figure being measured.
 
+mod common;
+
+use common::repo;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Upper bound for anything to happen; a healthy run takes milliseconds.
 const GUARD: Duration = Duration::from_secs(5);
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 struct Server {
     child: Child,
