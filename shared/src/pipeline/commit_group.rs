@@ -40,6 +40,13 @@ struct Gather {
     parked: Vec<Parked>,
 }
 
+impl Gather {
+    /// Commits are parked and nobody else may still add one.
+    fn is_complete(&self) -> bool {
+        !self.parked.is_empty() && self.parked.len() >= self.open
+    }
+}
+
 struct Group {
     state: Arc<dyn StateStore>,
     gather: Mutex<Gather>,
@@ -57,7 +64,8 @@ impl Group {
 
     /// Every parked commit, once every open member has parked.
     fn take_if_complete(gather: &mut Gather) -> Option<Vec<Parked>> {
-        (!gather.parked.is_empty() && gather.parked.len() >= gather.open)
+        gather
+            .is_complete()
             .then(|| std::mem::take(&mut gather.parked))
     }
 
@@ -171,7 +179,7 @@ impl Member {
         let complete = {
             let mut gather = self.group.lock();
             gather.open = gather.open.saturating_sub(1);
-            !gather.parked.is_empty() && gather.parked.len() >= gather.open
+            gather.is_complete()
         };
         if complete {
             // A parked member takes the commits (a stored permit if none is polling).
