@@ -57,6 +57,7 @@ struct Series {
     dead_letters: Counter,
     parked: Counter,
     woken: Counter,
+    conflicts: Counter,
     retries: Family<Labels, Counter>,
     lookup_circuits_open: Family<Labels, Gauge>,
     pending_items: Gauge,
@@ -171,6 +172,7 @@ impl ServeMetrics {
         register(r, catalog::DEAD_LETTERS, s.dead_letters.clone());
         register(r, catalog::EVENTS_PARKED, s.parked.clone());
         register(r, catalog::WAITERS_WOKEN, s.woken.clone());
+        register(r, catalog::STATE_CONFLICTS, s.conflicts.clone());
         register(r, catalog::RETRIES, s.retries.clone());
         register(r, catalog::PROCESSING_TIME, processing_ms.clone());
         register(r, catalog::EFFECT_LAG, effect_lag_ms.clone());
@@ -246,6 +248,7 @@ impl ServeMetrics {
         s.dead_letters.inc_by(worker.dead_letters);
         s.parked.inc_by(worker.parked);
         s.woken.inc_by(worker.woken);
+        s.conflicts.inc_by(worker.conflicts);
         for (cause, n) in &worker.retries {
             s.retries
                 .get_or_create(&vec![("cause", cause.as_str().to_string())])
@@ -390,6 +393,7 @@ fn merge_worker(into: &mut WorkerTally, from: WorkerTally) {
     into.dead_letters += from.dead_letters;
     into.parked += from.parked;
     into.woken += from.woken;
+    into.conflicts += from.conflicts;
     for (cause, n) in from.retries {
         *into.retries.entry(cause).or_default() += n;
     }

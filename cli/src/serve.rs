@@ -279,6 +279,7 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally, relay: &RelayTally) 
         completed = worker.completed,
         ignored = worker.ignored,
         dead_letters = worker.dead_letters,
+        conflicts = worker.conflicts,
         retries = retries.join(","),
         processing_ms_avg = avg(&worker.processing_ms),
         processing_ms_max = round(worker.processing_ms.max),

@@ -659,6 +659,9 @@ pub struct Delivery {
     /// when sent: [`InboxProcessing::begin`] of a store whose queue carries items hands
     /// it out without a read. `None` for a pointer alone.
     pub item: Option<Box<InboxItem>>,
+    /// How often this event's message was postponed before ([`Queue::postpone`]): the
+    /// retry number of an attempt whose inbox item cannot be read.
+    pub postponed: u32,
 }
 
 /// The work queue: SQS semantics (visibility timeout, receive count, redrive to a DLQ).
@@ -711,6 +714,14 @@ pub trait Queue: Send + Sync {
         receipt: &str,
         visibility: Duration,
     ) -> Result<(), QueueError>;
+    /// Replace a received message by one that becomes visible after `delay` and starts
+    /// again at receive count 0, carrying `delivery.postponed + 1`: a transient failure
+    /// waits without spending the redrive's `maxReceiveCount`, which stays the
+    /// backstop for a message whose handler crashes every time. SQS: SendMessage with
+    /// `DelaySeconds` (at most 15 minutes) and DeleteMessage; the embedded queue: one
+    /// update of the row. A stale receipt may leave a second message of the event,
+    /// which the processor handles like any duplicate.
+    async fn postpone(&self, delivery: &Delivery, delay: Duration) -> Result<(), QueueError>;
     /// Put a message straight into the dead-letter queue (a permanent failure does not
     /// wait for `maxReceiveCount` receives). SQS has no move: the caller sends the
     /// pointer here, then deletes the original.

@@ -258,6 +258,7 @@ fn settings() -> ProcessSettings {
         backoff_max_ms: 250,
         max_conflict_retries: 5,
         wait_window_ms: None,
+        retry_horizon_ms: None,
     }
 }
 
@@ -947,18 +948,19 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
         }
     }
 
-    // On a real queue the retry delay is the message's visibility.
+    // On a real queue the retry is a fresh message, visible after the delay: the
+    // received one is gone, and the redrive's receive count starts again.
     b.load_failures.store(1, Ordering::SeqCst);
     let d = b.deliver("evt_flaky_queue", "incr", "c3", "v1", 1).await;
     let outcome = processor.process_message(&d, "w1").await;
     assert!(matches!(outcome, MessageOutcome::Retry { .. }));
     assert!(
-        processor.settle(&d, outcome, AckMode::Delete).await,
-        "kept in the queue"
+        !processor.settle(&d, outcome, AckMode::Delete).await,
+        "replaced by the postponed message"
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     let back = loop {
-        // (SQS visibility is whole seconds: the 100 ms delay becomes 1 s there.)
+        // (SQS delays are whole seconds: the 100 ms delay becomes 1 s there.)
         let mut got = b.queue.receive(1, Duration::from_secs(60)).await.unwrap();
         if let Some(back) = got.pop() {
             break back;
@@ -970,36 +972,48 @@ async fn transient_errors_back_off_then_succeed(b: Backend) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(back.message.pk, d.message.pk);
-    assert_eq!(back.receive_count, 2);
+    assert_eq!((back.receive_count, back.postponed), (1, 1));
     let outcome = processor.process_message(&back, "w1").await;
     assert_eq!(outcome, MessageOutcome::Ack);
     assert!(!processor.settle(&back, outcome, AckMode::Delete).await);
     assert_eq!(b.count("c3").await, 1);
 }
 
+/// Transient failures are retried past every receive SQS allows (each retry is a
+/// fresh message, [`einmal::ports::Queue::postpone`]); only once the event is older
+/// than its retry horizon (the provider has stopped retrying too) is it dead-lettered.
 async fn retries_exhausted_dead_letter(b: Backend) {
     let processor = b.processor(settings());
     b.load_failures.store(100, Ordering::SeqCst);
     let d = b.deliver("evt_exhaust", "incr", "c1", "v1", 1).await;
-    for n in 1..MAX_RECEIVE_COUNT {
-        assert!(matches!(
-            processor.process_message(&redelivered(&d, n), "w1").await,
-            MessageOutcome::Retry { .. }
-        ));
+    for n in 1..=2 * MAX_RECEIVE_COUNT {
+        let outcome = processor.process_message(&redelivered(&d, n), "w1").await;
+        assert!(
+            matches!(outcome, MessageOutcome::Retry { .. }),
+            "{n}: {outcome:?}"
+        );
+        assert_eq!(b.item(&d.message.pk).await.state, InboxState::Retryable);
     }
-    // The last receive SQS allows: dead-letter now, so inbox and DLQ agree.
-    let last = redelivered(&d, MAX_RECEIVE_COUNT);
-    let outcome = processor.process_message(&last, "w1").await;
+    // Past the horizon: the transient failure ends the event, so inbox and DLQ agree.
+    let horizon = b
+        .processor(ProcessSettings {
+            retry_horizon_ms: Some(60_000),
+            ..settings()
+        })
+        .with_clock(|| einmal::time::now_millis() + 120_000);
+    let last = redelivered(&d, 1);
+    let outcome = horizon.process_message(&last, "w1").await;
     assert_eq!(outcome, MessageOutcome::DeadLetterNow);
     let item = b.item(&d.message.pk).await;
     assert_eq!(item.state, InboxState::DeadLetter);
     assert_eq!(item.last_error_class.as_deref(), Some("transient"));
     let error = item.last_error.unwrap();
     assert!(
-        error.starts_with("retries exhausted after 3 receives") && error.contains("throttled"),
+        error.starts_with("retries exhausted: transient failures for")
+            && error.contains("throttled"),
         "{error}"
     );
-    assert!(!processor.settle(&last, outcome, AckMode::Delete).await);
+    assert!(!horizon.settle(&last, outcome, AckMode::Delete).await);
     assert_eq!(b.dead_letters().await.len(), 1);
     b.load_failures.store(0, Ordering::SeqCst);
     assert_eq!(b.count("c1").await, 0);
@@ -1085,6 +1099,7 @@ async fn unsupported_and_missing_events_are_acknowledged(b: Backend) {
         receipt: d.receipt.clone(),
         receive_count: 1,
         item: None,
+        postponed: 0,
     };
     assert_eq!(
         processor.process_message(&gone, "w1").await,

@@ -730,6 +730,13 @@ impl Queue for SweepAfterSend {
     ) -> Result<(), QueueError> {
         self.inner.change_visibility(receipt, visibility).await
     }
+    async fn postpone(
+        &self,
+        delivery: &einmal::ports::Delivery,
+        delay: Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.postpone(delivery, delay).await
+    }
     async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
         self.inner.send_dead_letter(message).await
     }

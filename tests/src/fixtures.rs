@@ -164,6 +164,9 @@ impl Queue for FailingQueue {
     ) -> Result<(), QueueError> {
         self.inner.change_visibility(receipt, visibility).await
     }
+    async fn postpone(&self, delivery: &Delivery, delay: Duration) -> Result<(), QueueError> {
+        self.inner.postpone(delivery, delay).await
+    }
     async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
         self.inner.send_dead_letter(message).await
     }
@@ -210,6 +213,9 @@ impl Queue for DyingQueue {
         Err(Self::died())
     }
     async fn change_visibility(&self, _receipt: &str, _v: Duration) -> Result<(), QueueError> {
+        Err(Self::died())
+    }
+    async fn postpone(&self, _delivery: &Delivery, _v: Duration) -> Result<(), QueueError> {
         Err(Self::died())
     }
     async fn send_dead_letter(&self, _message: &QueueMessage) -> Result<(), QueueError> {

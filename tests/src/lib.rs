@@ -3,6 +3,7 @@
 pub mod cfn;
 pub mod destination_server;
 pub mod fake_thin_api;
+pub mod fault_proxy;
 pub mod fixtures;
 pub mod moto;
 pub mod postgres;

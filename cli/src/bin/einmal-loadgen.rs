@@ -1,6 +1,8 @@
 //! Load generator for the receiver path: signed Stripe-like payloads (~3 KB) with a
 //! share of duplicates, several concurrent keep-alive clients, against a running
-//! `einmal serve`. Prints webhooks/s and ack latency percentiles.
+//! `einmal serve`. Prints webhooks/s and ack latency percentiles. With `--sku`, every
+//! event is a Shopify `orders/create` of one unit of that SKU (a best-selling SKU:
+//! `bench/hot-sku.sh`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +53,10 @@ struct Args {
     /// connections go): request i leaves at `start + i / rate`, whoever is free.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Send Shopify `orders/create` of one unit of this SKU each (with `--provider
+    /// shopify`; the tenant's `topic` option must be `orders/create`).
+    #[arg(long)]
+    sku: Option<String>,
 }
 
 struct Prepared {
@@ -76,7 +82,24 @@ fn stripe_event(id: &str, pad: usize) -> Vec<u8> {
     value.to_string().into_bytes()
 }
 
+/// A Shopify order of one unit of `sku`; `order` is its id and number.
+fn shopify_order(order: u64, sku: &str) -> Vec<u8> {
+    serde_json::json!({
+        "id": order, "name": format!("#{order}"), "order_number": order,
+        "email": "jon@example.com", "created_at": "2025-11-29T02:00:00-05:00",
+        "updated_at": "2025-11-29T02:00:00-05:00", "currency": "EUR",
+        "financial_status": "pending", "total_price": "49.90", "subtotal_price": "49.90",
+        "line_items": [{"id": order * 10, "sku": sku, "title": "T-shirt", "quantity": 1,
+            "price": "49.90"}]
+    })
+    .to_string()
+    .into_bytes()
+}
+
 fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
+    if args.sku.is_some() && args.provider != "shopify" {
+        return Err("--sku sends Shopify orders: use --provider shopify".into());
+    }
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
     let provider = providers::lookup(&args.provider).ok_or("unknown provider")?;
     let tenant = config
@@ -97,7 +120,11 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
     ids.into_iter()
         .map(|i| {
             let event_id = format!("evt_load_{run:08x}_{i}");
-            let body = stripe_event(&event_id, args.body_bytes);
+            let body = match &args.sku {
+                // Order ids unique per run (run's low bits above the index).
+                Some(sku) => shopify_order(u64::from(run >> 8) * 1_000_000_000 + i as u64, sku),
+                None => stripe_event(&event_id, args.body_bytes),
+            };
             let (headers, body) = provider
                 .signed_request(&body, tenant, &event_id, now)
                 .map_err(|e| e.to_string())?;

@@ -185,12 +185,13 @@ fn delivery(record: SqsMessage) -> Result<Delivery, &'static str> {
     let receipt = record.receipt_handle.ok_or("no receipt handle")?;
     let body = record.body.ok_or("no body")?;
     // The receiver's message carries the item and its body (no read to start).
-    let (message, item) = einmal::adapters::aws::decode_message_body(&body)?;
+    let decoded = einmal::adapters::aws::decode_message_body(&body)?;
     Ok(Delivery {
-        message,
+        message: decoded.message,
         receipt,
         receive_count: receive_count(&record.attributes),
-        item,
+        item: decoded.item,
+        postponed: decoded.postponed,
     })
 }
 

@@ -96,6 +96,8 @@ impl StateStore for Unreachable {
 
 struct Setup {
     processor: Processor,
+    /// A processor on the same stores with other settings.
+    build: Box<dyn Fn(ProcessSettings) -> Processor>,
     inbox: Arc<dyn Inbox>,
     queue: Arc<dyn Queue>,
     _keep: Box<dyn std::any::Any>,
@@ -104,9 +106,9 @@ struct Setup {
 fn settings() -> ProcessSettings {
     ProcessSettings {
         max_receive_count: MAX_RECEIVE_COUNT,
-        // Long enough that a retried message is still hidden when the test looks.
-        backoff_base_ms: 60_000,
-        backoff_max_ms: 60_000,
+        // A postponed message comes back after a second (SQS delays are whole seconds).
+        backoff_base_ms: 1_000,
+        backoff_max_ms: 1_000,
         ..ProcessSettings::default()
     }
 }
@@ -120,17 +122,23 @@ fn embedded() -> Setup {
     let state = Arc::new(Unreachable(Arc::new(
         EmbeddedStateStore::open(dir.path()).unwrap(),
     )));
-    let processor = Processor::new(
-        store.clone(),
-        store.clone(),
-        store.clone(),
-        state,
-        Arc::new(TestDomain),
-    )
-    .with_settings(settings())
-    .with_jitter(|| 1.0);
+    let build = {
+        let store = store.clone();
+        move |settings: ProcessSettings| {
+            Processor::new(
+                store.clone(),
+                store.clone(),
+                store.clone(),
+                state.clone(),
+                Arc::new(TestDomain),
+            )
+            .with_settings(settings)
+            .with_jitter(|| 1.0)
+        }
+    };
     Setup {
-        processor,
+        processor: build(settings()),
+        build: Box::new(build),
         inbox: store.clone(),
         queue: store,
         _keep: Box::new(dir),
@@ -146,17 +154,23 @@ async fn aws() -> Setup {
         table,
     ))));
     let store = Arc::new(store);
-    let processor = Processor::new(
-        store.clone(),
-        store.clone(),
-        store.clone(),
-        state,
-        Arc::new(TestDomain),
-    )
-    .with_settings(settings())
-    .with_jitter(|| 1.0);
+    let build = {
+        let store = store.clone();
+        move |settings: ProcessSettings| {
+            Processor::new(
+                store.clone(),
+                store.clone(),
+                store.clone(),
+                state.clone(),
+                Arc::new(TestDomain),
+            )
+            .with_settings(settings)
+            .with_jitter(|| 1.0)
+        }
+    };
     Setup {
-        processor,
+        processor: build(settings()),
+        build: Box::new(build),
         inbox: store.clone(),
         queue: store,
         _keep: Box::new(()),
@@ -183,8 +197,10 @@ impl Setup {
             state: InboxState::Received,
             source: Source::Webhook,
             attempts: 0,
-            received_at_ms: 1,
-            updated_at_ms: 1,
+            // Now: a transient failure is retried until the event is older than its
+            // retry horizon (Stripe's retry window).
+            received_at_ms: einmal::time::now_millis(),
+            updated_at_ms: einmal::time::now_millis(),
             expires_at: einmal::time::now_secs() + 86_400,
             enqueue_failed: false,
             last_error: None,
@@ -219,6 +235,27 @@ impl Setup {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("message never arrived")
+    }
+
+    fn processor_with(&self, settings: ProcessSettings) -> Processor {
+        (self.build)(settings)
+    }
+
+    /// The next message that becomes visible (within 20 s).
+    async fn next_message(&self) -> Delivery {
+        for _ in 0..200 {
+            if let Some(d) = self
+                .queue
+                .receive(1, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .pop()
+            {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no message came back")
     }
 
     async fn state(&self, key: &InboxKey) -> InboxItem {
@@ -273,7 +310,7 @@ async fn an_empty_batch_reports_nothing() {
     assert!(response.batch_item_failures.is_empty());
 }
 
-async fn retry_is_reported_and_hidden_dead_letter_is_not(s: Setup) {
+async fn retry_is_postponed_and_dead_letter_is_not_reported(s: Setup) {
     let ok = s.deliver("evt_ok", "incr").await;
     let flaky = s.deliver("evt_flaky", "flaky").await;
     let fail = s.deliver("evt_fail", "fail").await;
@@ -285,7 +322,9 @@ async fn retry_is_reported_and_hidden_dead_letter_is_not(s: Setup) {
         ("m-parked", &parked, 1),
     ]);
     let response = processor::handle_as(&s.processor, batch, "req-1").await;
-    assert_eq!(reported(&response), ["m-flaky"]);
+    // The transient failure is postponed: its message is replaced by a delayed one,
+    // so Lambda deletes the received one and no receive of the redrive is spent.
+    assert!(reported(&response).is_empty(), "{:?}", reported(&response));
 
     assert_eq!(s.state(&ok.message.pk).await.state, InboxState::Completed);
     let retrying = s.state(&flaky.message.pk).await;
@@ -305,18 +344,13 @@ async fn retry_is_reported_and_hidden_dead_letter_is_not(s: Setup) {
         .unwrap();
     assert_eq!(dlq.len(), 1);
     assert_eq!(dlq[0].message.pk, fail.message.pk);
-    // The retried message was hidden for the backoff (60 s), not left to reappear.
-    let retry_visibility = s
-        .queue
-        .change_visibility(&flaky.receipt, Duration::ZERO)
-        .await;
-    assert!(retry_visibility.is_ok(), "the receipt is still valid");
-    let back = s.queue.receive(10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(back.len(), 1, "only the message made visible again");
-    assert_eq!(back[0].message.pk, flaky.message.pk);
+    // The postponed message comes back after the backoff as a fresh message.
+    let back = s.next_message().await;
+    assert_eq!(back.message.pk, flaky.message.pk);
+    assert_eq!((back.receive_count, back.postponed), (1, 1));
 }
 
-async fn the_receive_count_attribute_decides_exhaustion(s: Setup) {
+async fn the_last_receive_is_postponed_and_the_horizon_ends_it(s: Setup) {
     let flaky = s.deliver("evt_last", "flaky").await;
     let parked = s.deliver("evt_last_wait", "wait").await;
     let batch = event(&[
@@ -326,13 +360,43 @@ async fn the_receive_count_attribute_decides_exhaustion(s: Setup) {
     let response = processor::handle(&s.processor, batch).await;
     assert!(
         reported(&response).is_empty(),
-        "dead-lettered or parked, so Lambda deletes both"
+        "postponed or parked, so Lambda deletes both"
     );
+    // The last receive SQS allows is not the end of a transient failure: a fresh
+    // message stands in for it.
     let item = s.state(&flaky.message.pk).await;
-    assert_eq!(item.state, InboxState::DeadLetter);
-    assert!(item.last_error.unwrap().starts_with("retries exhausted"));
+    assert_eq!(item.state, InboxState::Retryable, "{:?}", item.last_error);
     // Waiting spends no receives: parked even on the last one SQS allows.
     assert_eq!(s.state(&parked.message.pk).await.state, InboxState::Waiting);
+    let back = s.next_message().await;
+    assert_eq!(back.message.pk, flaky.message.pk);
+    assert_eq!(back.receive_count, 1, "the redrive's count starts again");
+    let dlq = s
+        .queue
+        .receive_dead_letters(10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(dlq.is_empty(), "nothing dead-lettered: {dlq:?}");
+
+    // Once the event is older than its retry horizon, the provider has given up too:
+    // the transient failure ends it, on any receive.
+    let horizon = ProcessSettings {
+        retry_horizon_ms: Some(60_000),
+        ..settings()
+    };
+    let processor = s
+        .processor_with(horizon)
+        .with_clock(|| einmal::time::now_millis() + 120_000);
+    let batch = event(&[("m-back", &back, 1)]);
+    let response = processor::handle(&processor, batch).await;
+    assert!(reported(&response).is_empty());
+    let item = s.state(&flaky.message.pk).await;
+    assert_eq!(item.state, InboxState::DeadLetter);
+    let error = item.last_error.unwrap();
+    assert!(
+        error.starts_with("retries exhausted: transient failures for"),
+        "{error}"
+    );
     let dlq = s
         .queue
         .receive_dead_letters(10, Duration::from_secs(60))
@@ -342,21 +406,21 @@ async fn the_receive_count_attribute_decides_exhaustion(s: Setup) {
 }
 
 #[tokio::test]
-async fn embedded_retry_is_reported_and_hidden_dead_letter_is_not() {
-    retry_is_reported_and_hidden_dead_letter_is_not(embedded()).await
+async fn embedded_retry_is_postponed_and_dead_letter_is_not_reported() {
+    retry_is_postponed_and_dead_letter_is_not_reported(embedded()).await
 }
 
 #[tokio::test]
-async fn embedded_the_receive_count_attribute_decides_exhaustion() {
-    the_receive_count_attribute_decides_exhaustion(embedded()).await
+async fn embedded_the_last_receive_is_postponed_and_the_horizon_ends_it() {
+    the_last_receive_is_postponed_and_the_horizon_ends_it(embedded()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moto_retry_is_reported_and_hidden_dead_letter_is_not() {
-    retry_is_reported_and_hidden_dead_letter_is_not(aws().await).await
+async fn moto_retry_is_postponed_and_dead_letter_is_not_reported() {
+    retry_is_postponed_and_dead_letter_is_not_reported(aws().await).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moto_the_receive_count_attribute_decides_exhaustion() {
-    the_receive_count_attribute_decides_exhaustion(aws().await).await
+async fn moto_the_last_receive_is_postponed_and_the_horizon_ends_it() {
+    the_last_receive_is_postponed_and_the_horizon_ends_it(aws().await).await
 }

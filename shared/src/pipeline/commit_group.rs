@@ -15,7 +15,7 @@
 //! much at most), then goes with whatever is parked. A member whose commit
 //! conflicted stays a member and decides again; its next commit usually goes alone.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -99,15 +99,23 @@ pub(crate) fn members(state: Arc<dyn StateStore>, count: usize, wait: Duration) 
     (0..count)
         .map(|_| Member {
             group: group.clone(),
-            open: AtomicBool::new(true),
+            state: AtomicU8::new(OPEN),
         })
         .collect()
 }
 
+/// A member that may still commit: the group waits for it.
+const OPEN: u8 = 0;
+/// A member waiting for something else (its record's lane): the group goes on
+/// without it until it is back.
+const AWAY: u8 = 1;
+/// A member that commits nothing more.
+const DONE: u8 = 2;
+
 /// One run's place in its batch's group (see the module documentation).
 pub(crate) struct Member {
     group: Arc<Group>,
-    open: AtomicBool,
+    state: AtomicU8,
 }
 
 impl Member {
@@ -118,7 +126,7 @@ impl Member {
         reads: &[ReadCheck],
     ) -> CommitAnswer {
         let group = &self.group;
-        if !self.open.load(Ordering::Acquire) {
+        if self.state.load(Ordering::Acquire) != OPEN {
             return group.state.commit_waking(writes, reads).await;
         }
         let (reply, mut answer) = oneshot::channel();
@@ -173,9 +181,35 @@ impl Member {
 
     /// This run commits nothing more: the others need not wait for it.
     pub(crate) fn done(&self) {
-        if !self.open.swap(false, Ordering::AcqRel) {
-            return;
+        if self.state.swap(DONE, Ordering::AcqRel) == OPEN {
+            self.leave();
         }
+    }
+
+    /// This run waits for something that may take a while (another run's turn on a
+    /// record): the others need not wait for it until [`Member::back`].
+    pub(crate) fn away(&self) {
+        if self
+            .state
+            .compare_exchange(OPEN, AWAY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.leave();
+        }
+    }
+
+    /// Back from [`Member::away`]: the group waits for this run's commit again.
+    pub(crate) fn back(&self) {
+        if self
+            .state
+            .compare_exchange(AWAY, OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.group.lock().open += 1;
+        }
+    }
+
+    fn leave(&self) {
         let complete = {
             let mut gather = self.group.lock();
             gather.open = gather.open.saturating_sub(1);

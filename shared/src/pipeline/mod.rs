@@ -1,6 +1,7 @@
 pub(crate) mod commit_group;
 pub mod hint_limit;
 pub mod ingest;
+mod lanes;
 pub mod process;
 pub mod relay;
 pub mod replay;

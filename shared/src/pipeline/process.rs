@@ -18,7 +18,9 @@
 //!    rest are committed in one atomic write conditioned on the versions that were
 //!    loaded, together with a version check of every loaded record the decision does
 //!    not change (unless the domain opts that read out, [`Domain::guards_read`]). A
-//!    conflict (another event changed a record in between) reloads and decides again.
+//!    conflict (another event changed a record in between) reloads and decides again,
+//!    for as long as the records keep moving (see [`lanes`](super::lanes): within a
+//!    process, the decisions on one record take turns, so they rarely conflict).
 //!    A commit that would grow a record's `applied` set past [`MAX_APPLIED_KEYS`] is a
 //!    permanent failure: no record may grow with the number of events that touched it.
 //! 4. **Finish** the inbox item (completed / ignored / retryable / dead_letter) with
@@ -75,10 +77,16 @@
 //!
 //! # Errors
 //!
-//! Transient ([`StoreError::Unavailable`], lock contention):
-//! the item becomes `retryable` and the message comes back after an exponential
-//! backoff with full jitter. On the last receive SQS allows (`max_receive_count`) the
-//! item is dead-lettered instead, so inbox and DLQ agree. Permanent
+//! Only a permanent fact ends an event. Transient ([`StoreError::Unavailable`], a
+//! lookup that timed out, contention that outlasted the in-process rounds): the item
+//! becomes `retryable` and its message is *postponed* ([`Queue::postpone`]: replaced
+//! by one visible after an exponential backoff with full jitter, up to
+//! [`ProcessSettings::backoff_max_ms`]), so a throttle or an outage of any length
+//! spends none of the redrive's `maxReceiveCount`; that stays the backstop for a
+//! message whose handler crashes (or panics) every time. A transient failure is
+//! dead-lettered only once the event is older than its retry horizon
+//! ([`ProcessSettings::retry_horizon_ms`], default the provider's retry window: by
+//! then the provider has stopped retrying too). Permanent
 //! ([`DomainError::Permanent`], a corrupt body or record, a write the store rejects
 //! for good, [`StoreError::Rejected`], such as an item over DynamoDB's size limit):
 //! `dead_letter` at once with the reason, the pointer goes to the DLQ at once.
@@ -93,6 +101,7 @@ use thiserror::Error;
 use tracing::Level;
 
 use super::commit_group::{self, Member};
+use super::lanes::Lanes;
 use super::relay::Relay;
 use crate::body;
 use crate::config::Config;
@@ -131,6 +140,15 @@ pub const MAX_CONFLICT_RETRIES_ENV: &str = "EINMAL_MAX_CONFLICT_RETRIES";
 /// The wait window for every provider (`EINMAL_WAIT_WINDOW_MS`); unset = each
 /// provider's retry window.
 pub const WAIT_WINDOW_MS_ENV: &str = "EINMAL_WAIT_WINDOW_MS";
+/// How long transient failures are retried, for every provider
+/// (`EINMAL_RETRY_HORIZON_MS`); unset = each provider's retry window.
+pub const RETRY_HORIZON_MS_ENV: &str = "EINMAL_RETRY_HORIZON_MS";
+
+/// The share of the lease a run may spend on conflict rounds that make progress
+/// (`lease_ms / CONTENTION_SHARE`) before it postpones the event.
+const CONTENTION_SHARE: i64 = 3;
+/// The longest pause between two conflict rounds.
+const CONFLICT_PAUSE_MAX_MS: f64 = 50.0;
 
 /// Waiters woken per changed record per decision. More waiters on one record are
 /// woken by the next change of it or by the sweeper's re-check.
@@ -168,12 +186,18 @@ pub struct ProcessSettings {
     /// Backoff before retry n (1-based): up to `min(max, base * 2^(n-1))`, full jitter.
     pub backoff_base_ms: i64,
     pub backoff_max_ms: i64,
-    /// Reload-and-decide rounds after a version conflict before giving up (transient).
+    /// Reload-and-decide rounds after a version conflict that found the records
+    /// unchanged (no progress) before the event is postponed (transient). Rounds that
+    /// find a record moved on go on until a third of the lease is spent.
     pub max_conflict_retries: u32,
     /// How long an event may wait for a prerequisite before it is dead-lettered.
     /// `None`: the provider's retry window ([`crate::retention::retry_window_days`]),
     /// as long as the provider may still deliver the prerequisite late.
     pub wait_window_ms: Option<i64>,
+    /// How long after its receipt an event's transient failures are retried before it
+    /// is dead-lettered. `None`: the provider's retry window, as long as the provider
+    /// itself would keep retrying.
+    pub retry_horizon_ms: Option<i64>,
 }
 
 impl Default for ProcessSettings {
@@ -185,6 +209,7 @@ impl Default for ProcessSettings {
             backoff_max_ms: 15 * 60_000,
             max_conflict_retries: 5,
             wait_window_ms: None,
+            retry_horizon_ms: None,
         }
     }
 }
@@ -199,7 +224,7 @@ pub struct SettingsError {
 impl ProcessSettings {
     /// Defaults overridden by `EINMAL_LEASE_MS`, `EINMAL_MAX_RECEIVE_COUNT`,
     /// `EINMAL_BACKOFF_BASE_MS`, `EINMAL_BACKOFF_MAX_MS`, `EINMAL_MAX_CONFLICT_RETRIES`,
-    /// `EINMAL_WAIT_WINDOW_MS`.
+    /// `EINMAL_WAIT_WINDOW_MS`, `EINMAL_RETRY_HORIZON_MS`.
     pub fn from_env() -> Result<Self, SettingsError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -241,6 +266,10 @@ impl ProcessSettings {
                 None => None,
                 Some(_) => Some(read(&env, WAIT_WINDOW_MS_ENV, 0i64, 1)?),
             },
+            retry_horizon_ms: match env(RETRY_HORIZON_MS_ENV).filter(|v| !v.trim().is_empty()) {
+                None => None,
+                Some(_) => Some(read(&env, RETRY_HORIZON_MS_ENV, 0i64, 1)?),
+            },
         };
         if settings.backoff_max_ms < settings.backoff_base_ms {
             return Err(SettingsError {
@@ -267,6 +296,14 @@ impl ProcessSettings {
         })
     }
 
+    /// The retry horizon of an event of `provider` (see
+    /// [`ProcessSettings::retry_horizon_ms`]).
+    pub fn retry_horizon_ms_for(&self, provider: &str) -> i64 {
+        self.retry_horizon_ms.unwrap_or_else(|| {
+            i64::from(crate::retention::retry_window_days(provider)) * 86_400_000
+        })
+    }
+
     /// Full jitter: `jitter` in `[0, 1]` times the ceiling.
     pub fn backoff(&self, attempt: u32, jitter: f64) -> Duration {
         let cap = self.backoff_cap_ms(attempt) as f64;
@@ -280,10 +317,13 @@ pub enum MessageOutcome {
     /// Done (completed, ignored, a duplicate of a finished item, an expired item):
     /// delete the message.
     Ack,
-    /// A transient failure: keep the message and make it visible again after `delay`
-    /// (ChangeMessageVisibility).
+    /// A transient failure: the message comes back after `delay` without spending a
+    /// receive of the redrive's budget ([`Queue::postpone`]; if that fails,
+    /// ChangeMessageVisibility).
     Retry { delay: Duration },
-    /// Another worker holds a live lease: make the message visible again after it.
+    /// Make the message visible again after `delay`, its receive counted
+    /// (ChangeMessageVisibility): another worker holds a live lease, or the run
+    /// panicked (SQS's redrive is the backstop for a message that crashes every time).
     LeaveForLater { delay: Duration },
     /// The item is `dead_letter`: send the pointer to the DLQ, then delete the message.
     DeadLetterNow,
@@ -414,6 +454,8 @@ pub struct Processor {
     relay: Option<Arc<Relay>>,
     /// How long a batch's business commits wait for each other (zero: not gathered).
     commit_gather: Duration,
+    /// Decisions on one record take turns within this process.
+    lanes: Lanes,
 }
 
 impl Processor {
@@ -447,6 +489,7 @@ impl Processor {
             sli_threshold_ms: DEFAULT_SLI_THRESHOLD_MS,
             relay: None,
             commit_gather: commit_group::DEFAULT_GATHER_WAIT,
+            lanes: Lanes::default(),
         }
     }
 
@@ -593,7 +636,7 @@ impl Processor {
                 tracing::warn!(pk = %key, error = %e, trace_id, "claim failed; retrying later");
                 self.count_retry(RetryCause::StoreUnavailable);
                 return MessageOutcome::Retry {
-                    delay: self.backoff(delivery.receive_count),
+                    delay: self.backoff(retry_number(delivery, 0)),
                 };
             }
             Err(e @ (StoreError::Corrupt(_) | StoreError::Rejected(_))) => {
@@ -678,11 +721,14 @@ impl Processor {
                 }
             }
             Err(Failure::Transient(_, reason))
-                if delivery.receive_count >= self.settings.max_receive_count =>
+                if now.saturating_sub(item.received_at_ms)
+                    >= self.settings.retry_horizon_ms_for(&item.envelope.provider) =>
             {
                 let reason = format!(
-                    "retries exhausted after {} receives: {reason}",
-                    delivery.receive_count
+                    "retries exhausted: transient failures for {} (horizon {}), {} attempts: {reason}",
+                    human_duration(now.saturating_sub(item.received_at_ms)),
+                    human_duration(self.settings.retry_horizon_ms_for(&item.envelope.provider)),
+                    attempt.max(retry_number(delivery, 0))
                 );
                 (
                     self.finish(
@@ -702,7 +748,7 @@ impl Processor {
                         None,
                     ),
                     MessageOutcome::Retry {
-                        delay: self.backoff(attempt.max(delivery.receive_count)),
+                        delay: self.backoff(retry_number(delivery, attempt)),
                     },
                 )
             }
@@ -804,7 +850,7 @@ impl Processor {
                 );
                 let lease = millis(self.settings.lease_ms + LEASE_MARGIN_MS);
                 MessageOutcome::Retry {
-                    delay: self.backoff(attempt).max(lease),
+                    delay: self.backoff(retry_number(delivery, attempt)).max(lease),
                 }
             }
         }
@@ -1006,8 +1052,26 @@ impl Processor {
     ) -> Result<Applied, Failure> {
         let event = *event;
         let targets = self.domain.targets(&event)?;
-
-        for round in 0..=self.settings.max_conflict_retries {
+        let target_pks: Vec<String> = targets.iter().map(StateKey::pk).collect();
+        // Our turn on the records: held from the load to the commit's answer, so the
+        // next decision on them loads what this one committed.
+        let mut lane = Some(
+            self.lanes
+                .enter(&target_pks, || {
+                    if let Some(member) = commits {
+                        member.away();
+                    }
+                })
+                .await,
+        );
+        if let Some(member) = commits {
+            member.back();
+        }
+        let contention_ends = Instant::now() + millis(self.settings.lease_ms / CONTENTION_SHARE);
+        let mut seen_versions: Option<Vec<u64>> = None;
+        let mut stalled = 0u32;
+        let mut round = 0u32;
+        loop {
             let current = if targets.is_empty() {
                 Vec::new()
             } else {
@@ -1047,6 +1111,7 @@ impl Processor {
             if writes.is_empty() {
                 // Found applied: a crash may have cut the wake off after the commit
                 // that removed the wait marks, so ask for every record.
+                drop(lane.take());
                 self.wake_waiters(&changed, &Waiters::Unknown, own).await;
                 return Ok(Applied::Completed(
                     ALREADY_APPLIED.to_string(),
@@ -1063,6 +1128,9 @@ impl Processor {
             };
             match answer? {
                 (CommitOutcome::Committed, waiters) => {
+                    // The next decision on these records may go; waking is not part
+                    // of this one.
+                    drop(lane.take());
                     // Changed records whose change was applied before are not written:
                     // ask for them as on a redelivery.
                     let unwritten: Vec<String> = changed
@@ -1080,22 +1148,36 @@ impl Processor {
                     return Ok(Applied::Completed(result, Some(committed), outputs));
                 }
                 (CommitOutcome::Conflict, _) => {
-                    tracing::debug!(event_id = %event.envelope.event_id, round, "state conflict; deciding again");
-                    if round < self.settings.max_conflict_retries {
-                        // Spread competing workers apart a little.
-                        let pause = 5.0 * f64::from(round + 1) * (self.jitter)();
-                        tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+                    // Another process committed in between (within this one the lane
+                    // keeps others out). While the records keep moving that is
+                    // progress, not failure: decide again on the new versions, until a
+                    // share of the lease is spent. Rounds that find nothing changed
+                    // are bounded by `max_conflict_retries`.
+                    let versions: Vec<u64> = current.iter().map(|r| r.version).collect();
+                    if seen_versions.as_ref() == Some(&versions) {
+                        stalled += 1;
                     }
+                    seen_versions = Some(versions);
+                    round += 1;
+                    self.metrics.update(|t| t.conflicts += 1);
+                    tracing::debug!(event_id = %event.envelope.event_id, round, "state conflict; deciding again");
+                    if stalled > self.settings.max_conflict_retries
+                        || Instant::now() >= contention_ends
+                    {
+                        return Err(Failure::Transient(
+                            RetryCause::Contention,
+                            format!(
+                                "lock contention: state changed under {round} consecutive attempts; postponed"
+                            ),
+                        ));
+                    }
+                    // Spread competing workers apart: jittered, doubling, capped.
+                    let ceiling = (f64::from(1u32 << round.min(6))).min(CONFLICT_PAUSE_MAX_MS);
+                    let pause = ceiling * (self.jitter)();
+                    tokio::time::sleep(Duration::from_micros((pause * 1000.0) as u64)).await;
                 }
             }
         }
-        Err(Failure::Transient(
-            RetryCause::Contention,
-            format!(
-                "lock contention: state changed under {} consecutive attempts",
-                self.settings.max_conflict_retries + 1
-            ),
-        ))
     }
 
     /// Fetch the resource a hint names: the envelope the domain sees (type `kind`) and
@@ -1167,7 +1249,8 @@ impl Processor {
                 .unwrap_or_else(|_| {
                     tracing::error!(pk = %delivery.message.pk, "processing panicked; retrying later");
                     self.count_retry(RetryCause::Panic);
-                    MessageOutcome::Retry { delay: self.backoff(delivery.receive_count) }
+                    // Counted: a message that panics every time reaches the redrive.
+                    MessageOutcome::LeaveForLater { delay: self.backoff(delivery.receive_count) }
                 });
             (delivery.receipt.clone(), outcome)
             }
@@ -1195,7 +1278,8 @@ impl Processor {
         };
         match outcome {
             MessageOutcome::Ack => ack().await,
-            MessageOutcome::Retry { delay } | MessageOutcome::LeaveForLater { delay } => {
+            MessageOutcome::Retry { delay } => !self.postpone(delivery, delay).await,
+            MessageOutcome::LeaveForLater { delay } => {
                 if let Err(e) = self.queue.change_visibility(&delivery.receipt, delay).await {
                     // It comes back after the receive's visibility timeout instead.
                     tracing::warn!(pk = %pk, error = %e, "could not set the retry delay");
@@ -1215,6 +1299,23 @@ impl Processor {
         }
     }
 
+    /// Replace the message by one visible after `delay` ([`Queue::postpone`]). When
+    /// that fails, the message itself comes back after `delay` (its receive counted).
+    /// Returns whether it was replaced (the received one is gone).
+    async fn postpone(&self, delivery: &Delivery, delay: Duration) -> bool {
+        match self.queue.postpone(delivery, delay).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(pk = %delivery.message.pk, error = %e, "could not postpone; the receive counts");
+                if let Err(e) = self.queue.change_visibility(&delivery.receipt, delay).await {
+                    // It comes back after the receive's visibility timeout instead.
+                    tracing::warn!(pk = %delivery.message.pk, error = %e, "could not set the retry delay");
+                }
+                false
+            }
+        }
+    }
+
     /// [`Processor::settle`] of a whole batch with [`AckMode::Delete`]: the pointers
     /// of dead-lettered items go to the DLQ first, then every handled message is
     /// deleted with one [`Queue::ack_batch`] while the retried ones get their
@@ -1227,17 +1328,24 @@ impl Processor {
     ) -> usize {
         let mut acks = Vec::with_capacity(deliveries.len());
         let mut later = Vec::new();
+        let mut postponed = Vec::new();
         let mut dead = Vec::new();
         for (delivery, outcome) in deliveries.iter().zip(outcomes) {
             match *outcome {
                 MessageOutcome::Ack => acks.push(delivery.receipt.clone()),
-                MessageOutcome::Retry { delay } | MessageOutcome::LeaveForLater { delay } => {
-                    later.push((delivery, delay))
-                }
+                MessageOutcome::Retry { delay } => postponed.push((delivery, delay)),
+                MessageOutcome::LeaveForLater { delay } => later.push((delivery, delay)),
                 MessageOutcome::DeadLetterNow => dead.push(delivery),
             }
         }
         let mut kept = later.len();
+        let replaced = futures::future::join_all(
+            postponed
+                .iter()
+                .map(|(delivery, delay)| self.postpone(delivery, *delay)),
+        )
+        .await;
+        kept += replaced.iter().filter(|replaced| !**replaced).count();
         let sent = futures::future::join_all(
             dead.iter()
                 .map(|d| async move { (*d, self.queue.send_dead_letter(&d.message).await) }),
@@ -1411,6 +1519,14 @@ fn human_duration(ms: i64) -> String {
         s if s >= 2 * 60 => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
+}
+
+/// The retry number of an attempt (1-based, for the backoff): the most of the inbox
+/// item's attempts, the message's receives and its postponements.
+fn retry_number(delivery: &Delivery, attempts: u32) -> u32 {
+    attempts
+        .max(delivery.receive_count)
+        .max(delivery.postponed.saturating_add(1))
 }
 
 fn millis(ms: i64) -> Duration {

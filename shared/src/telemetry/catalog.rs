@@ -93,6 +93,8 @@ metrics! {
     // events parked for a prerequisite, and parked events re-enqueued by a commit
     EVENTS_PARKED = "EventsParked", Count, Processor, BY_DEPLOYMENT;
     WAITERS_WOKEN = "WaitersWoken", Count, Processor, BY_DEPLOYMENT;
+    // Commits that found a record changed since it was loaded (decided again).
+    STATE_CONFLICTS = "StateConflicts", Count, Processor, BY_DEPLOYMENT;
     // Open circuit breakers of thin-hint lookups (a gauge per batch, by provider).
     LOOKUP_CIRCUITS_OPEN = "LookupCircuitsOpen", Count, Processor, BY_PROVIDER;
     // business (processor): provider event timestamp → effect committed

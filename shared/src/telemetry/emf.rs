@@ -452,6 +452,8 @@ pub struct WorkerTally {
     pub parked: u64,
     /// Parked events re-enqueued after a commit changed what they wait on.
     pub woken: u64,
+    /// Commits that found a record changed since its load (each decided again).
+    pub conflicts: u64,
     pub retries: BTreeMap<RetryCause, u64>,
     /// Claim → finish of each claimed message, milliseconds.
     pub processing_ms: Samples,
@@ -476,6 +478,7 @@ impl WorkerTally {
         emf.count(catalog::DEAD_LETTERS, self.dead_letters);
         emf.count(catalog::EVENTS_PARKED, self.parked);
         emf.count(catalog::WAITERS_WOKEN, self.woken);
+        emf.count(catalog::STATE_CONFLICTS, self.conflicts);
         for (cause, n) in &self.retries {
             emf.count_by(catalog::RETRIES, cause.as_str(), *n);
         }

@@ -20,7 +20,8 @@ use einmal::domain::reference::{
     order_key, seed_sku, sku_key, Order, ReferenceDomain, Sku, ORDER, SKU,
 };
 use einmal::domain::state::{
-    CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+    Commit, CommitAnswer, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
+    Waiters,
 };
 use einmal::domain::Domain;
 use einmal::envelope::InboxKey;
@@ -427,6 +428,20 @@ pub async fn aws(max_receive_count: u32) -> Backend {
 
 /// [`aws`] that also records the operation name of every call in `operations`.
 pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>) -> Backend {
+    aws_with(max_receive_count, operations, None).await
+}
+
+/// [`aws`] whose stores reach moto through `proxy` (a fault layer,
+/// [`crate::fault_proxy`]); the tables and queues are created directly.
+pub async fn aws_behind(max_receive_count: u32, proxy: &crate::fault_proxy::FaultProxy) -> Backend {
+    aws_with(max_receive_count, None, Some(&proxy.endpoint)).await
+}
+
+async fn aws_with(
+    max_receive_count: u32,
+    operations: Option<OperationLog>,
+    endpoint: Option<&str>,
+) -> Backend {
     let moto = moto::shared();
     let sdk = moto.sdk_config().await;
     let name = moto::unique_name("einmal-acc");
@@ -443,6 +458,10 @@ pub async fn aws_logged(max_receive_count: u32, operations: Option<OperationLog>
     let counter = CallCounter::new();
     let mut dynamodb = aws_sdk_dynamodb::config::Builder::from(&sdk).interceptor(counter.clone());
     let mut sqs = aws_sdk_sqs::config::Builder::from(&sdk).interceptor(counter.clone());
+    if let Some(endpoint) = endpoint {
+        dynamodb = dynamodb.endpoint_url(endpoint);
+        sqs = sqs.endpoint_url(endpoint);
+    }
     if let Some(operations) = operations {
         dynamodb = dynamodb.interceptor(operations.clone());
         sqs = sqs.interceptor(operations);
@@ -477,6 +496,7 @@ pub fn settings(lease_ms: i64, max_receive_count: u32) -> ProcessSettings {
         backoff_max_ms: 20,
         max_conflict_retries: 5,
         wait_window_ms: None,
+        retry_horizon_ms: None,
     }
 }
 
@@ -964,6 +984,90 @@ impl StateStore for SlowCommits {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<StateRecord>, StoreError> {
+        self.inner.list(tenant, kind, limit).await
+    }
+}
+
+/// A state store that is down (every call unavailable, as a throttled or restarting
+/// database answers) while its switch is on. It forwards every method of the port, so
+/// the processor takes the production path of the store underneath.
+pub struct Outage {
+    inner: Arc<dyn StateStore>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Outage {
+    pub fn new(inner: Arc<dyn StateStore>, down: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Outage { inner, down }
+    }
+
+    fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.is_down() {
+            return Err(StoreError::Unavailable(
+                "injected: the store is down".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl StateStore for Outage {
+    async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
+        self.check()?;
+        self.inner.load(keys).await
+    }
+    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+        self.check()?;
+        self.inner.commit(writes).await
+    }
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        self.check()?;
+        self.inner.commit_checked(writes, reads).await
+    }
+    async fn commit_waking(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+        self.check()?;
+        self.inner.commit_waking(writes, reads).await
+    }
+    fn gathers_commits(&self) -> bool {
+        self.inner.gathers_commits()
+    }
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        if self.is_down() {
+            return commits
+                .iter()
+                .map(|_| {
+                    Err(StoreError::Unavailable(
+                        "injected: the store is down".into(),
+                    ))
+                })
+                .collect();
+        }
+        self.inner.commit_each(commits).await
+    }
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.mark_waited(key, keep_until_ms).await
+    }
+    async fn list(
+        &self,
+        tenant: &str,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<StateRecord>, StoreError> {
+        self.check()?;
         self.inner.list(tenant, kind, limit).await
     }
 }

@@ -36,6 +36,22 @@ struct Wire {
     /// The compressed body of `item`, base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     body: Option<String>,
+    /// How often the event's message was postponed before ([`Queue::postpone`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    postponed: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A message body decoded: the pointer, the item it carries, and how often the
+/// event's message was postponed before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedMessage {
+    pub message: QueueMessage,
+    pub item: Option<Box<InboxItem>>,
+    pub postponed: u32,
 }
 
 /// The JSON body of `item`'s message: the item with its body, or the pointer alone
@@ -45,6 +61,7 @@ fn item_message(item: &InboxItem) -> Result<String, QueueError> {
         pk: item.key.clone(),
         item: Some(item.clone()),
         body: Some(base64::engine::general_purpose::STANDARD.encode(&item.body)),
+        postponed: 0,
     };
     let text = serde_json::to_string(&carried)
         .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))?;
@@ -64,9 +81,7 @@ fn pointer_message(message: &QueueMessage) -> Result<String, QueueError> {
 /// A message body as the pointer and the item it carries, if any. The error says
 /// what is wrong, never the content. The processor Lambda decodes its SQS records
 /// with it.
-pub fn decode_message_body(
-    body: &str,
-) -> Result<(QueueMessage, Option<Box<InboxItem>>), &'static str> {
+pub fn decode_message_body(body: &str) -> Result<DecodedMessage, &'static str> {
     let wire: Wire = serde_json::from_str(body).map_err(|_| "body is not a pointer message")?;
     let item = match (wire.item, wire.body) {
         (None, None) => None,
@@ -84,7 +99,23 @@ pub fn decode_message_body(
         }
         _ => return Err("a carried item without its body, or a body without its item"),
     };
-    Ok((QueueMessage { pk: wire.pk }, item))
+    Ok(DecodedMessage {
+        message: QueueMessage { pk: wire.pk },
+        item,
+        postponed: wire.postponed,
+    })
+}
+
+/// The pointer of a postponed message: `{"pk", "postponed"}`.
+fn postponed_message(message: &QueueMessage, postponed: u32) -> Result<String, QueueError> {
+    let wire = Wire {
+        pk: message.pk.clone(),
+        item: None,
+        body: None,
+        postponed,
+    };
+    serde_json::to_string(&wire)
+        .map_err(|e| QueueError::Malformed(format!("cannot serialize message: {e}")))
 }
 
 /// SQS returns at most 10 messages per ReceiveMessage.
@@ -167,7 +198,7 @@ fn decode_message(m: aws_sdk_sqs::types::Message) -> Result<Delivery, QueueError
         .receipt_handle
         .ok_or_else(|| malformed("no receipt handle"))?;
     let body = m.body.ok_or_else(|| malformed("no body"))?;
-    let (message, item) = decode_message_body(&body).map_err(malformed)?;
+    let decoded = decode_message_body(&body).map_err(malformed)?;
     let receive_count = m
         .attributes
         .as_ref()
@@ -176,12 +207,16 @@ fn decode_message(m: aws_sdk_sqs::types::Message) -> Result<Delivery, QueueError
         .parse::<u32>()
         .map_err(|_| malformed("ApproximateReceiveCount is not a number"))?;
     Ok(Delivery {
-        message,
+        message: decoded.message,
         receipt,
         receive_count,
-        item,
+        item: decoded.item,
+        postponed: decoded.postponed,
     })
 }
+
+/// SQS delays a message by at most 15 minutes.
+const SQS_MAX_DELAY_SECS: u64 = 900;
 
 #[async_trait]
 impl Queue for AwsStore {
@@ -254,6 +289,25 @@ impl Queue for AwsStore {
         Ok(())
     }
 
+    /// SendMessage of the pointer with `DelaySeconds` (at most 15 minutes, SQS's
+    /// limit), then DeleteMessage of the received one: the new message starts at
+    /// receive count 0. A delete that fails leaves two messages of one event, which
+    /// the processor handles like any duplicate.
+    async fn postpone(&self, delivery: &Delivery, delay: Duration) -> Result<(), QueueError> {
+        let body = postponed_message(&delivery.message, delivery.postponed.saturating_add(1))?;
+        let delay_secs =
+            (delay.as_secs() + u64::from(delay.subsec_nanos() > 0)).min(SQS_MAX_DELAY_SECS) as i32;
+        self.sqs
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body)
+            .delay_seconds(delay_secs)
+            .send()
+            .await
+            .map_err(|e| QueueError::Unavailable(describe("SQS SendMessage (postpone)", &e)))?;
+        self.ack(&delivery.receipt).await
+    }
+
     async fn receive_dead_letters(
         &self,
         max: u32,
@@ -289,15 +343,23 @@ mod tests {
     fn the_receivers_message_carries_the_item_and_its_body() {
         let sent = item(vec![40, 181, 47, 253, 0, 1, 2, 255]);
         let text = item_message(&sent).unwrap();
-        let (message, carried) = decode_message_body(&text).unwrap();
+        let decoded = decode_message_body(&text).unwrap();
+        let message = decoded.message;
         assert_eq!(message.pk, sent.key);
-        assert_eq!(carried.as_deref(), Some(&sent));
+        assert_eq!(decoded.item.as_deref(), Some(&sent));
+        assert_eq!(decoded.postponed, 0);
         // What a previous release reads of it: the pointer.
         let old: QueueMessage = serde_json::from_str(&text).unwrap();
         assert_eq!(old.pk, sent.key);
         // And a pointer (a previous release's, a wake, a re-send) carries nothing.
         let pointer = pointer_message(&message).unwrap();
-        assert_eq!(decode_message_body(&pointer).unwrap(), (message, None));
+        let decoded = decode_message_body(&pointer).unwrap();
+        assert_eq!((decoded.message, decoded.item), (message.clone(), None));
+        // A postponed pointer counts its postponements; older releases read the pointer.
+        let postponed = postponed_message(&message, 3).unwrap();
+        assert_eq!(decode_message_body(&postponed).unwrap().postponed, 3);
+        let old: QueueMessage = serde_json::from_str(&postponed).unwrap();
+        assert_eq!(old, message);
     }
 
     #[test]
@@ -308,7 +370,7 @@ mod tests {
             .collect();
         let text = item_message(&item(body)).unwrap();
         assert!(text.len() < 200, "{}", text.len());
-        let (_, carried) = decode_message_body(&text).unwrap();
+        let carried = decode_message_body(&text).unwrap().item;
         assert!(carried.is_none());
     }
 

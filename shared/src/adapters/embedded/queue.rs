@@ -16,7 +16,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection};
 
+use serde::{Deserialize, Serialize};
+
 use super::{DbError, EmbeddedStore};
+use crate::envelope::InboxKey;
 use crate::ports::{Delivery, Queue, QueueError, QueueMessage};
 use crate::time::now_millis;
 
@@ -109,6 +112,19 @@ pub(super) fn parse_receipt(receipt: &str) -> Result<Receipt, DbError> {
     }
 }
 
+/// A row's body: the pointer, and how often its event's message was postponed
+/// (absent in rows of earlier releases and in every first send).
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    pk: InboxKey,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    postponed: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -174,8 +190,8 @@ fn receive_messages(
             if delivered.contains(&id) {
                 continue;
             }
-            let message = match serde_json::from_str::<QueueMessage>(&body) {
-                Ok(message) => Some(message),
+            let message = match serde_json::from_str::<Stored>(&body) {
+                Ok(stored) => Some(stored),
                 Err(e) => {
                     tracing::error!(table = ?table, id, error = %e, "embedded queue: undecodable message");
                     None
@@ -202,10 +218,11 @@ fn receive_messages(
             })?;
             delivered.insert(id);
             deliveries.push(Delivery {
-                message,
+                message: QueueMessage { pk: message.pk },
                 receipt,
                 receive_count,
                 item: None,
+                postponed: message.postponed,
             });
         }
         if deliveries.len() >= max || exhausted || redriven == 0 {
@@ -335,6 +352,37 @@ impl Queue for EmbeddedStore {
         self.write_ordered(move |conn| {
             let visible_at = now_millis().saturating_add(millis(visibility));
             change_visibility_of(conn, &parsed, &raw, visible_at)
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// One update of the received row: its body counts the postponement, its receive
+    /// count starts again at 0, it is visible after `delay`. A stale receipt changes
+    /// nothing (the message was received again since). Ordered, not durable: a lost
+    /// update makes the message visible at the receive's visibility timeout instead,
+    /// with its receive counted.
+    async fn postpone(&self, delivery: &Delivery, delay: Duration) -> Result<(), QueueError> {
+        let parsed = parse_receipt(&delivery.receipt)?;
+        if parsed.table != Table::Queue {
+            return Err(QueueError::Malformed(
+                "only a work queue message can be postponed".into(),
+            ));
+        }
+        let body = serde_json::to_string(&Stored {
+            pk: delivery.message.pk.clone(),
+            postponed: delivery.postponed.saturating_add(1),
+        })
+        .map_err(|e| QueueError::Malformed(e.to_string()))?;
+        let raw = delivery.receipt.clone();
+        self.write_ordered(move |conn| {
+            let visible_at = now_millis().saturating_add(millis(delay));
+            conn.prepare_cached(
+                "UPDATE queue SET body = ?3, receive_count = 0, visible_at_ms = ?4 \
+                 WHERE id = ?1 AND receipt = ?2",
+            )?
+            .execute(params![parsed.id, raw, body, visible_at])?;
+            Ok(())
         })
         .await?;
         Ok(())
