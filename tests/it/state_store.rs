@@ -663,13 +663,18 @@ async fn two_plans(kind: Kind, guard_reads: bool) -> (Vec<String>, Vec<String>) 
         both_read: tokio::sync::Barrier::new(2),
         one_commit_at_a_time: tokio::sync::Mutex::new(()),
     });
-    let processor = Processor::new(
-        b.inbox.clone(),
-        b.processing.clone(),
-        b.queue.clone(),
-        state,
-        Arc::new(Plans { guard_reads }),
-    );
+    // Two processes (within one, decisions on the same records take turns and could
+    // never read the same snapshot).
+    let processor = |state: Arc<SameSnapshot>| {
+        Processor::new(
+            b.inbox.clone(),
+            b.processing.clone(),
+            b.queue.clone(),
+            state,
+            Arc::new(Plans { guard_reads }),
+        )
+    };
+    let (first, second) = (processor(state.clone()), processor(state));
     let ((ex, bx), (ey, by)) = (activate("x", "y"), activate("y", "x"));
     let event_x = DomainEvent {
         envelope: &ex,
@@ -680,8 +685,8 @@ async fn two_plans(kind: Kind, guard_reads: bool) -> (Vec<String>, Vec<String>) 
         body: &by,
     };
     let (x, y) = tokio::join!(
-        processor.decide_and_commit(&event_x),
-        processor.decide_and_commit(&event_y),
+        first.decide_and_commit(&event_x),
+        second.decide_and_commit(&event_y),
     );
     let outcomes = [x, y]
         .into_iter()

@@ -426,7 +426,10 @@ impl InboxProcessing for AwsStore {
             item.lease_owner = None;
             item.lease_until_ms = None;
             // The snapshot is from the send; SQS counts the receives since.
-            item.attempts = item.attempts.saturating_add(1).max(delivery.receive_count);
+            item.attempts = item
+                .attempts
+                .saturating_add(1)
+                .max(attempts_so_far(delivery));
             return Ok(ClaimOutcome::Claimed(item));
         }
         let Some(m) = self.get_raw(key).await? else {
@@ -441,7 +444,10 @@ impl InboxProcessing for AwsStore {
                 return Ok(ClaimOutcome::Leased { until_ms });
             }
         }
-        item.attempts = item.attempts.saturating_add(1).max(delivery.receive_count);
+        item.attempts = item
+            .attempts
+            .saturating_add(1)
+            .max(attempts_so_far(delivery));
         // Not leased by this run (a lease that ran out belongs to nobody).
         item.lease_owner = None;
         item.lease_until_ms = None;
@@ -676,4 +682,11 @@ fn newest_first(items: &mut Vec<InboxItem>, limit: usize) {
             .then_with(|| a.key.cmp(&b.key))
     });
     items.truncate(limit);
+}
+
+/// The attempts this delivery makes at least: the message's receives after the
+/// postponements before it (each a fresh message, [`crate::ports::Queue::postpone`]),
+/// for a run whose earlier attempts could not record themselves on the item.
+fn attempts_so_far(delivery: &Delivery) -> u32 {
+    delivery.receive_count.saturating_add(delivery.postponed)
 }
