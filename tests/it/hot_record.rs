@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use einmal::pipeline::process::Processor;
-use einmal::ports::InboxState;
 use einmal_tests::scenario::{self, orders_create, Kind, TENANT};
 
 const SKU: &str = "SKU-HOT";
@@ -99,11 +98,7 @@ async fn hot_sku(kind: Kind, orders: u64, clients: usize, processors: usize) {
         run.await.unwrap();
     }
 
-    let not_completed: Vec<String> = items
-        .iter()
-        .filter(|i| i.state != InboxState::Completed)
-        .map(|i| format!("{} {} {:?}", i.key, i.state, i.last_error))
-        .collect();
+    let not_completed = scenario::not_completed(&items);
     assert!(
         not_completed.is_empty(),
         "{}: {} orders not completed: {:#?}",

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use einmal::pipeline::process::{ProcessSettings, Processor};
-use einmal::ports::InboxState;
 use einmal_tests::fault_proxy::FaultProxy;
 use einmal_tests::scenario::{self, orders_create, pi_succeeded, shopify_refund, Backend, Outage};
 
@@ -103,11 +102,7 @@ async fn outage_then_recovery(b: Arc<Backend>, processor: Processor, down: impl 
     stop.send(true).unwrap();
     run.await.unwrap();
 
-    let not_completed: Vec<String> = items
-        .iter()
-        .filter(|i| i.state != InboxState::Completed)
-        .map(|i| format!("{} {} {:?}", i.key, i.state, i.last_error))
-        .collect();
+    let not_completed = scenario::not_completed(&items);
     assert!(not_completed.is_empty(), "{}: {not_completed:#?}", b.name);
     assert!(
         b.dead_letters().await.is_empty(),

@@ -222,19 +222,7 @@ impl Setup {
             })
             .await
             .unwrap();
-        for _ in 0..50 {
-            if let Some(d) = self
-                .queue
-                .receive(1, Duration::from_secs(60))
-                .await
-                .unwrap()
-                .pop()
-            {
-                return d;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("message never arrived")
+        self.next_message().await
     }
 
     fn processor_with(&self, settings: ProcessSettings) -> Processor {

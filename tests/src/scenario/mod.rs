@@ -671,6 +671,16 @@ impl Backend {
     }
 }
 
+/// The inbox items that are not `completed` (key, state, last error): what a scenario
+/// that must end with every event completed reports when it does not.
+pub fn not_completed(items: &[InboxItem]) -> Vec<String> {
+    items
+        .iter()
+        .filter(|i| i.state != einmal::ports::InboxState::Completed)
+        .map(|i| format!("{} {} {:?}", i.key, i.state, i.last_error))
+        .collect()
+}
+
 /// Only the `data` of each record: what the business sees.
 pub fn data_of(state: &BTreeMap<String, StateRecord>) -> BTreeMap<String, Value> {
     state
