@@ -17,6 +17,7 @@ pub mod envelope;
 pub mod https;
 pub mod lookup;
 pub mod lookup_guard;
+pub mod order;
 pub mod pipeline;
 pub mod ports;
 pub mod providers;

@@ -520,15 +520,28 @@ pub struct DeliveryStatus {
     /// without running the domain again. `None` for the event's own delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<crate::destinations::Output>,
+    /// An ordered delivery that ended (delivered, dead-lettered) but whose object turn
+    /// the store did not take back yet: the relay releases it when `next_attempt_ms`
+    /// is due ([`InboxRelay::order_release`]); until then it holds its object.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release_owed: bool,
 }
 
-/// The position of an event in its object's order ([`InboxRelay::order_acquire`]):
-/// the object version as a number or an RFC 3339 time (ms), else `occurred_at` (ms);
-/// ties broken by the event id.
+/// The position of an event in its object's order ([`InboxRelay::order_acquire`],
+/// rules in [`crate::order`]): queued events go lowest first — `at` (the object version
+/// as a number or an RFC 3339 time in ms, else `occurred_at` in ms, else the receipt),
+/// ties in arrival order (`received_ms`), then by event id. Only `version` (the
+/// provider's own) can make an event superseded.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct OrderPosition {
     pub at: i64,
+    /// When the event was received (Unix ms); 0 on cursors written before it was kept.
+    #[serde(default)]
+    pub received_ms: i64,
     pub event_id: String,
+    /// The provider's object version (ms or a sequence number), where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
 }
 
 /// One ordered delivery asking for its object's turn.
@@ -538,16 +551,45 @@ pub struct OrderClaim {
     pub cursor: String,
     /// The delivery key asking.
     pub key: String,
+    /// The attempt asking (unique per attempt): one run holds the turn, so two runs of
+    /// one event never both send.
+    pub run: String,
     /// The inbox item it delivers (handed on by [`InboxRelay::order_release`]).
     pub item: InboxKey,
     pub position: OrderPosition,
     /// The first event to queue on an idle object opens a window of this length
     /// before anything is sent, so a shuffled burst is delivered fully in order.
     pub window_ms: i64,
+    /// How long a `Go` holds the object at most (above the sink's timeout): a run
+    /// that dies holding it stops holding it then.
+    pub hold_ms: i64,
     /// Queue entries older than this (Unix ms) are dropped as abandoned (their item
     /// expired, their destination's age budget is long over): a lost entry never
     /// holds its object forever.
     pub stale_before_ms: i64,
+    /// The claiming item's expiry (Unix seconds): a store that expires cursors keeps
+    /// this one at least that long, so no event outlives its object's cursor.
+    pub retain_until_secs: i64,
+}
+
+/// How an ordered delivery ended its turn ([`InboxRelay::order_release`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// Delivered: the position is raised to it.
+    Delivered(OrderPosition),
+    /// Dead-lettered: it leaves the queue without raising the position.
+    Failed,
+    /// Failed, retried later: it keeps its place at the head, the hold is freed.
+    Retrying,
+}
+
+/// One run ending its turn on a cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderRelease {
+    pub cursor: String,
+    pub key: String,
+    pub run: String,
+    pub outcome: ReleaseOutcome,
 }
 
 /// What [`InboxRelay::order_acquire`] decided.
@@ -555,7 +597,9 @@ pub struct OrderClaim {
 pub enum OrderGate {
     /// This key holds the object: deliver now, then [`InboxRelay::order_release`].
     Go,
-    /// The destination already has this position or a newer one: never send it.
+    /// Never send it: the destination has a strictly newer version (`delivered` is
+    /// what it has), or this is the event it got last (`delivered` is the claim's own
+    /// position: it went out before).
     Superseded { delivered: OrderPosition },
     /// Not yet: the window is open or an older event of the object goes first. Try
     /// again at `until_ms` (the holder's release also hands the turn on at once).
@@ -607,23 +651,21 @@ pub trait InboxRelay: Send + Sync {
         now_ms: i64,
     ) -> Result<bool, StoreError>;
 
-    /// One atomic step on the claim's cursor: `Superseded` when the cursor delivered
-    /// this position or a newer one; otherwise queue the key (once; the first on an
-    /// idle object opens the window) and `Go` when it heads the queue (lowest position)
-    /// and the window is over, else `Wait`. The same key asking again (a retry, a
-    /// re-run after a crash) gets the same answer.
+    /// One atomic step on the claim's cursor ([`crate::order::Cursor::acquire`]):
+    /// `Superseded` when the claim's version is strictly older than the newest the
+    /// destination has (or it is the event delivered last); otherwise queue the key
+    /// (once; the first on an idle object opens the window) and `Go` when it heads the
+    /// queue, the window is over and no other run holds the object, else `Wait`. The
+    /// same run asking again gets the same answer.
     async fn order_acquire(&self, claim: &OrderClaim, now_ms: i64)
         -> Result<OrderGate, StoreError>;
 
-    /// Remove `key` from the cursor's queue; when `delivered` is set, raise the
-    /// delivered position to it (never lower it). Returns the inbox item now heading
-    /// the queue, so the relay can hand the turn on at once. A missing key or cursor is
-    /// not an error.
+    /// End a run's turn ([`crate::order::Cursor::release`]). Returns the inbox item
+    /// now heading the queue when nobody holds the object, so the relay can hand the
+    /// turn on at once. A missing key or cursor is not an error.
     async fn order_release(
         &self,
-        cursor: &str,
-        key: &str,
-        delivered: Option<&OrderPosition>,
+        release: &OrderRelease,
         now_ms: i64,
     ) -> Result<Option<InboxKey>, StoreError>;
 }

@@ -6,10 +6,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::ports::{
     ClaimOutcome, DeliveryState, DeliveryStatus, Finish, Inbox, InboxFilter, InboxItem, InboxRelay,
-    InboxState, OrderClaim, OrderGate, OrderPosition, Source,
+    InboxState, OrderClaim, OrderGate, OrderPosition, OrderRelease, ReleaseOutcome, Source,
 };
 use einmal_tests::moto::{self, aws_store, OperationLog};
 
@@ -64,6 +65,7 @@ fn delivery(destination: &str, state: DeliveryState, next: Option<i64>) -> Deliv
         next_attempt_ms: next,
         detail: None,
         output: None,
+        release_owed: false,
     }
 }
 
@@ -279,13 +281,27 @@ fn claim(object: &str, key: &str, at: i64, window_ms: i64) -> OrderClaim {
     OrderClaim {
         cursor: einmal::ports::order_cursor_id("shop", "shopify", "t1", object),
         key: key.into(),
+        run: format!("run-{key}"),
         item: InboxKey::from_stored(format!("shopify#t1#evt_{key}")),
         position: OrderPosition {
             at,
+            received_ms: at,
             event_id: format!("evt_{key}"),
+            version: Some(at),
         },
         window_ms,
+        hold_ms: 60_000,
         stale_before_ms: 0,
+        retain_until_secs: 0,
+    }
+}
+
+fn delivered(claim: &OrderClaim) -> OrderRelease {
+    OrderRelease {
+        cursor: claim.cursor.clone(),
+        key: claim.key.clone(),
+        run: claim.run.clone(),
+        outcome: ReleaseOutcome::Delivered(claim.position.clone()),
     }
 }
 
@@ -324,12 +340,7 @@ async fn order_cursors_hand_an_object_to_one_key_at_a_time_in_version_order() {
     assert_eq!(gate, OrderGate::Go);
     // The release hands the turn on and raises the delivered position.
     let next = store
-        .order_release(
-            &claim("o1", "k1", 1, 0).cursor,
-            "k1",
-            Some(&claim("o1", "k1", 1, 0).position),
-            1_300,
-        )
+        .order_release(&delivered(&claim("o1", "k1", 1, 0)), 1_300)
         .await
         .unwrap();
     assert_eq!(next, Some(InboxKey::from_stored("shopify#t1#evt_k2")));
@@ -339,16 +350,11 @@ async fn order_cursors_hand_an_object_to_one_key_at_a_time_in_version_order() {
         .unwrap();
     assert_eq!(gate, OrderGate::Go);
     let next = store
-        .order_release(
-            &claim("o1", "k2", 2, 0).cursor,
-            "k2",
-            Some(&claim("o1", "k2", 2, 0).position),
-            1_400,
-        )
+        .order_release(&delivered(&claim("o1", "k2", 2, 0)), 1_400)
         .await
         .unwrap();
     assert_eq!(next, None);
-    // A straggler at or below the delivered position is superseded.
+    // A straggler strictly older than the delivered version is superseded.
     let gate = store
         .order_acquire(&claim("o1", "k0", 0, 1_000), 1_500)
         .await
@@ -360,14 +366,9 @@ async fn order_cursors_hand_an_object_to_one_key_at_a_time_in_version_order() {
         }
     );
     // Releasing what is not there is no error.
-    let cursor = claim("o9", "k", 1, 0).cursor;
-    assert_eq!(
-        store
-            .order_release(&cursor, "k", None, 1_600)
-            .await
-            .unwrap(),
-        None
-    );
+    let mut nowhere = delivered(&claim("o9", "k", 1, 0));
+    nowhere.outcome = ReleaseOutcome::Failed;
+    assert_eq!(store.order_release(&nowhere, 1_600).await.unwrap(), None);
 
     // Cursors share the table with the events but never show up as events.
     let it = item("evt_listed", 1);
@@ -377,6 +378,50 @@ async fn order_cursors_hand_an_object_to_one_key_at_a_time_in_version_order() {
         listed.iter().map(|i| i.key.clone()).collect::<Vec<_>>(),
         vec![it.key]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_cursor_lives_at_least_as_long_as_the_items_that_queued_on_it() {
+    let moto = moto::shared();
+    let (store, names) = aws_store(moto, None).await;
+    let now_ms = einmal::time::now_millis();
+    // An item kept for a configured 400 days: far past the default cursor lifetime.
+    let mut long_kept = claim("o-retained", "k1", 1, 0);
+    long_kept.retain_until_secs = now_ms / 1000 + 400 * 86_400;
+    assert_eq!(
+        store.order_acquire(&long_kept, now_ms).await.unwrap(),
+        OrderGate::Go
+    );
+    let expires_at =
+        |m: &std::collections::HashMap<String, AttributeValue>| match m.get("expires_at") {
+            Some(AttributeValue::N(n)) => n.parse::<i64>().unwrap(),
+            other => panic!("no expiry: {other:?}"),
+        };
+    let dynamodb = aws_sdk_dynamodb::Client::new(&moto.sdk_config().await);
+    let read = || async {
+        dynamodb
+            .get_item()
+            .table_name(&names.table)
+            .key(
+                "pk",
+                AttributeValue::S(format!("cursor#{}", long_kept.cursor)),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap()
+            .item
+            .expect("the cursor is stored")
+    };
+    assert!(expires_at(&read().await) >= long_kept.retain_until_secs);
+    // A later write with a shorter-lived item never shortens it.
+    let short = claim("o-retained", "k2", 2, 0);
+    store
+        .order_release(&delivered(&long_kept), now_ms + 10)
+        .await
+        .unwrap();
+    store.order_acquire(&short, now_ms + 20).await.unwrap();
+    assert!(expires_at(&read().await) >= long_kept.retain_until_secs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,7 +7,8 @@ use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::ports::{
     ClaimOutcome, DeliveryState, DeliveryStatus, Finish, Inbox, InboxItem, InboxProcessing,
-    InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition, PutOutcome, Queue, Source,
+    InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition, OrderRelease, PutOutcome, Queue,
+    ReleaseOutcome, Source,
 };
 use einmal_tests::fixtures::{all_items, config, drain, signed, stripe_body, FailingQueue};
 
@@ -417,6 +418,7 @@ fn delivery(destination: &str, state: DeliveryState, next: Option<i64>) -> Deliv
         next_attempt_ms: next,
         detail: (state != DeliveryState::Delivered).then(|| "retryable (status 503): busy".into()),
         output: None,
+        release_owed: false,
     }
 }
 
@@ -535,14 +537,32 @@ fn order_claim(cursor: &str, version: i64) -> OrderClaim {
     OrderClaim {
         cursor: cursor.into(),
         key: format!("msg_v{version}"),
+        run: format!("run-v{version}"),
         item: InboxKey::new("shopify", "t1", &format!("v{version}")),
         position: OrderPosition {
             at: version,
+            received_ms: version,
             event_id: format!("v{version}"),
+            version: Some(version),
         },
         window_ms: 0,
+        hold_ms: 60_000,
         stale_before_ms: 0,
+        retain_until_secs: 0,
     }
+}
+
+fn release_of(claim: &OrderClaim, outcome: ReleaseOutcome) -> OrderRelease {
+    OrderRelease {
+        cursor: claim.cursor.clone(),
+        key: claim.key.clone(),
+        run: claim.run.clone(),
+        outcome,
+    }
+}
+
+fn delivered(claim: &OrderClaim) -> OrderRelease {
+    release_of(claim, ReleaseOutcome::Delivered(claim.position.clone()))
 }
 
 async fn the_order_cursor_hands_an_object_out_lowest_version_first(b: Backend) {
@@ -567,15 +587,21 @@ async fn the_order_cursor_hands_an_object_out_lowest_version_first(b: Backend) {
         b.relay.order_acquire(&v2, now).await.unwrap(),
         OrderGate::Wait { .. }
     ));
-    // The same key asking again gets the same answer.
+    // The same run asking again gets the same answer; another run of v3 waits.
     assert_eq!(
         b.relay.order_acquire(&v3, now).await.unwrap(),
         OrderGate::Go
     );
+    let mut v3_again = v3.clone();
+    v3_again.run = "run-v3-duplicate".into();
+    assert!(matches!(
+        b.relay.order_acquire(&v3_again, now).await.unwrap(),
+        OrderGate::Wait { .. }
+    ));
     // Dead-lettered (no delivered position): the turn goes to the lowest left.
     let next = b
         .relay
-        .order_release(&cursor, &v3.key, None, now)
+        .order_release(&release_of(&v3, ReleaseOutcome::Failed), now)
         .await
         .unwrap();
     assert_eq!(next, Some(v1.item.clone()));
@@ -583,31 +609,43 @@ async fn the_order_cursor_hands_an_object_out_lowest_version_first(b: Backend) {
         b.relay.order_acquire(&v1, now).await.unwrap(),
         OrderGate::Go
     );
-    let next = b
-        .relay
-        .order_release(&cursor, &v1.key, Some(&v1.position), now)
-        .await
-        .unwrap();
+    let next = b.relay.order_release(&delivered(&v1), now).await.unwrap();
     assert_eq!(next, Some(v2.item.clone()));
     assert_eq!(
         b.relay.order_acquire(&v2, now).await.unwrap(),
         OrderGate::Go
     );
-    let next = b
-        .relay
-        .order_release(&cursor, &v2.key, Some(&v2.position), now)
-        .await
-        .unwrap();
+    let next = b.relay.order_release(&delivered(&v2), now).await.unwrap();
     assert_eq!(next, None);
-    // At or below the delivered position: superseded, never sent.
+    // Strictly older than the delivered version: superseded, never sent.
     assert!(matches!(
         b.relay.order_acquire(&v1, now).await.unwrap(),
         OrderGate::Superseded { delivered } if delivered == v2.position
     ));
+    // The same version (another event stamped in the same second) is a tie: it goes.
+    let mut tie = order_claim(&cursor, 2);
+    tie.key = "msg_v2_tie".into();
+    tie.run = "run-v2-tie".into();
+    tie.position.event_id = "v0-sorts-first".into();
+    tie.position.received_ms = 10;
+    assert_eq!(
+        b.relay.order_acquire(&tie, now).await.unwrap(),
+        OrderGate::Go
+    );
+    b.relay.order_release(&delivered(&tie), now).await.unwrap();
+    // Without a version nothing is ever superseded, however old.
+    let mut unversioned = order_claim(&cursor, 0);
+    unversioned.position.version = None;
+    assert_eq!(
+        b.relay.order_acquire(&unversioned, now).await.unwrap(),
+        OrderGate::Go
+    );
     // A release of an unknown key or cursor is no error.
+    let mut nowhere = order_claim("nope", 1);
+    nowhere.key = "msg_x".into();
     assert_eq!(
         b.relay
-            .order_release("nope", "msg_x", None, now)
+            .order_release(&release_of(&nowhere, ReleaseOutcome::Failed), now)
             .await
             .unwrap(),
         None

@@ -32,12 +32,14 @@ use einmal::domain::reference::ReferenceDomain;
 use einmal::domain::state::{StateKey, StateRecord, StateStore};
 use einmal::domain::{Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::Envelope;
+use einmal::envelope::InboxKey;
 use einmal::https::HttpsClient;
 use einmal::pipeline::process::{AckMode, Processor};
 use einmal::pipeline::relay::{Relay, RelayError, RelaySettings, RetryPolicy, SinkFactory};
 use einmal::pipeline::replay::{ItemOutcome, Operator, Replayer};
 use einmal::ports::{
-    DeliveryState, InboxFilter, InboxItem, InboxState, InboxStore, QueueMessage, Source,
+    DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxRelay, InboxState, InboxStore,
+    OrderClaim, OrderGate, OrderRelease, QueueMessage, Source, StoreError,
 };
 use einmal_tests::destination_server::{Answer, Call, DestinationServer, SECRET};
 use einmal_tests::moto;
@@ -172,8 +174,20 @@ impl Rig {
         domain: Arc<dyn Domain>,
         settings: RelaySettings,
     ) -> Rig {
+        Self::with_relay_store(kind, destinations, domain, settings, |store| store).await
+    }
+
+    /// [`Rig::new`] whose relay reaches the store through `wrap` (a fault layer).
+    async fn with_relay_store(
+        kind: Kind,
+        destinations: Vec<DestinationConfig>,
+        domain: Arc<dyn Domain>,
+        settings: RelaySettings,
+        wrap: impl FnOnce(Arc<dyn InboxRelay>) -> Arc<dyn InboxRelay>,
+    ) -> Rig {
         let (store, state, audit, keep) = stores(kind).await;
-        let relay = Relay::build(store.clone(), &destinations, &HttpSinks(HttpsClient::new()))
+        let relay_store = wrap(store.clone());
+        let relay = Relay::build(relay_store, &destinations, &HttpSinks(HttpsClient::new()))
             .await
             .unwrap()
             .with_settings(settings);
@@ -733,6 +747,192 @@ async fn notifications_are_delivered_once_per_dedup_key(kind: Kind) {
     assert!(second.deliveries.is_empty(), "{:?}", second.deliveries);
 }
 
+/// A Stripe event (no object version) of one payment intent, stamped at `created`.
+fn stripe_event(event_id: &str, event_type: &str, pi: &str, created: i64) -> InboxItem {
+    let envelope = Envelope {
+        provider: "stripe".into(),
+        tenant: TENANT.into(),
+        event_id: event_id.into(),
+        event_type: event_type.into(),
+        object_id: Some(pi.into()),
+        object_version: None,
+        occurred_at: Some(created),
+        delivery_id: None,
+    };
+    let body = json!({"id": event_id, "type": event_type, "created": created,
+        "data": {"object": {"id": pi, "object": "payment_intent"}}});
+    item_with_body(envelope, body.to_string().into_bytes())
+}
+
+async fn an_ordered_destination_delivers_ties_and_events_without_a_version(kind: Kind) {
+    const INTENTS: usize = 10;
+    let server = DestinationServer::start(|_, _| Answer::Ok).await;
+    let mut ordered = destination("ledger", &server.url);
+    ordered.ordered = true;
+    let rig = Rig::new(kind, vec![ordered], Arc::new(IgnoreAll), settings(0)).await;
+    // Each intent's `processing` goes out first; then its `succeeded`, stamped in the
+    // same second, with an event id that sorts before the first one's.
+    let processing: Vec<InboxItem> = (0..INTENTS)
+        .map(|i| {
+            stripe_event(
+                &format!("evt_{i}_b"),
+                "payment_intent.processing",
+                &format!("pi_{i}"),
+                1_764_400_000,
+            )
+        })
+        .collect();
+    for e in &processing {
+        rig.ingest(e).await;
+    }
+    rig.process_all().await;
+    rig.relay_until("every processing event delivered", |items| {
+        all_in(items, DeliveryState::Delivered)
+    })
+    .await;
+    for i in 0..INTENTS {
+        let succeeded = stripe_event(
+            &format!("evt_{i}_a"),
+            "payment_intent.succeeded",
+            &format!("pi_{i}"),
+            1_764_400_000,
+        );
+        rig.ingest(&succeeded).await;
+    }
+    rig.process_all().await;
+    let items = rig
+        .relay_until("every event settled", |items| {
+            items.len() == 2 * INTENTS
+                && items.iter().all(|i| {
+                    i.deliveries
+                        .iter()
+                        .all(|d| d.state != DeliveryState::Pending)
+                })
+        })
+        .await;
+    // None superseded: the shop learns of every payment.
+    assert!(all_in(&items, DeliveryState::Delivered), "{items:#?}");
+    assert_exactly_once(&server, &items, "ledger");
+    let mut applied: Vec<Call> = server.effects().into_values().collect();
+    applied.sort_by_key(|c| c.at);
+    for i in 0..INTENTS {
+        let types: Vec<&str> = applied
+            .iter()
+            .filter(|c| c.object_id.as_deref() == Some(format!("pi_{i}").as_str()))
+            .map(|c| c.event_type.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            ["payment_intent.processing", "payment_intent.succeeded"],
+            "pi_{i}"
+        );
+    }
+}
+
+/// The relay's port with `order_release` refused while `failing` is set (the store
+/// throttled or unreachable just then); everything else passes through.
+struct ReleaseRefused {
+    inner: Arc<dyn InboxRelay>,
+    failing: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl InboxRelay for ReleaseRefused {
+    async fn relay_due(&self, now_ms: i64, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
+        self.inner.relay_due(now_ms, limit).await
+    }
+    async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        self.inner.relay_pending(limit).await
+    }
+    async fn claim_relay(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Option<InboxItem>, StoreError> {
+        self.inner.claim_relay(key, owner, now_ms, lease_ms).await
+    }
+    async fn finish_relay(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        deliveries: &[DeliveryStatus],
+        relay_due_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .finish_relay(key, owner, deliveries, relay_due_ms, now_ms)
+            .await
+    }
+    async fn order_acquire(
+        &self,
+        claim: &OrderClaim,
+        now_ms: i64,
+    ) -> Result<OrderGate, StoreError> {
+        self.inner.order_acquire(claim, now_ms).await
+    }
+    async fn order_release(
+        &self,
+        release: &OrderRelease,
+        now_ms: i64,
+    ) -> Result<Option<InboxKey>, StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("throttled (injected)".into()));
+        }
+        self.inner.order_release(release, now_ms).await
+    }
+}
+
+async fn a_release_the_store_refused_is_retried_and_the_object_counted_held(kind: Kind) {
+    let server = DestinationServer::start(|_, _| Answer::Ok).await;
+    let mut ordered = destination("ledger", &server.url);
+    ordered.ordered = true;
+    let failing = Arc::new(AtomicBool::new(true));
+    let injected = failing.clone();
+    let rig = Rig::with_relay_store(
+        kind,
+        vec![ordered],
+        Arc::new(IgnoreAll),
+        settings(0),
+        move |inner| {
+            Arc::new(ReleaseRefused {
+                inner,
+                failing: injected,
+            })
+        },
+    )
+    .await;
+    let v1 = event("shopify", "o-v1", "orders/updated", "obj-r", &version(1));
+    let v2 = event("shopify", "o-v2", "orders/updated", "obj-r", &version(2));
+    rig.ingest(&v1).await;
+    rig.process_all().await;
+    // v1 went out but its turn could not be handed back: it owes the release, and the
+    // object counts as held.
+    let stored = rig.store.get(&v1.key).await.unwrap().unwrap();
+    let d = &stored.deliveries[0];
+    assert_eq!((d.state, d.release_owed), (DeliveryState::Delivered, true));
+    assert!(stored.relay_due_ms.is_some(), "the relay comes back for it");
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert_eq!(backlog.held_objects, 1);
+    rig.ingest(&v2).await;
+    rig.process_all().await;
+    // The store answers again: the relay's pass releases v1 and v2 follows, well
+    // before v1's queue entry would go stale (the destination's max_age, an hour).
+    failing.store(false, Ordering::SeqCst);
+    let items = rig
+        .relay_until("v2 delivered after the owed release", |items| {
+            all_in(items, DeliveryState::Delivered)
+                && items
+                    .iter()
+                    .all(|i| i.deliveries.iter().all(|d| !d.release_owed))
+        })
+        .await;
+    assert_exactly_once(&server, &items, "ledger");
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert_eq!(backlog.held_objects, 0);
+}
+
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {
         mod embedded_store {
@@ -760,4 +960,6 @@ on_both_backends!(
     a_destination_down_keeps_events_pending_then_gets_every_one,
     an_ordered_destination_gets_each_objects_versions_in_order_and_a_failing_object_holds_only_itself,
     notifications_are_delivered_once_per_dedup_key,
+    an_ordered_destination_delivers_ties_and_events_without_a_version,
+    a_release_the_store_refused_is_retried_and_the_object_counted_held,
 );

@@ -36,6 +36,7 @@
 //! dead-lettered the next event of the object is handed the turn at once.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ use crate::destinations::{
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
     order_cursor_id, DeliveryState, DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate,
-    OrderPosition, StoreError,
+    OrderPosition, OrderRelease, ReleaseOutcome, StoreError,
 };
 use crate::telemetry::catalog;
 use crate::telemetry::emf::Emf;
@@ -292,20 +293,23 @@ pub fn matches_output(d: &DestinationConfig, provider: &str, tenant: &str, kind:
 }
 
 /// The order position of an event: its object version as a number or an RFC 3339
-/// time (ms), else `occurred_at` (ms), else the receive time; ties by event id.
+/// time (ms), else `occurred_at` (ms), else the receive time; ties in arrival order,
+/// then by event id. Only the object version can make it superseded.
 pub fn position(envelope: &Envelope, received_at_ms: i64) -> OrderPosition {
-    let from_version = envelope.object_version.as_deref().and_then(|v| {
+    let version = envelope.object_version.as_deref().and_then(|v| {
         let v = v.trim();
         v.parse::<i64>()
             .ok()
             .or_else(|| time::parse_rfc3339(v).map(|secs| secs.saturating_mul(1000)))
     });
-    let at = from_version
+    let at = version
         .or_else(|| envelope.occurred_at.map(|secs| secs.saturating_mul(1000)))
         .unwrap_or(received_at_ms);
     OrderPosition {
         at,
+        received_ms: received_at_ms,
         event_id: envelope.event_id.clone(),
+        version,
     }
 }
 
@@ -411,6 +415,9 @@ pub struct Relay {
     now_ms: Clock,
     jitter: Jitter,
     tally: Mutex<RelayTally>,
+    /// Numbers this relay's ordered attempts: each is a run that holds its object's
+    /// turn alone ([`OrderClaim::run`]).
+    runs: AtomicU64,
 }
 
 impl std::fmt::Debug for Relay {
@@ -464,6 +471,7 @@ impl Relay {
             now_ms: Arc::new(time::now_millis),
             jitter: Arc::new(rand::random::<f64>),
             tally: Mutex::new(RelayTally::default()),
+            runs: AtomicU64::new(0),
         }
     }
 
@@ -627,11 +635,13 @@ impl Relay {
             .iter()
             .map(|status| {
                 let pending = status.state == DeliveryState::Pending;
-                let due = pending
-                    && match forced {
-                        Some(destination) => status.destination == destination,
-                        None => status.next_attempt_ms.is_none_or(|at| at <= now),
-                    };
+                let due = match forced {
+                    Some(destination) => pending && status.destination == destination,
+                    None => {
+                        (pending || status.release_owed)
+                            && status.next_attempt_ms.is_none_or(|at| at <= now)
+                    }
+                };
                 Work {
                     destination: self
                         .destination(&item.envelope.tenant, &status.destination)
@@ -676,6 +686,9 @@ impl Relay {
                     status.detail = Some("destination no longer configured".into());
                     return (status, None);
                 };
+                if w.status.release_owed {
+                    return self.release_owed(item, &destination.config, w.status).await;
+                }
                 match raw {
                     Ok(raw) => self.attempt(item, raw, &destination, w.status).await,
                     Err(reason) => {
@@ -691,7 +704,7 @@ impl Relay {
         let results = futures::future::join_all(runs).await;
         let mut out = EventDeliveries::default();
         for (status, handoff) in results {
-            if status.state == DeliveryState::Pending {
+            if status.state == DeliveryState::Pending || status.release_owed {
                 let at = status.next_attempt_ms.unwrap_or(0);
                 out.relay_due_ms = Some(out.relay_due_ms.map_or(at, |due: i64| due.min(at)));
             }
@@ -790,28 +803,76 @@ impl Relay {
             state = %status.state, attempts = status.attempts, status = status.last_status,
             latency_ms, "delivery attempt"
         );
-        let mut handoff = None;
-        if let Some(claim) = order {
-            if status.state != DeliveryState::Pending {
-                let delivered =
-                    (status.state == DeliveryState::Delivered).then_some(&claim.position);
-                match self
-                    .store
-                    .order_release(&claim.cursor, &claim.key, delivered, after)
-                    .await
-                {
-                    Ok(next) => {
-                        handoff = next.map(|item| Handoff {
-                            item,
-                            destination: config.name.clone(),
-                        })
-                    }
-                    // The next event's own retry finds the object free later.
-                    Err(e) => tracing::warn!(destination = %config.name, error = %e,
-                        "relay: cannot release the object's turn"),
-                }
+        let handoff = match order {
+            Some(claim) => self.end_turn(claim, &mut status, after).await,
+            None => None,
+        };
+        (status, handoff)
+    }
+
+    /// Hand an ordered delivery's turn back: a retry keeps its place (only the hold is
+    /// freed), a delivered or dead-lettered one leaves the queue and the next event is
+    /// handed the turn. A release the store refuses is owed: the entry stays due
+    /// ([`DeliveryStatus::release_owed`]) and the relay's next pass releases it, so a
+    /// lost release never blocks the object until its queue entry goes stale.
+    async fn end_turn(
+        &self,
+        claim: OrderClaim,
+        status: &mut DeliveryStatus,
+        now: i64,
+    ) -> Option<Handoff> {
+        let outcome = match status.state {
+            DeliveryState::Pending => ReleaseOutcome::Retrying,
+            DeliveryState::Delivered => ReleaseOutcome::Delivered(claim.position.clone()),
+            _ => ReleaseOutcome::Failed,
+        };
+        let retrying = outcome == ReleaseOutcome::Retrying;
+        let release = OrderRelease {
+            cursor: claim.cursor,
+            key: claim.key,
+            run: claim.run,
+            outcome,
+        };
+        match self.store.order_release(&release, now).await {
+            Ok(_) if retrying => None,
+            Ok(next) => next.map(|item| Handoff {
+                item,
+                destination: status.destination.clone(),
+            }),
+            // A retry's hold lapses by itself (`hold_ms`).
+            Err(e) if retrying => {
+                tracing::warn!(destination = %status.destination, error = %e,
+                    "relay: cannot free the object's turn; it lapses");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(destination = %status.destination, error = %e,
+                    "relay: cannot release the object's turn; the next pass does");
+                status.release_owed = true;
+                status.next_attempt_ms =
+                    Some(now.saturating_add(millis(self.settings.policy.base)));
+                None
             }
         }
+    }
+
+    /// Release the turn an ended ordered delivery still owes (see [`Relay::end_turn`]).
+    async fn release_owed(
+        &self,
+        item: &InboxItem,
+        config: &DestinationConfig,
+        mut status: DeliveryStatus,
+    ) -> (DeliveryStatus, Option<Handoff>) {
+        let now = (self.now_ms)();
+        let Some(claim) = self.order_claim(item, config, &status, now) else {
+            // No longer ordered (or no object): nothing holds a turn for it.
+            status.release_owed = false;
+            status.next_attempt_ms = None;
+            return (status, None);
+        };
+        status.release_owed = false;
+        status.next_attempt_ms = None;
+        let handoff = self.end_turn(claim, &mut status, now).await;
         (status, handoff)
     }
 
@@ -827,16 +888,21 @@ impl Relay {
         }
         let e = &item.envelope;
         let object = e.object_id.as_deref()?;
+        let run = self.runs.fetch_add(1, Ordering::Relaxed);
         Some(OrderClaim {
             cursor: order_cursor_id(&config.name, &e.provider, &e.tenant, object),
             key: status.key.clone(),
+            run: format!("{}-{run}", self.owner),
             item: item.key.clone(),
             position: position(e, item.received_at_ms),
             window_ms: millis(self.settings.order_window),
+            // Above any sink's timeout: a run holds the object only while it may send.
+            hold_ms: millis(self.settings.lease),
             // Far past the destination's age budget: that entry is abandoned.
             stale_before_ms: now
                 .saturating_sub(millis(config.max_age))
                 .saturating_sub(millis(self.settings.lease) * 2),
+            retain_until_secs: item.expires_at,
         })
     }
 
@@ -908,6 +974,7 @@ fn fresh(destination: &str, key: String, output: Option<Output>) -> DeliveryStat
         next_attempt_ms: None,
         detail: None,
         output,
+        release_owed: false,
     }
 }
 
@@ -924,15 +991,19 @@ pub fn backlog_of(
         for d in item
             .deliveries
             .iter()
-            .filter(|d| d.state == DeliveryState::Pending)
+            .filter(|d| d.state == DeliveryState::Pending || d.release_owed)
         {
-            let entry = backlog
-                .per_destination
-                .entry(d.destination.clone())
-                .or_default();
-            entry.0 += 1;
-            entry.1 = entry.1.max(age);
-            if d.attempts > 0
+            if d.state == DeliveryState::Pending {
+                let entry = backlog
+                    .per_destination
+                    .entry(d.destination.clone())
+                    .or_default();
+                entry.0 += 1;
+                entry.1 = entry.1.max(age);
+            }
+            // A failing ordered delivery keeps its object's head; an owed release
+            // keeps it queued: either holds the object back.
+            if (d.attempts > 0 || d.release_owed)
                 && d.output.is_none()
                 && ordered(&d.destination, &item.envelope.tenant)
             {
@@ -1102,7 +1173,7 @@ mod tests {
     }
 
     #[test]
-    fn positions_order_by_version_then_time_then_event_id() {
+    fn positions_order_by_version_then_time_then_arrival() {
         let mut e = Envelope {
             provider: "shopify".into(),
             tenant: "demo".into(),
@@ -1114,18 +1185,20 @@ mod tests {
             delivery_id: None,
         };
         let a = position(&e, 0);
-        assert_eq!(
-            a.at,
-            time::parse_rfc3339("2026-01-01T00:00:01Z").unwrap() * 1000
-        );
+        let ms = time::parse_rfc3339("2026-01-01T00:00:01Z").unwrap() * 1000;
+        assert_eq!((a.at, a.version), (ms, Some(ms)));
         e.object_version = Some("17".into());
-        assert_eq!(position(&e, 0).at, 17);
+        assert_eq!(position(&e, 0).version, Some(17));
+        // Not a version: ordered by occurred_at, never superseded.
         e.object_version = Some("v-x".into());
-        assert_eq!(position(&e, 0).at, 5_000);
+        assert_eq!((position(&e, 0).at, position(&e, 0).version), (5_000, None));
         e.object_version = None;
         e.occurred_at = None;
         assert_eq!(position(&e, 42).at, 42);
+        // Ties go in arrival order, then by event id.
         let mut f = e.clone();
+        f.event_id = "e0".into();
+        assert!(position(&e, 42) < position(&f, 43));
         f.event_id = "e3".into();
         assert!(position(&e, 42) < position(&f, 42));
     }

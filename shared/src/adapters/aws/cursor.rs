@@ -1,23 +1,20 @@
 //! The relay's per-object order cursors on DynamoDB: one small item per ordered
 //! destination and object in the inbox table (pk `cursor#{destination}#{provider}#
-//! {tenant}#{object}`), holding the delivered position, the key that holds the object
-//! (its delivery is in flight or failing), the window of a shuffled burst and the queue
-//! of waiting keys (a map by delivery key, at most [`MAX_ORDER_QUEUE`] entries).
+//! {tenant}#{object}`), holding the last delivered position and newest version, the run
+//! that holds the object (its delivery is in flight), the window of a shuffled burst
+//! and the queue of waiting keys (a map by delivery key, at most [`MAX_ORDER_QUEUE`]
+//! entries). The rules are [`crate::order::Cursor`]'s, shared with the embedded store.
 //!
-//! The rules are the embedded store's (`adapters/embedded/relay.rs`), plus an explicit
-//! holder: the key that was told `Go` keeps the object until its release, so an older
-//! event arriving while it is in flight waits (and is superseded once the holder has
-//! delivered) instead of going out beside it: one in flight per object.
+//! Each step is a consistent GetItem, the decision, and one UpdateItem conditional on
+//! the version read (`cursor_version`): two relays racing on one object retry on the
+//! new state, no transaction. A step that changes nothing (the same run asking again)
+//! writes nothing. Cursors carry the table's TTL, refreshed by every write, never
+//! shorter than the retention of any item that queued on it (its claim's
+//! `retain_until_secs`) nor than the longest provider retry window plus the replay
+//! margin: idle objects' cursors go away (nothing grows with traffic) while a late
+//! event or a replay of a live object still meets its cursor.
 //!
-//! Each step is a consistent GetItem, the decision in [`Cursor::acquire`] /
-//! [`Cursor::release`] (pure, unit-tested), and one UpdateItem conditional on the
-//! version read (`cursor_version`): two relays racing on one object retry on the new
-//! state, no transaction. A step that changes nothing (the same key asking again)
-//! writes nothing. Cursors carry the table's TTL, refreshed by every write and longer
-//! than any provider retries, so idle objects' cursors go away (nothing grows with
-//! traffic) while a late event of a live object still meets its cursor.
-
-use std::collections::BTreeMap;
+//! [`MAX_ORDER_QUEUE`]: crate::ports::MAX_ORDER_QUEUE
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
@@ -25,25 +22,33 @@ use super::error::{self, describe};
 use super::item::{self, n_attr, s_attr, Item};
 use super::AwsStore;
 use crate::envelope::InboxKey;
-use crate::ports::{OrderClaim, OrderGate, OrderPosition, StoreError, MAX_ORDER_QUEUE};
+use crate::order::{Cursor, Entry, Holder};
+use crate::ports::{OrderClaim, OrderGate, OrderPosition, OrderRelease, StoreError};
 
 const VERSION: &str = "cursor_version";
 const DELIVERED_AT: &str = "delivered_at";
+const DELIVERED_RECEIVED: &str = "delivered_received_ms";
 const DELIVERED_ID: &str = "delivered_id";
+const DELIVERED_EVENT_VERSION: &str = "delivered_event_version";
+const NEWEST_VERSION: &str = "newest_version";
 const HOLDER: &str = "holder";
+const HOLDER_RUN: &str = "holder_run";
+const HOLDER_UNTIL_MS: &str = "holder_until_ms";
 const WINDOW_UNTIL_MS: &str = "window_until_ms";
 const QUEUE: &str = "queue";
 // One queue entry (a map).
 const E_ITEM: &str = "item";
 const E_AT: &str = "at";
+const E_RECEIVED: &str = "received_ms";
 const E_ID: &str = "id";
+const E_VERSION: &str = "version";
 const E_SINCE: &str = "since_ms";
 
 /// Conflicting writers retried before the step gives up (the relay tries again later).
 const MAX_CONFLICTS: usize = 8;
 
-/// How long a cursor lives after its last write: longer than the longest provider retry
-/// window plus the replay margin, so an event can never outlive its object's cursor.
+/// The shortest a cursor lives after its last write: longer than the longest provider
+/// retry window plus the replay margin.
 fn cursor_ttl_secs() -> i64 {
     let days = crate::providers::all()
         .iter()
@@ -54,147 +59,20 @@ fn cursor_ttl_secs() -> i64 {
     i64::from(days) * 86_400
 }
 
-/// A key waiting for its object's turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Entry {
-    pub item: String,
-    pub position: OrderPosition,
-    /// When it was queued (Unix ms): entries older than a claim's `stale_before_ms`
-    /// are dropped as abandoned.
-    pub since_ms: i64,
-}
-
-/// One cursor's state.
+/// A cursor as stored: its rules' state, the version it was read at (0 = not stored
+/// yet) and its expiry (Unix seconds).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Cursor {
-    /// 0 = not stored yet.
-    pub version: i64,
-    pub delivered: Option<OrderPosition>,
-    pub holder: Option<String>,
-    pub window_until_ms: Option<i64>,
-    pub queue: BTreeMap<String, Entry>,
-}
-
-impl Cursor {
-    /// The queued key with the lowest position.
-    fn head(&self) -> Option<(&String, &Entry)> {
-        self.queue
-            .iter()
-            .min_by(|a, b| a.1.position.cmp(&b.1.position))
-    }
-
-    fn drop_stale(&mut self, stale_before_ms: i64, keep: &str) -> bool {
-        let before = self.queue.len();
-        self.queue
-            .retain(|key, e| key == keep || e.since_ms >= stale_before_ms);
-        if self
-            .holder
-            .as_ref()
-            .is_some_and(|h| h != keep && !self.queue.contains_key(h))
-        {
-            self.holder = None;
-        }
-        before != self.queue.len()
-    }
-
-    /// The decision of [`crate::ports::InboxRelay::order_acquire`]; `true` when the
-    /// cursor changed (and must be written).
-    pub fn acquire(&mut self, claim: &OrderClaim, now_ms: i64) -> (OrderGate, bool) {
-        let mut changed = self.drop_stale(claim.stale_before_ms, &claim.key);
-        if let Some(delivered) = &self.delivered {
-            if *delivered >= claim.position {
-                let delivered = delivered.clone();
-                if self.queue.remove(&claim.key).is_some() {
-                    changed = true;
-                }
-                if self.holder.as_deref() == Some(claim.key.as_str()) {
-                    self.holder = None;
-                    changed = true;
-                }
-                return (OrderGate::Superseded { delivered }, changed);
-            }
-        }
-        if !self.queue.contains_key(&claim.key) {
-            if self.queue.len() >= MAX_ORDER_QUEUE {
-                // Full: wait outside the queue and ask again later.
-                let retry = now_ms.saturating_add(claim.window_ms.max(1_000));
-                return (OrderGate::Wait { until_ms: retry }, changed);
-            }
-            if self.queue.is_empty() && self.holder.is_none() {
-                // The first on an idle object opens the window.
-                self.window_until_ms = Some(now_ms.saturating_add(claim.window_ms));
-            }
-            self.queue.insert(
-                claim.key.clone(),
-                Entry {
-                    item: claim.item.as_str().to_string(),
-                    position: claim.position.clone(),
-                    since_ms: now_ms,
-                },
-            );
-            changed = true;
-        }
-        match self.holder.as_deref() {
-            Some(holder) if holder == claim.key => return (OrderGate::Go, changed),
-            Some(_) => {
-                let retry = now_ms.saturating_add(claim.window_ms.max(1_000));
-                return (OrderGate::Wait { until_ms: retry }, changed);
-            }
-            None => {}
-        }
-        let window = self.window_until_ms.unwrap_or(i64::MIN);
-        if now_ms < window {
-            return (OrderGate::Wait { until_ms: window }, changed);
-        }
-        let heads = self.head().is_some_and(|(key, _)| *key == claim.key);
-        if heads {
-            self.holder = Some(claim.key.clone());
-            (OrderGate::Go, true)
-        } else {
-            // An older event goes first; its release hands the turn on at once.
-            let retry = now_ms.saturating_add(claim.window_ms.max(1_000));
-            (OrderGate::Wait { until_ms: retry }, changed)
-        }
-    }
-
-    /// The decision of [`crate::ports::InboxRelay::order_release`]: the key leaves the
-    /// queue (and the hold), the delivered position only rises. Returns whether the
-    /// cursor changed and the item now heading the queue.
-    pub fn release(
-        &mut self,
-        key: &str,
-        delivered: Option<&OrderPosition>,
-    ) -> (bool, Option<InboxKey>) {
-        let mut changed = self.queue.remove(key).is_some();
-        if self.holder.as_deref() == Some(key) {
-            self.holder = None;
-            changed = true;
-        }
-        if let Some(position) = delivered {
-            if self.delivered.as_ref().is_none_or(|d| d < position) {
-                self.delivered = Some(position.clone());
-                changed = true;
-            }
-            // Entries at or below the delivered position are superseded: their own
-            // acquire says so; queued they would only hold the turn.
-            let before = self.queue.len();
-            let newest = self.delivered.clone();
-            self.queue
-                .retain(|_, e| newest.as_ref().is_none_or(|d| e.position > *d));
-            changed |= before != self.queue.len();
-        }
-        let next = self
-            .head()
-            .map(|(_, e)| InboxKey::from_stored(e.item.clone()));
-        (changed, next)
-    }
+struct Stored {
+    version: i64,
+    expires_at: i64,
+    cursor: Cursor,
 }
 
 fn cursor_pk(cursor: &str) -> String {
     format!("{}{cursor}", item::CURSOR_PREFIX)
 }
 
-fn decode(pk: &str, mut m: Item) -> Result<Cursor, StoreError> {
+fn decode(pk: &str, mut m: Item) -> Result<Stored, StoreError> {
     let bad = |attr: &str, why: &str| {
         StoreError::Corrupt(format!("cursor {pk}: attribute {attr}: {why}"))
     };
@@ -216,10 +94,30 @@ fn decode(pk: &str, mut m: Item) -> Result<Cursor, StoreError> {
         }
     };
     let delivered = match (number(&m, DELIVERED_AT)?, string(&m, DELIVERED_ID)?) {
-        (Some(at), Some(event_id)) => Some(OrderPosition { at, event_id }),
+        (Some(at), Some(event_id)) => Some(OrderPosition {
+            at,
+            received_ms: number(&m, DELIVERED_RECEIVED)?.unwrap_or(0),
+            event_id,
+            version: number(&m, DELIVERED_EVENT_VERSION)?,
+        }),
         _ => None,
     };
-    let mut queue = BTreeMap::new();
+    let holder = match (
+        string(&m, HOLDER)?,
+        string(&m, HOLDER_RUN)?,
+        number(&m, HOLDER_UNTIL_MS)?,
+    ) {
+        (Some(key), Some(run), Some(until_ms)) => Some(Holder { key, run, until_ms }),
+        // A holder from before runs were kept: nobody can prove it, so it lapses.
+        _ => None,
+    };
+    let mut cursor = Cursor {
+        delivered,
+        delivered_version: number(&m, NEWEST_VERSION)?,
+        holder,
+        window_until_ms: number(&m, WINDOW_UNTIL_MS)?,
+        ..Cursor::default()
+    };
     match m.remove(QUEUE) {
         None => {}
         Some(AttributeValue::M(entries)) => {
@@ -235,11 +133,17 @@ fn decode(pk: &str, mut m: Item) -> Result<Cursor, StoreError> {
                 ) else {
                     return Err(bad(QUEUE, "an entry lacks a field"));
                 };
-                queue.insert(
+                let position = OrderPosition {
+                    at,
+                    received_ms: number(&e, E_RECEIVED)?.unwrap_or(0),
+                    event_id,
+                    version: number(&e, E_VERSION)?,
+                };
+                cursor.queue.insert(
                     key,
                     Entry {
                         item,
-                        position: OrderPosition { at, event_id },
+                        position,
                         since_ms,
                     },
                 );
@@ -247,26 +151,29 @@ fn decode(pk: &str, mut m: Item) -> Result<Cursor, StoreError> {
         }
         Some(_) => return Err(bad(QUEUE, "expected a map")),
     }
-    Ok(Cursor {
+    Ok(Stored {
         version: number(&m, VERSION)?.unwrap_or(0),
-        delivered,
-        holder: string(&m, HOLDER)?,
-        window_until_ms: number(&m, WINDOW_UNTIL_MS)?,
-        queue,
+        expires_at: number(&m, item::EXPIRES_AT)?.unwrap_or(0),
+        cursor,
     })
 }
 
-fn queue_attr(queue: &BTreeMap<String, Entry>) -> AttributeValue {
+fn queue_attr(cursor: &Cursor) -> AttributeValue {
     AttributeValue::M(
-        queue
+        cursor
+            .queue
             .iter()
             .map(|(key, e)| {
-                let entry = Item::from([
+                let mut entry = Item::from([
                     (E_ITEM.to_string(), s_attr(&e.item)),
                     (E_AT.to_string(), n_attr(e.position.at)),
+                    (E_RECEIVED.to_string(), n_attr(e.position.received_ms)),
                     (E_ID.to_string(), s_attr(&e.position.event_id)),
                     (E_SINCE.to_string(), n_attr(e.since_ms)),
                 ]);
+                if let Some(version) = e.position.version {
+                    entry.insert(E_VERSION.to_string(), n_attr(version));
+                }
                 (key.clone(), AttributeValue::M(entry))
             })
             .collect(),
@@ -274,7 +181,7 @@ fn queue_attr(queue: &BTreeMap<String, Entry>) -> AttributeValue {
 }
 
 impl AwsStore {
-    async fn read_cursor(&self, pk: &str) -> Result<Cursor, StoreError> {
+    async fn read_cursor(&self, pk: &str) -> Result<Stored, StoreError> {
         let out = self
             .dynamodb
             .get_item()
@@ -285,20 +192,41 @@ impl AwsStore {
             .await
             .map_err(|e| StoreError::Unavailable(describe("DynamoDB GetItem", &e)))?;
         match out.item {
-            None => Ok(Cursor::default()),
+            None => Ok(Stored::default()),
             Some(m) => decode(pk, m),
         }
     }
 
-    /// Write `cursor` if it is still at the version it was read at; `false` when
-    /// another writer came first.
-    async fn write_cursor(
-        &self,
-        pk: &str,
-        cursor: &Cursor,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let mut set = vec!["#version = :next", "#queue = :queue", "#expires = :expires"];
+    /// Write `stored.cursor` if it is still at the version it was read at; `false`
+    /// when another writer came first.
+    async fn write_cursor(&self, pk: &str, stored: &Stored) -> Result<bool, StoreError> {
+        let c = &stored.cursor;
+        let numbers = [
+            (DELIVERED_AT, c.delivered.as_ref().map(|d| d.at)),
+            (
+                DELIVERED_RECEIVED,
+                c.delivered.as_ref().map(|d| d.received_ms),
+            ),
+            (
+                DELIVERED_EVENT_VERSION,
+                c.delivered.as_ref().and_then(|d| d.version),
+            ),
+            (NEWEST_VERSION, c.delivered_version),
+            (HOLDER_UNTIL_MS, c.holder.as_ref().map(|h| h.until_ms)),
+            (WINDOW_UNTIL_MS, c.window_until_ms),
+        ];
+        let strings = [
+            (
+                DELIVERED_ID,
+                c.delivered.as_ref().map(|d| d.event_id.as_str()),
+            ),
+            (HOLDER, c.holder.as_ref().map(|h| h.key.as_str())),
+            (HOLDER_RUN, c.holder.as_ref().map(|h| h.run.as_str())),
+        ];
+        let mut set = vec!["#version = :next", "#queue = :queue", "#expires = :expires"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
         let mut remove = Vec::new();
         let mut request = self
             .dynamodb
@@ -308,46 +236,31 @@ impl AwsStore {
             .expression_attribute_names("#version", VERSION)
             .expression_attribute_names("#queue", QUEUE)
             .expression_attribute_names("#expires", item::EXPIRES_AT)
-            .expression_attribute_values(":next", n_attr(cursor.version + 1))
-            .expression_attribute_values(":queue", queue_attr(&cursor.queue))
-            .expression_attribute_values(":expires", n_attr(now_ms / 1000 + cursor_ttl_secs()));
-        request = if cursor.version == 0 {
+            .expression_attribute_values(":next", n_attr(stored.version + 1))
+            .expression_attribute_values(":queue", queue_attr(c))
+            .expression_attribute_values(":expires", n_attr(stored.expires_at));
+        request = if stored.version == 0 {
             request
                 .condition_expression("attribute_not_exists(#pk)")
                 .expression_attribute_names("#pk", item::PK)
         } else {
             request
                 .condition_expression("#version = :read")
-                .expression_attribute_values(":read", n_attr(cursor.version))
+                .expression_attribute_values(":read", n_attr(stored.version))
         };
-        request = request
-            .expression_attribute_names("#delivered_at", DELIVERED_AT)
-            .expression_attribute_names("#delivered_id", DELIVERED_ID);
-        match &cursor.delivered {
-            Some(d) => {
-                set.push("#delivered_at = :delivered_at");
-                set.push("#delivered_id = :delivered_id");
-                request = request
-                    .expression_attribute_values(":delivered_at", n_attr(d.at))
-                    .expression_attribute_values(":delivered_id", s_attr(&d.event_id));
+        let values = numbers
+            .into_iter()
+            .map(|(name, v)| (name, v.map(n_attr)))
+            .chain(strings.into_iter().map(|(name, v)| (name, v.map(s_attr))));
+        for (name, value) in values {
+            request = request.expression_attribute_names(format!("#{name}"), name);
+            match value {
+                Some(value) => {
+                    set.push(format!("#{name} = :{name}"));
+                    request = request.expression_attribute_values(format!(":{name}"), value);
+                }
+                None => remove.push(format!("#{name}")),
             }
-            None => remove.extend(["#delivered_at", "#delivered_id"]),
-        }
-        request = request.expression_attribute_names("#holder", HOLDER);
-        match &cursor.holder {
-            Some(holder) => {
-                set.push("#holder = :holder");
-                request = request.expression_attribute_values(":holder", s_attr(holder));
-            }
-            None => remove.push("#holder"),
-        }
-        request = request.expression_attribute_names("#window", WINDOW_UNTIL_MS);
-        match cursor.window_until_ms {
-            Some(until) => {
-                set.push("#window = :window");
-                request = request.expression_attribute_values(":window", n_attr(until));
-            }
-            None => remove.push("#window"),
         }
         let mut expression = format!("SET {}", set.join(", "));
         if !remove.is_empty() {
@@ -359,19 +272,34 @@ impl AwsStore {
         }
     }
 
-    /// Read, decide with `step`, and write when it changed something; again on a
-    /// conflicting writer, up to [`MAX_CONFLICTS`] times.
+    /// Read, decide with `step`, and write when it changed something (with an expiry
+    /// of at least `retain_until_secs`); again on a conflicting writer, up to
+    /// [`MAX_CONFLICTS`] times. A missing cursor is only created when `create`.
     async fn cursor_step<R>(
         &self,
         cursor: &str,
         now_ms: i64,
-        step: impl Fn(&mut Cursor) -> (R, bool),
+        retain_until_secs: i64,
+        create: bool,
+        step: impl Fn(&mut Cursor) -> R,
+        absent: impl Fn() -> R,
     ) -> Result<R, StoreError> {
         let pk = cursor_pk(cursor);
         for _ in 0..MAX_CONFLICTS {
-            let mut state = self.read_cursor(&pk).await?;
-            let (answer, changed) = step(&mut state);
-            if !changed || self.write_cursor(&pk, &state, now_ms).await? {
+            let mut stored = self.read_cursor(&pk).await?;
+            if stored.version == 0 && !create {
+                return Ok(absent());
+            }
+            let before = stored.cursor.clone();
+            let answer = step(&mut stored.cursor);
+            if stored.cursor == before {
+                return Ok(answer);
+            }
+            stored.expires_at = stored
+                .expires_at
+                .max(retain_until_secs)
+                .max(now_ms / 1000 + cursor_ttl_secs());
+            if self.write_cursor(&pk, &stored).await? {
                 return Ok(answer);
             }
         }
@@ -385,32 +313,32 @@ impl AwsStore {
         claim: &OrderClaim,
         now_ms: i64,
     ) -> Result<OrderGate, StoreError> {
-        self.cursor_step(&claim.cursor, now_ms, |c| c.acquire(claim, now_ms))
-            .await
+        self.cursor_step(
+            &claim.cursor,
+            now_ms,
+            claim.retain_until_secs,
+            true,
+            |c| c.acquire(claim, now_ms),
+            || OrderGate::Go,
+        )
+        .await
     }
 
     pub(super) async fn release_order(
         &self,
-        cursor: &str,
-        key: &str,
-        delivered: Option<&OrderPosition>,
+        release: &OrderRelease,
         now_ms: i64,
     ) -> Result<Option<InboxKey>, StoreError> {
-        let pk = cursor_pk(cursor);
-        for _ in 0..MAX_CONFLICTS {
-            let mut state = self.read_cursor(&pk).await?;
-            if state.version == 0 {
-                // No cursor: nothing to release, nobody to hand on to.
-                return Ok(None);
-            }
-            let (changed, next) = state.release(key, delivered);
-            if !changed || self.write_cursor(&pk, &state, now_ms).await? {
-                return Ok(next);
-            }
-        }
-        Err(StoreError::Unavailable(format!(
-            "order cursor {cursor}: {MAX_CONFLICTS} conflicting writers in a row"
-        )))
+        // No cursor: nothing to release, nobody to hand on to.
+        self.cursor_step(
+            &release.cursor,
+            now_ms,
+            0,
+            false,
+            |c| c.release(release),
+            || None,
+        )
+        .await
     }
 }
 
@@ -418,105 +346,65 @@ impl AwsStore {
 mod tests {
     use super::*;
 
-    fn claim(key: &str, at: i64) -> OrderClaim {
-        OrderClaim {
-            cursor: "shop#shopify#t1#1001".into(),
-            key: key.into(),
-            item: InboxKey::from_stored(format!("shopify#t1#evt_{key}")),
-            position: OrderPosition {
-                at,
-                event_id: format!("evt_{key}"),
+    #[test]
+    fn a_cursor_reads_back_as_written_and_an_old_one_without_runs_still_reads() {
+        let mut cursor = Cursor {
+            delivered: Some(OrderPosition {
+                at: 3,
+                received_ms: 9,
+                event_id: "e3".into(),
+                version: Some(3),
+            }),
+            delivered_version: Some(3),
+            holder: Some(Holder {
+                key: "k5".into(),
+                run: "r".into(),
+                until_ms: 70,
+            }),
+            window_until_ms: Some(100),
+            ..Cursor::default()
+        };
+        cursor.queue.insert(
+            "k5".into(),
+            Entry {
+                item: "p#t#e5".into(),
+                position: OrderPosition {
+                    at: 5,
+                    received_ms: 11,
+                    event_id: "e5".into(),
+                    version: None,
+                },
+                since_ms: 7,
             },
-            window_ms: 2_000,
-            stale_before_ms: 0,
+        );
+        let c = &cursor;
+        let mut m = Item::from([
+            (VERSION.to_string(), n_attr(4)),
+            (QUEUE.to_string(), queue_attr(c)),
+            (DELIVERED_AT.to_string(), n_attr(3)),
+            (DELIVERED_RECEIVED.to_string(), n_attr(9)),
+            (DELIVERED_ID.to_string(), s_attr("e3")),
+            (DELIVERED_EVENT_VERSION.to_string(), n_attr(3)),
+            (NEWEST_VERSION.to_string(), n_attr(3)),
+            (HOLDER.to_string(), s_attr("k5")),
+            (HOLDER_RUN.to_string(), s_attr("r")),
+            (HOLDER_UNTIL_MS.to_string(), n_attr(70)),
+            (WINDOW_UNTIL_MS.to_string(), n_attr(100)),
+        ]);
+        assert_eq!(decode("pk", m.clone()).unwrap().cursor, cursor);
+        // Written before versions and runs were kept: no newest version (nothing is
+        // superseded), the unproven hold lapses.
+        for attr in [
+            HOLDER_RUN,
+            HOLDER_UNTIL_MS,
+            NEWEST_VERSION,
+            DELIVERED_EVENT_VERSION,
+        ] {
+            m.remove(attr);
         }
-    }
-
-    #[test]
-    fn a_shuffled_burst_goes_out_in_order_one_at_a_time() {
-        let mut c = Cursor::default();
-        // v3 first: it opens the window, so nothing goes before the window ends.
-        assert_eq!(
-            c.acquire(&claim("k3", 3), 100),
-            (OrderGate::Wait { until_ms: 2_100 }, true)
-        );
-        assert!(matches!(
-            c.acquire(&claim("k1", 1), 200).0,
-            OrderGate::Wait { .. }
-        ));
-        assert!(matches!(
-            c.acquire(&claim("k2", 2), 300).0,
-            OrderGate::Wait { .. }
-        ));
-        // After the window: only the oldest goes, then holds the object.
-        assert!(matches!(
-            c.acquire(&claim("k3", 3), 2_200).0,
-            OrderGate::Wait { .. }
-        ));
-        assert_eq!(c.acquire(&claim("k1", 1), 2_200), (OrderGate::Go, true));
-        // Asking again: the same answer, nothing to write.
-        assert_eq!(c.acquire(&claim("k1", 1), 2_300), (OrderGate::Go, false));
-        assert!(matches!(
-            c.acquire(&claim("k2", 2), 2_300).0,
-            OrderGate::Wait { .. }
-        ));
-        let (changed, next) = c.release("k1", Some(&claim("k1", 1).position));
-        assert!(changed);
-        assert_eq!(
-            next.as_ref().map(InboxKey::as_str),
-            Some("shopify#t1#evt_k2")
-        );
-        assert_eq!(c.acquire(&claim("k2", 2), 2_400).0, OrderGate::Go);
-        c.release("k2", Some(&claim("k2", 2).position));
-        assert_eq!(c.acquire(&claim("k3", 3), 2_500).0, OrderGate::Go);
-        let (_, next) = c.release("k3", Some(&claim("k3", 3).position));
-        assert_eq!(next, None);
-        // A straggler older than what was delivered is superseded, never queued.
-        let (gate, changed) = c.acquire(&claim("k0", 0), 3_000);
-        assert_eq!(
-            gate,
-            OrderGate::Superseded {
-                delivered: claim("k3", 3).position
-            }
-        );
-        assert!(!changed && c.queue.is_empty());
-    }
-
-    #[test]
-    fn a_failed_delivery_releases_without_raising_the_position() {
-        let mut c = Cursor::default();
-        let mut first = claim("k1", 1);
-        first.window_ms = 0;
-        assert_eq!(c.acquire(&first, 10).0, OrderGate::Go);
-        let (_, next) = c.release("k1", None);
-        assert_eq!(next, None);
-        assert_eq!(c.delivered, None);
-        // The position only rises.
-        c.release("x", Some(&claim("k5", 5).position));
-        c.release("y", Some(&claim("k4", 4).position));
-        assert_eq!(c.delivered, Some(claim("k5", 5).position));
-    }
-
-    #[test]
-    fn stale_entries_are_dropped_and_a_full_queue_waits_outside() {
-        let mut c = Cursor::default();
-        let mut old = claim("k1", 1);
-        old.window_ms = 0;
-        assert_eq!(c.acquire(&old, 10).0, OrderGate::Go);
-        // k1 holds the object and then vanishes; past its staleness k2 takes over.
-        let mut next = claim("k2", 2);
-        next.window_ms = 0;
-        assert!(matches!(c.acquire(&next, 20).0, OrderGate::Wait { .. }));
-        next.stale_before_ms = 15;
-        assert_eq!(c.acquire(&next, 30).0, OrderGate::Go);
-        assert!(!c.queue.contains_key("k1"));
-
-        let mut full = Cursor::default();
-        for i in 0..MAX_ORDER_QUEUE {
-            full.acquire(&claim(&format!("q{i}"), 10 + i as i64), 1);
-        }
-        let (gate, changed) = full.acquire(&claim("late", 99), 2);
-        assert!(matches!(gate, OrderGate::Wait { .. }) && !changed);
-        assert_eq!(full.queue.len(), MAX_ORDER_QUEUE);
+        let old = decode("pk", m).unwrap();
+        assert_eq!((old.version, old.cursor.holder), (4, None));
+        assert_eq!(old.cursor.delivered_version, None);
+        assert_eq!(old.cursor.queue, cursor.queue);
     }
 }

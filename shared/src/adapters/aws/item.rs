@@ -218,6 +218,7 @@ const D_DETAIL: &str = "detail";
 /// A domain output as its JSON text: the output's data is arbitrary JSON, whose
 /// numbers need not fit DynamoDB's number type.
 const D_OUTPUT: &str = "output";
+const D_RELEASE_OWED: &str = "release_owed";
 
 fn delivery_state(s: &str) -> Option<DeliveryState> {
     [
@@ -264,6 +265,9 @@ fn delivery_attr(d: &DeliveryStatus) -> AttributeValue {
         let json = serde_json::to_string(output).unwrap_or_default();
         m.insert(D_OUTPUT.into(), AttributeValue::S(json));
     }
+    if d.release_owed {
+        m.insert(D_RELEASE_OWED.into(), AttributeValue::Bool(true));
+    }
     AttributeValue::M(m)
 }
 
@@ -301,6 +305,7 @@ fn decode_deliveries(pk: &str, value: AttributeValue) -> Result<Vec<DeliveryStat
                             .map_err(|_| d.bad(D_OUTPUT, "not an output's JSON"))?,
                     ),
                 },
+                release_owed: d.opt_bool(D_RELEASE_OWED)?.unwrap_or(false),
             })
         })
         .collect()
@@ -721,6 +726,7 @@ pub(crate) mod tests {
                 next_attempt_ms: Some(1_700_000_011_000),
                 detail: Some("retryable (status 503): busy".into()),
                 output: None,
+                release_owed: false,
             },
             DeliveryStatus {
                 destination: "mail".into(),
@@ -739,6 +745,7 @@ pub(crate) mod tests {
                     // Beyond DynamoDB's number range: kept as JSON text.
                     data: serde_json::json!({"amount": 1e300, "to": ["a@example.com"]}),
                 }),
+                release_owed: true,
             },
         ];
         item.relay_due_ms = Some(1_700_000_011_000);
@@ -775,6 +782,7 @@ pub(crate) mod tests {
             next_attempt_ms: None,
             detail: None,
             output: None,
+            release_owed: false,
         }];
         let mut m = encode(&item);
         if let Some(AttributeValue::L(list)) = m.get_mut(DELIVERIES) {

@@ -28,7 +28,7 @@ use super::query::{pk_of, query_up_to};
 use super::AwsStore;
 use crate::envelope::InboxKey;
 use crate::ports::{
-    DeliveryStatus, InboxItem, InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition,
+    DeliveryStatus, InboxItem, InboxRelay, InboxState, OrderClaim, OrderGate, OrderRelease,
     StoreError,
 };
 
@@ -211,11 +211,9 @@ impl InboxRelay for AwsStore {
 
     async fn order_release(
         &self,
-        cursor: &str,
-        key: &str,
-        delivered: Option<&OrderPosition>,
+        release: &OrderRelease,
         now_ms: i64,
     ) -> Result<Option<InboxKey>, StoreError> {
-        self.release_order(cursor, key, delivered, now_ms).await
+        self.release_order(release, now_ms).await
     }
 }

@@ -225,9 +225,7 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         }
         async fn order_release(
             &self,
-            _: &str,
-            _: &str,
-            _: Option<&crate::ports::OrderPosition>,
+            _: &crate::ports::OrderRelease,
             _: i64,
         ) -> Result<Option<crate::envelope::InboxKey>, crate::ports::StoreError> {
             unreachable!("not called")

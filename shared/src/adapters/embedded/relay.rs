@@ -13,9 +13,10 @@ use serde::{Deserialize, Serialize};
 use super::inbox::{item_from_row, ITEM_COLUMNS};
 use super::{DbError, EmbeddedStore};
 use crate::envelope::InboxKey;
+use crate::order::{Cursor, Entry, Holder};
 use crate::ports::{
-    DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate, OrderPosition, StoreError,
-    MAX_ORDER_QUEUE,
+    DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate, OrderPosition, OrderRelease,
+    StoreError,
 };
 
 /// Added on open when missing (idempotent, so files from before the relay get them).
@@ -92,22 +93,25 @@ fn limit_arg(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-/// One object's order at one destination, stored as JSON in `order_cursor.state`.
+/// One object's order at one destination, stored as JSON in `order_cursor.state`
+/// (the rules are [`Cursor`]'s). The layout of the first ordered releases is kept:
+/// fields added since default when missing.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-struct Cursor {
-    /// The newest position the destination has.
+struct Stored {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     delivered: Option<OrderPosition>,
-    /// Nothing is sent before this time (the window opened by the first queued event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delivered_version: Option<i64>,
     #[serde(default)]
     window_until_ms: i64,
-    /// The events waiting for their turn, lowest position first.
     #[serde(default)]
     queue: Vec<Queued>,
-    /// The key told `Go`: it holds the object (in flight or failing) until released,
-    /// so an older event arriving meanwhile waits instead of going out beside it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     holder: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder_run: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder_until_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -118,6 +122,56 @@ struct Queued {
     since_ms: i64,
 }
 
+impl From<Stored> for Cursor {
+    fn from(s: Stored) -> Self {
+        Cursor {
+            delivered: s.delivered,
+            delivered_version: s.delivered_version,
+            // A holder from before runs were kept: nobody can prove it, so it lapses.
+            holder: match (s.holder, s.holder_run, s.holder_until_ms) {
+                (Some(key), Some(run), Some(until_ms)) => Some(Holder { key, run, until_ms }),
+                _ => None,
+            },
+            window_until_ms: Some(s.window_until_ms).filter(|w| *w > 0),
+            queue: s
+                .queue
+                .into_iter()
+                .map(|q| {
+                    let entry = Entry {
+                        item: q.item,
+                        position: q.position,
+                        since_ms: q.since_ms,
+                    };
+                    (q.key, entry)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&Cursor> for Stored {
+    fn from(c: &Cursor) -> Self {
+        Stored {
+            delivered: c.delivered.clone(),
+            delivered_version: c.delivered_version,
+            window_until_ms: c.window_until_ms.unwrap_or(0),
+            queue: c
+                .queue
+                .iter()
+                .map(|(key, e)| Queued {
+                    position: e.position.clone(),
+                    key: key.clone(),
+                    item: e.item.clone(),
+                    since_ms: e.since_ms,
+                })
+                .collect(),
+            holder: c.holder.as_ref().map(|h| h.key.clone()),
+            holder_run: c.holder.as_ref().map(|h| h.run.clone()),
+            holder_until_ms: c.holder.as_ref().map(|h| h.until_ms),
+        }
+    }
+}
+
 fn load_cursor(conn: &Connection, id: &str) -> Result<Cursor, DbError> {
     let raw: Option<String> = conn
         .prepare_cached("SELECT state FROM order_cursor WHERE id = ?1")?
@@ -125,13 +179,14 @@ fn load_cursor(conn: &Connection, id: &str) -> Result<Cursor, DbError> {
         .optional()?;
     match raw {
         None => Ok(Cursor::default()),
-        Some(raw) => serde_json::from_str(&raw)
+        Some(raw) => serde_json::from_str::<Stored>(&raw)
+            .map(Cursor::from)
             .map_err(|e| DbError::Corrupt(format!("order cursor {id}: {e}"))),
     }
 }
 
 fn store_cursor(conn: &Connection, id: &str, cursor: &Cursor, now_ms: i64) -> Result<(), DbError> {
-    let raw = serde_json::to_string(cursor)
+    let raw = serde_json::to_string(&Stored::from(cursor))
         .map_err(|e| DbError::Malformed(format!("order cursor {id} does not encode: {e}")))?;
     conn.prepare_cached(
         "INSERT INTO order_cursor (id, state, updated_at_ms) VALUES (?1, ?2, ?3) \
@@ -139,86 +194,6 @@ fn store_cursor(conn: &Connection, id: &str, cursor: &Cursor, now_ms: i64) -> Re
     )?
     .execute(params![id, raw, now_ms])?;
     Ok(())
-}
-
-/// The cursor step of [`InboxRelay::order_acquire`], pure so the rules are tested alone.
-fn acquire(cursor: &mut Cursor, claim: &OrderClaim, now_ms: i64) -> OrderGate {
-    cursor
-        .queue
-        .retain(|q| q.since_ms >= claim.stale_before_ms || q.key == claim.key);
-    if let Some(holder) = &cursor.holder {
-        if *holder != claim.key && !cursor.queue.iter().any(|q| q.key == *holder) {
-            cursor.holder = None;
-        }
-    }
-    if let Some(delivered) = &cursor.delivered {
-        if claim.position <= *delivered {
-            cursor.queue.retain(|q| q.key != claim.key);
-            if cursor.holder.as_deref() == Some(claim.key.as_str()) {
-                cursor.holder = None;
-            }
-            return OrderGate::Superseded {
-                delivered: delivered.clone(),
-            };
-        }
-    }
-    if !cursor.queue.iter().any(|q| q.key == claim.key) {
-        if cursor.queue.len() >= MAX_ORDER_QUEUE {
-            // Full: wait outside the queue; the window keeps the retries apart.
-            return OrderGate::Wait {
-                until_ms: now_ms.saturating_add(claim.window_ms.max(1_000)),
-            };
-        }
-        if cursor.queue.is_empty() {
-            cursor.window_until_ms = now_ms.saturating_add(claim.window_ms);
-        }
-        cursor.queue.push(Queued {
-            position: claim.position.clone(),
-            key: claim.key.clone(),
-            item: claim.item.as_str().to_string(),
-            since_ms: now_ms,
-        });
-        cursor.queue.sort_by(|a, b| a.position.cmp(&b.position));
-    }
-    if now_ms < cursor.window_until_ms {
-        return OrderGate::Wait {
-            until_ms: cursor.window_until_ms,
-        };
-    }
-    match (&cursor.holder, cursor.queue.first()) {
-        (Some(holder), _) if *holder == claim.key => OrderGate::Go,
-        (None, Some(head)) if head.key == claim.key => {
-            cursor.holder = Some(claim.key.clone());
-            OrderGate::Go
-        }
-        // Another event of the object goes first; its release hands the turn on, the
-        // retry is the fallback should that hand-over be lost.
-        _ => OrderGate::Wait {
-            until_ms: now_ms.saturating_add(claim.window_ms.max(1_000)),
-        },
-    }
-}
-
-fn release(cursor: &mut Cursor, key: &str, delivered: Option<&OrderPosition>) -> Option<InboxKey> {
-    cursor.queue.retain(|q| q.key != key);
-    if cursor.holder.as_deref() == Some(key) {
-        cursor.holder = None;
-    }
-    if let Some(position) = delivered {
-        if cursor.delivered.as_ref().is_none_or(|d| position > d) {
-            cursor.delivered = Some(position.clone());
-        }
-        // Anything at or below the delivered position is superseded: its own acquire
-        // says so; keep it queued only until then would hold nothing back, so drop it.
-        let newest = cursor.delivered.clone();
-        cursor
-            .queue
-            .retain(|q| newest.as_ref().is_none_or(|d| q.position > *d));
-    }
-    cursor
-        .queue
-        .first()
-        .map(|head| InboxKey::from_stored(head.item.clone()))
 }
 
 #[async_trait]
@@ -314,7 +289,7 @@ impl InboxRelay for EmbeddedStore {
             .write(move |conn| {
                 let mut cursor = load_cursor(conn, &claim.cursor)?;
                 let before = cursor.clone();
-                let gate = acquire(&mut cursor, &claim, now_ms);
+                let gate = cursor.acquire(&claim, now_ms);
                 if cursor != before {
                     store_cursor(conn, &claim.cursor, &cursor, now_ms)?;
                 }
@@ -325,21 +300,17 @@ impl InboxRelay for EmbeddedStore {
 
     async fn order_release(
         &self,
-        cursor_id: &str,
-        key: &str,
-        delivered: Option<&OrderPosition>,
+        release: &OrderRelease,
         now_ms: i64,
     ) -> Result<Option<InboxKey>, StoreError> {
-        let cursor_id = cursor_id.to_string();
-        let key = key.to_string();
-        let delivered = delivered.cloned();
+        let release = release.clone();
         Ok(self
             .write(move |conn| {
-                let mut cursor = load_cursor(conn, &cursor_id)?;
+                let mut cursor = load_cursor(conn, &release.cursor)?;
                 let before = cursor.clone();
-                let next = release(&mut cursor, &key, delivered.as_ref());
+                let next = cursor.release(&release);
                 if cursor != before {
-                    store_cursor(conn, &cursor_id, &cursor, now_ms)?;
+                    store_cursor(conn, &release.cursor, &cursor, now_ms)?;
                 }
                 Ok(next)
             })
@@ -351,87 +322,17 @@ impl InboxRelay for EmbeddedStore {
 mod tests {
     use super::*;
 
-    fn claim(key: &str, at: i64) -> OrderClaim {
-        OrderClaim {
-            cursor: "c".into(),
-            key: key.into(),
-            item: InboxKey::from_stored(format!("p#t#{key}")),
-            position: OrderPosition {
-                at,
-                event_id: key.into(),
-            },
-            window_ms: 100,
-            stale_before_ms: 0,
-        }
-    }
-
     #[test]
-    fn a_shuffled_burst_goes_lowest_first_after_the_window() {
-        let mut c = Cursor::default();
-        assert_eq!(
-            acquire(&mut c, &claim("v3", 3), 1_000),
-            OrderGate::Wait { until_ms: 1_100 }
-        );
-        assert_eq!(
-            acquire(&mut c, &claim("v1", 1), 1_050),
-            OrderGate::Wait { until_ms: 1_100 }
-        );
-        assert!(matches!(
-            acquire(&mut c, &claim("v3", 3), 1_100),
-            OrderGate::Wait { .. }
-        ));
-        assert_eq!(acquire(&mut c, &claim("v1", 1), 1_100), OrderGate::Go);
-        // The same key asking again gets the same answer.
-        assert_eq!(acquire(&mut c, &claim("v1", 1), 1_101), OrderGate::Go);
-        let next = release(&mut c, "v1", Some(&claim("v1", 1).position));
-        assert_eq!(next, Some(InboxKey::from_stored("p#t#v3")));
-        assert_eq!(acquire(&mut c, &claim("v3", 3), 1_200), OrderGate::Go);
-        release(&mut c, "v3", Some(&claim("v3", 3).position));
-        // A straggler below the delivered position is superseded, never queued.
-        assert!(matches!(
-            acquire(&mut c, &claim("v2", 2), 1_300),
-            OrderGate::Superseded { delivered } if delivered.at == 3
-        ));
-        assert!(c.queue.is_empty());
-    }
-
-    #[test]
-    fn an_older_event_arriving_while_one_is_in_flight_waits_then_is_superseded() {
-        let mut c = Cursor::default();
-        let mut v3 = claim("v3", 3);
-        v3.window_ms = 0;
-        assert_eq!(acquire(&mut c, &v3, 0), OrderGate::Go);
-        let mut v1 = claim("v1", 1);
-        v1.window_ms = 0;
-        assert!(matches!(acquire(&mut c, &v1, 1), OrderGate::Wait { .. }));
-        assert_eq!(acquire(&mut c, &v3, 2), OrderGate::Go);
-        release(&mut c, "v3", Some(&v3.position));
-        assert!(matches!(
-            acquire(&mut c, &v1, 3),
-            OrderGate::Superseded { .. }
-        ));
-        assert!(c.queue.is_empty() && c.holder.is_none());
-    }
-
-    #[test]
-    fn a_dead_lettered_head_releases_without_advancing() {
-        let mut c = Cursor::default();
-        acquire(&mut c, &claim("v1", 1), 0);
-        acquire(&mut c, &claim("v2", 2), 0);
-        assert_eq!(acquire(&mut c, &claim("v1", 1), 200), OrderGate::Go);
-        let next = release(&mut c, "v1", None);
-        assert_eq!(next, Some(InboxKey::from_stored("p#t#v2")));
-        assert_eq!(c.delivered, None);
-        assert_eq!(acquire(&mut c, &claim("v2", 2), 200), OrderGate::Go);
-    }
-
-    #[test]
-    fn a_stale_entry_stops_holding_its_object() {
-        let mut c = Cursor::default();
-        acquire(&mut c, &claim("lost", 1), 0);
-        let mut late = claim("v2", 2);
-        late.stale_before_ms = 10;
-        acquire(&mut c, &late, 500);
-        assert_eq!(acquire(&mut c, &late, 700), OrderGate::Go);
+    fn a_cursor_written_before_runs_and_versions_were_kept_still_reads() {
+        let old = r#"{"delivered":{"at":3,"event_id":"e3"},"window_until_ms":100,
+            "queue":[{"position":{"at":5,"event_id":"e5"},"key":"k5","item":"p#t#e5","since_ms":7}],
+            "holder":"k5"}"#;
+        let cursor = Cursor::from(serde_json::from_str::<Stored>(old).unwrap());
+        assert_eq!(cursor.delivered.as_ref().map(|d| d.at), Some(3));
+        assert_eq!(cursor.delivered_version, None, "nothing old is superseded");
+        assert_eq!(cursor.holder, None, "an unproven hold lapses");
+        assert_eq!(cursor.queue["k5"].item, "p#t#e5");
+        let again = Cursor::from(Stored::from(&cursor));
+        assert_eq!(again, cursor);
     }
 }
