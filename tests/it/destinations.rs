@@ -27,10 +27,13 @@ use einmal::audit::AuditLog;
 use einmal::config::Secret;
 use einmal::destinations::config::HttpDestination;
 use einmal::destinations::http::HttpSink;
-use einmal::destinations::{delivery_key, BodyFormat, DestinationConfig, DestinationKind, Sink};
+use einmal::destinations::Output;
+use einmal::destinations::{
+    delivery_key, output_delivery_key, BodyFormat, DestinationConfig, DestinationKind, Sink,
+};
 use einmal::domain::reference::ReferenceDomain;
 use einmal::domain::state::{StateKey, StateRecord, StateStore};
-use einmal::domain::{Decision, Domain, DomainError, DomainEvent};
+use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::Envelope;
 use einmal::envelope::InboxKey;
 use einmal::https::HttpsClient;
@@ -722,7 +725,7 @@ async fn notifications_are_delivered_once_per_dedup_key(kind: Kind) {
 
     let effects = server.effects();
     assert_eq!(effects.len(), 1, "{effects:?}");
-    let key = delivery_key("mailer", "stripe", TENANT, "t1#order-1001#paid");
+    let key = output_delivery_key("mailer", TENANT, "t1#order-1001#paid");
     let call = &effects[&key];
     assert_eq!(call.event_type, "notification.payment_received");
     assert_eq!(call.object_id.as_deref(), Some("1001"));
@@ -933,6 +936,84 @@ async fn a_release_the_store_refused_is_retried_and_the_object_counted_held(kind
     assert_eq!(backlog.held_objects, 0);
 }
 
+/// One order's "paid" effect, whichever provider reports it, with one notification
+/// under the effect's key: a second provider's event finds it applied and re-emits it.
+struct PaidOnce;
+
+const PAID_EFFECT: &str = "t1#order-7#paid";
+
+impl Domain for PaidOnce {
+    fn targets(&self, _event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError> {
+        Ok(vec![StateKey::new(TENANT, "order", "7")])
+    }
+    fn decide(
+        &self,
+        event: &DomainEvent<'_>,
+        _current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        Ok(Decision::Apply {
+            changes: vec![Change::new(
+                StateKey::new(TENANT, "order", "7"),
+                PAID_EFFECT,
+                json!({"paid_by": event.envelope.provider}),
+            )],
+            result: "paid".into(),
+        })
+    }
+    fn outputs(&self, _event: &DomainEvent<'_>, changes: &[Change]) -> Vec<Output> {
+        changes
+            .iter()
+            .map(|c| Output {
+                kind: "notification.payment_received".into(),
+                key: c.effect_key.clone(),
+                object_id: Some("7".into()),
+                data: json!({"order_id": "7"}),
+            })
+            .collect()
+    }
+}
+
+async fn an_output_re_emitted_by_another_providers_event_keeps_its_key(kind: Kind) {
+    let server = DestinationServer::start(|_, _| Answer::Ok).await;
+    let mut notify = destination("mailer", &server.url);
+    notify.events = Vec::new();
+    notify.outputs = vec!["notification.*".into()];
+    let rig = Rig::new(kind, vec![notify], Arc::new(PaidOnce), settings(0)).await;
+    // Stripe's payment applies the effect and emits the notification; Shopify's
+    // orders/paid of the same order finds it applied and emits it again.
+    let stripe = event(
+        "stripe",
+        "evt_paid",
+        "payment_intent.succeeded",
+        "pi_7",
+        "1",
+    );
+    let shopify = event("shopify", "sh_paid", "orders/paid", "7", "1");
+    rig.ingest(&stripe).await;
+    rig.process_all().await;
+    rig.ingest(&shopify).await;
+    rig.process_all().await;
+    let items = rig
+        .relay_until("both events' deliveries settled", |items| {
+            items.len() == 2
+                && items.iter().all(|i| {
+                    i.deliveries
+                        .iter()
+                        .all(|d| d.state != DeliveryState::Pending)
+                })
+        })
+        .await;
+    let keys: Vec<&str> = items
+        .iter()
+        .flat_map(|i| i.deliveries.iter().map(|d| d.key.as_str()))
+        .collect();
+    let key = output_delivery_key("mailer", TENANT, PAID_EFFECT);
+    assert_eq!(keys, [key.as_str(), key.as_str()], "{items:#?}");
+    // The destination applied it once.
+    let effects = server.effects();
+    assert_eq!(effects.keys().collect::<Vec<_>>(), [&key]);
+}
+
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {
         mod embedded_store {
@@ -962,4 +1043,5 @@ on_both_backends!(
     notifications_are_delivered_once_per_dedup_key,
     an_ordered_destination_delivers_ties_and_events_without_a_version,
     a_release_the_store_refused_is_retried_and_the_object_counted_held,
+    an_output_re_emitted_by_another_providers_event_keeps_its_key,
 );

@@ -116,8 +116,24 @@ pub trait Sink: Send + Sync {
 /// destination's dedup never hides an event from another), free of `.` (Standard
 /// Webhooks forbids it in the signed id) and of anything the sender controls verbatim.
 pub fn delivery_key(destination: &str, provider: &str, tenant: &str, item_key: &str) -> String {
+    hashed_key([destination, provider, tenant, item_key])
+}
+
+/// The delivery key of a domain output at `destination`: from the output's own key
+/// (the effect that caused it, [`Output::key`]) and the tenant, never from the event
+/// that (re-)ran the decision, so whichever provider's event finds the output again,
+/// the destination sees one key. The scope part is no provider name, so an output's
+/// key never equals an event's.
+pub fn output_delivery_key(destination: &str, tenant: &str, output_key: &str) -> String {
+    hashed_key([destination, OUTPUT_SCOPE, tenant, output_key])
+}
+
+/// Where an event key has its provider, an output key has this (not a provider name).
+const OUTPUT_SCOPE: &str = "#output";
+
+fn hashed_key(parts: [&str; 4]) -> String {
     let mut hash = Sha256::new();
-    for part in [destination, provider, tenant, item_key] {
+    for part in parts {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
@@ -154,5 +170,10 @@ mod tests {
             delivery_key("a", "bc", "d", "e")
         );
         assert!(a.starts_with("msg_") && a.len() == 36 && !a.contains('.'));
+        // An output's key: per destination and tenant, never an event's key.
+        let o = output_delivery_key("shop", "demo", "evt_1.2");
+        assert!(o.starts_with("msg_") && o.len() == 36);
+        assert_ne!(o, a);
+        assert_ne!(o, output_delivery_key("shop", "other", "evt_1.2"));
     }
 }

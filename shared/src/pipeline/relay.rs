@@ -46,7 +46,8 @@ use thiserror::Error;
 use crate::body;
 use crate::destinations::http::envelope_body;
 use crate::destinations::{
-    delivery_key, BodyFormat, DestinationConfig, DestinationKind, Message, Output, Sink, SinkError,
+    delivery_key, output_delivery_key, BodyFormat, DestinationConfig, DestinationKind, Message,
+    Output, Sink, SinkError,
 };
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
@@ -537,7 +538,7 @@ impl Relay {
                 if matches_output(c, provider, tenant, &output.kind) {
                     planned.push(fresh(
                         &c.name,
-                        delivery_key(&c.name, provider, tenant, &output.key),
+                        output_delivery_key(&c.name, tenant, &output.key),
                         Some(output.clone()),
                     ));
                 }
