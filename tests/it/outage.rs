@@ -5,6 +5,9 @@
 //! `maxReceiveCount` 5; here the timings are scaled down by configuration: backoffs of
 //! at most 1 s, a redrive after 3 receives, and an outage of 8 s — far longer than
 //! the 3 receives the redrive allows would last if each failure spent one.
+//! `bench/throttle.sh` runs the same scenario at full length (a 15-minute outage,
+//! production backoffs) through `EINMAL_OUTAGE_SECS`, `EINMAL_OUTAGE_BACKOFF_BASE_MS`,
+//! `EINMAL_OUTAGE_BACKOFF_MAX_MS` and `EINMAL_OUTAGE_MAX_RECEIVES`.
 //! - AWS: every DynamoDB call (inbox, body and state tables) answers
 //!   `ProvisionedThroughputExceededException` through a fault proxy in front of moto,
 //!   so the SDK's own retries and our error mapping run as against AWS; the processor
@@ -19,16 +22,32 @@ use einmal::pipeline::process::{ProcessSettings, Processor};
 use einmal_tests::fault_proxy::FaultProxy;
 use einmal_tests::scenario::{self, orders_create, pi_succeeded, shopify_refund, Backend, Outage};
 
-const MAX_RECEIVES: u32 = 3;
-const OUTAGE: Duration = Duration::from_secs(8);
 const ORDERS: u64 = 12;
+
+/// A number from the environment (the full-length bench), else the CI default.
+fn scaled(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(raw) => raw
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {raw:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+fn max_receives() -> u32 {
+    scaled("EINMAL_OUTAGE_MAX_RECEIVES", 3) as u32
+}
+
+fn outage() -> Duration {
+    Duration::from_secs(scaled("EINMAL_OUTAGE_SECS", 8))
+}
 
 fn settings() -> ProcessSettings {
     ProcessSettings {
         lease_ms: 2_000,
-        max_receive_count: MAX_RECEIVES,
-        backoff_base_ms: 50,
-        backoff_max_ms: 1_000,
+        max_receive_count: max_receives(),
+        backoff_base_ms: scaled("EINMAL_OUTAGE_BACKOFF_BASE_MS", 50) as i64,
+        backoff_max_ms: scaled("EINMAL_OUTAGE_BACKOFF_MAX_MS", 1_000) as i64,
         ..ProcessSettings::default()
     }
 }
@@ -83,10 +102,13 @@ async fn outage_then_recovery(b: Arc<Backend>, processor: Processor, down: impl 
     down(true);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let run = spawn_processor(b.clone(), Arc::new(processor), stopped);
-    tokio::time::sleep(OUTAGE).await;
+    tokio::time::sleep(outage()).await;
     // Nothing ended during the outage: it is not a permanent fact.
     down(false);
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let recovered = Instant::now();
+    // Two of the longest backoffs: a postponed message comes back within one.
+    let backoff_max = Duration::from_millis(settings().backoff_max_ms.unsigned_abs());
+    let deadline = recovered + Duration::from_secs(120) + 2 * backoff_max;
     let items = loop {
         let items = b.items().await;
         if items.len() == events && items.iter().all(|i| i.state.is_terminal()) {
@@ -101,6 +123,12 @@ async fn outage_then_recovery(b: Arc<Backend>, processor: Processor, down: impl 
     };
     stop.send(true).unwrap();
     run.await.unwrap();
+    println!(
+        "{}: outage {:?}, every event terminal {:.1} s after recovery",
+        b.name,
+        outage(),
+        recovered.elapsed().as_secs_f64()
+    );
 
     let not_completed = scenario::not_completed(&items);
     assert!(not_completed.is_empty(), "{}: {not_completed:#?}", b.name);
@@ -134,7 +162,7 @@ async fn outage_then_recovery(b: Arc<Backend>, processor: Processor, down: impl 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aws_dynamodb_throttled_for_the_whole_outage_then_recovers() {
     let proxy = FaultProxy::start(&einmal_tests::moto::shared().endpoint).await;
-    let b = Arc::new(scenario::aws_behind(MAX_RECEIVES, &proxy).await);
+    let b = Arc::new(scenario::aws_behind(max_receives(), &proxy).await);
     let processor = b.processor_with_settings(settings());
     let faults = proxy.faults.clone();
     outage_then_recovery(b, processor, move |down| faults.set_dynamodb_down(down)).await;
@@ -142,7 +170,7 @@ async fn aws_dynamodb_throttled_for_the_whole_outage_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_state_store_down_for_the_whole_outage_then_recovers() {
-    let b = Arc::new(scenario::embedded(MAX_RECEIVES).await);
+    let b = Arc::new(scenario::embedded(max_receives()).await);
     let down = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Outage::new(b.state.clone(), down.clone()));
     let processor = b
