@@ -939,6 +939,42 @@ impl StateStore for CommitFails {
         }
         self.inner.commit_checked(writes, reads).await
     }
+    async fn commit_waking(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+        if self.left.take() {
+            return Err(StoreError::Unavailable("injected: throttled".into()));
+        }
+        self.inner.commit_waking(writes, reads).await
+    }
+    fn gathers_commits(&self) -> bool {
+        self.inner.gathers_commits()
+    }
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        // The injected failures answer their commits; the rest go through together.
+        let failed: Vec<bool> = commits.iter().map(|_| self.left.take()).collect();
+        let passed: Vec<Commit> = commits
+            .iter()
+            .zip(&failed)
+            .filter(|(_, f)| !**f)
+            .map(|(c, _)| c.clone())
+            .collect();
+        let mut answers = self.inner.commit_each(&passed).await.into_iter();
+        failed
+            .into_iter()
+            .map(|f| match f {
+                true => Err(StoreError::Unavailable("injected: throttled".into())),
+                false => answers
+                    .next()
+                    .unwrap_or_else(|| Err(StoreError::Unavailable("no answer".into()))),
+            })
+            .collect()
+    }
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        self.inner.mark_waited(key, keep_until_ms).await
+    }
     async fn list(
         &self,
         tenant: &str,
@@ -987,6 +1023,28 @@ impl StateStore for SlowCommits {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.commit_checked(writes, reads).await
+    }
+    async fn commit_waking(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+        if self.left.take() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.commit_waking(writes, reads).await
+    }
+    fn gathers_commits(&self) -> bool {
+        self.inner.gathers_commits()
+    }
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        if commits.iter().any(|_| self.left.take()) {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.commit_each(commits).await
+    }
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        self.inner.mark_waited(key, keep_until_ms).await
     }
     async fn list(
         &self,
