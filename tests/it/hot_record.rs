@@ -8,6 +8,10 @@
 //! batches of 10 side by side, as two concurrent Lambda invocations would: their
 //! conflicts cross processes and are decided again while the record keeps moving. The queue redrives after 2 receives,
 //! so a conflict that spent receives would dead-letter orders.
+//!
+//! `bench/hot-sku-moto.sh` runs the AWS case at full size (12,000 orders, 8 and 64
+//! clients) through `EINMAL_HOT_ORDERS` and `EINMAL_HOT_CLIENTS`; each case prints its
+//! time until every order is terminal, orders/s and conflicts per order.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,14 +25,32 @@ const STOCK: i64 = 1_000_000;
 /// A redelivery budget that contention alone would exhaust at once.
 const MAX_RECEIVES: u32 = 2;
 
+/// A number from the environment (the full-size bench), else the CI size.
+fn sized(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(raw) => raw
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {raw:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
 async fn hot_sku(kind: Kind, orders: u64, clients: usize, processors: usize) {
+    let orders = sized("EINMAL_HOT_ORDERS", orders);
+    let clients = sized("EINMAL_HOT_CLIENTS", clients as u64) as usize;
     let b = Arc::new(kind.backend(MAX_RECEIVES).await);
     b.seed(&[(SKU, STOCK)]).await;
     let settings = scenario::settings(30_000, MAX_RECEIVES);
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let runs: Vec<_> = (0..processors)
-        .map(|i| {
-            let processor: Arc<Processor> = Arc::new(b.processor_with_settings(settings.clone()));
+    let processors: Vec<Arc<Processor>> = (0..processors)
+        .map(|_| Arc::new(b.processor_with_settings(settings.clone())))
+        .collect();
+    let started = Instant::now();
+    let runs: Vec<_> = processors
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, processor)| {
             let mut stopped = stopped.clone();
             let b = b.clone();
             tokio::spawn(async move {
@@ -78,7 +100,8 @@ async fn hot_sku(kind: Kind, orders: u64, clients: usize, processors: usize) {
         sender.await.unwrap();
     }
 
-    let deadline = Instant::now() + Duration::from_secs(300);
+    // Generous: moto answers one call at a time.
+    let deadline = Instant::now() + Duration::from_secs(300 + orders / 10);
     let items = loop {
         let items = b.items().await;
         if items.len() as u64 == orders && items.iter().all(|i| i.state.is_terminal()) {
@@ -93,10 +116,24 @@ async fn hot_sku(kind: Kind, orders: u64, clients: usize, processors: usize) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let elapsed = started.elapsed();
     stop.send(true).unwrap();
     for run in runs {
         run.await.unwrap();
     }
+    let conflicts: u64 = processors
+        .iter()
+        .map(|p| p.metrics().drain().conflicts)
+        .sum();
+    println!(
+        "{}: {orders} orders of one SKU, {clients} clients, {} processor(s): every order \
+         terminal after {:.1} s, {:.0} orders/s, {:.2} conflicts per order",
+        b.name,
+        processors.len(),
+        elapsed.as_secs_f64(),
+        orders as f64 / elapsed.as_secs_f64(),
+        conflicts as f64 / orders as f64
+    );
 
     let not_completed = scenario::not_completed(&items);
     assert!(
