@@ -25,19 +25,9 @@ const STOCK: i64 = 1_000_000;
 /// A redelivery budget that contention alone would exhaust at once.
 const MAX_RECEIVES: u32 = 2;
 
-/// A number from the environment (the full-size bench), else the CI size.
-fn sized(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(raw) => raw
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: {raw:?} is not a number")),
-        Err(_) => default,
-    }
-}
-
 async fn hot_sku(kind: Kind, orders: u64, clients: usize, processors: usize) {
-    let orders = sized("EINMAL_HOT_ORDERS", orders);
-    let clients = sized("EINMAL_HOT_CLIENTS", clients as u64) as usize;
+    let orders = scenario::sized("EINMAL_HOT_ORDERS", orders);
+    let clients = scenario::sized("EINMAL_HOT_CLIENTS", clients as u64) as usize;
     let b = Arc::new(kind.backend(MAX_RECEIVES).await);
     b.seed(&[(SKU, STOCK)]).await;
     let settings = scenario::settings(30_000, MAX_RECEIVES);

@@ -24,30 +24,20 @@ use einmal_tests::scenario::{self, orders_create, pi_succeeded, shopify_refund, 
 
 const ORDERS: u64 = 12;
 
-/// A number from the environment (the full-length bench), else the CI default.
-fn scaled(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(raw) => raw
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}: {raw:?} is not a number")),
-        Err(_) => default,
-    }
-}
-
 fn max_receives() -> u32 {
-    scaled("EINMAL_OUTAGE_MAX_RECEIVES", 3) as u32
+    scenario::sized("EINMAL_OUTAGE_MAX_RECEIVES", 3) as u32
 }
 
 fn outage() -> Duration {
-    Duration::from_secs(scaled("EINMAL_OUTAGE_SECS", 8))
+    Duration::from_secs(scenario::sized("EINMAL_OUTAGE_SECS", 8))
 }
 
 fn settings() -> ProcessSettings {
     ProcessSettings {
         lease_ms: 2_000,
         max_receive_count: max_receives(),
-        backoff_base_ms: scaled("EINMAL_OUTAGE_BACKOFF_BASE_MS", 50) as i64,
-        backoff_max_ms: scaled("EINMAL_OUTAGE_BACKOFF_MAX_MS", 1_000) as i64,
+        backoff_base_ms: scenario::sized("EINMAL_OUTAGE_BACKOFF_BASE_MS", 50) as i64,
+        backoff_max_ms: scenario::sized("EINMAL_OUTAGE_BACKOFF_MAX_MS", 1_000) as i64,
         ..ProcessSettings::default()
     }
 }

@@ -725,6 +725,16 @@ pub async fn settle_all(p: &Processor, batch: &[Delivery], worker: &str) -> Vec<
     handled
 }
 
+/// A number from the environment (a bench's full-size run), else the CI default.
+pub fn sized(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(raw) => raw
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {raw:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
 /// When a drain may stop.
 pub struct Until<'a> {
     /// At least this many inbox items must exist (all events ingested).
