@@ -149,7 +149,8 @@ async fn fifty_concurrent_puts_of_one_key_insert_once() {
     for t in tasks {
         match t.await.unwrap().unwrap() {
             PutOutcome::Inserted => inserted += 1,
-            PutOutcome::Duplicate(old) => duplicates.push(old),
+            // A duplicate between the insert's two puts stores the body itself.
+            PutOutcome::Duplicate(old) | PutOutcome::Restored(old) => duplicates.push(old),
         }
     }
     assert_eq!(inserted, 1);
@@ -609,8 +610,9 @@ async fn an_item_of_the_previous_layout_is_processed() {
 }
 
 /// A receiver that died between the event's put and the body's: the provider's retry
-/// (a duplicate of an event still `received`) stores the body, and its pointer (the
-/// sweeper's re-send, or the duplicate's own) is processed from the body item.
+/// (a duplicate of an event still `received`) stores the body and says so
+/// (`Restored`, so the receiver sends its pointer), and the pointer is processed from
+/// the body item. A second retry finds the body: a plain duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_stores_a_body_its_first_request_never_wrote() {
     let (store, names) = aws_store(moto::shared(), None).await;
@@ -629,7 +631,11 @@ async fn a_duplicate_stores_a_body_its_first_request_never_wrote() {
 
     assert!(matches!(
         store.put_new(&it).await.unwrap(),
-        PutOutcome::Duplicate(_)
+        PutOutcome::Restored(_)
     ));
     assert_eq!(store.get(&it.key).await.unwrap().unwrap().body, it.body);
+    assert!(matches!(
+        store.put_new(&it).await.unwrap(),
+        PutOutcome::Duplicate(_)
+    ));
 }
