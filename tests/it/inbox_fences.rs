@@ -211,9 +211,26 @@ async fn the_dlq_marking_never_ends_a_run_in_flight(kind: Kind) {
     assert_eq!(item.state, InboxState::Completed, "{}: {item:?}", b.name);
 }
 
-/// Seven parked items, a pass bound of three index entries: within three passes every
-/// one is re-sent (and re-parked by its re-run, as the processor would).
+/// Seven parked items, a pass bound of three index entries (or of three re-sends):
+/// within three passes every one is re-sent (and re-parked by its re-run, as the
+/// processor would).
 async fn the_waiting_fallback_pages_through_every_parked_item(kind: Kind) {
+    let read_bound = SweepSettings {
+        waiting_recheck_ms: 0,
+        waiting_read_max: 3,
+        ..Default::default()
+    };
+    let send_bound = SweepSettings {
+        waiting_recheck_ms: 0,
+        batch: 3,
+        ..Default::default()
+    };
+    for settings in [read_bound, send_bound] {
+        pages_through_every_parked_item(kind, settings).await;
+    }
+}
+
+async fn pages_through_every_parked_item(kind: Kind, settings: SweepSettings) {
     let b = kind.backend(5).await;
     let ingestor = b.ingestor();
     let now = einmal::time::now_millis();
@@ -238,11 +255,7 @@ async fn the_waiting_fallback_pages_through_every_parked_item(kind: Kind) {
         b.processing.clone(),
         b.queue.clone(),
     )
-    .with_settings(SweepSettings {
-        waiting_recheck_ms: 0,
-        waiting_read_max: 3,
-        ..Default::default()
-    });
+    .with_settings(settings.clone());
     let mut resent = BTreeSet::new();
     for pass in 1..=3 {
         let at = now + pass * 1_000;
@@ -257,7 +270,11 @@ async fn the_waiting_fallback_pages_through_every_parked_item(kind: Kind) {
             b.queue.ack(&delivery.receipt).await.expect("ack");
         }
     }
-    assert_eq!(resent, parked, "{}: every parked item re-sent", b.name);
+    assert_eq!(
+        resent, parked,
+        "{}: every parked item re-sent ({settings:?})",
+        b.name
+    );
 }
 
 on_both_backends!(

@@ -75,7 +75,7 @@ impl AwsStore {
     /// last pass stopped (the cursor item [`item::WAITING_CURSOR`]): count and oldest
     /// wait of the parked entries read, and up to `limit` of them last touched before
     /// `due_before_ms`, in index order. The cursor moves past what was read (past the
-    /// last due entry taken, when `limit` stops the pass), shard after shard, and
+    /// last due entry taken, when `limit` of them were taken first), shard after shard, and
     /// starts over once every shard was read, so every parked item comes up within a
     /// few passes however many there are.
     pub(super) async fn waiting_scan(
@@ -91,8 +91,10 @@ impl AwsStore {
         let mut scan = WaitingScan::default();
         let mut read = 0usize;
         let mut shards_done = 0usize;
-        let mut stopped = false;
-        while !stopped && read < read_max.max(1) && shards_done < shards.len() {
+        // Where the next pass goes on when `limit` due entries were taken before the
+        // read bound: right after the last one (the rest is still read for the count).
+        let mut taken_up_to: Option<WaitingCursor> = None;
+        while read < read_max.max(1) && shards_done < shards.len() {
             let page = (read_max.max(1) - read).min(1_000) as i32;
             let out = self
                 .dynamodb
@@ -137,16 +139,10 @@ impl AwsStore {
                     scan.due
                         .push(InboxKey::from_stored(pk_of(&m, item::BY_WAIT_SHARD)?));
                     if scan.due.len() >= limit {
-                        // The next pass goes on after this entry.
-                        start = Some(key);
-                        stopped = true;
-                        break;
+                        taken_up_to = Some((shard, Some(key.clone())));
                     }
                 }
                 last = Some(key);
-            }
-            if stopped {
-                break;
             }
             match out.last_evaluated_key {
                 // More in this shard: the next page (or pass) starts after the last.
@@ -158,7 +154,7 @@ impl AwsStore {
                 }
             }
         }
-        let cursor = (shard, start);
+        let cursor = taken_up_to.unwrap_or((shard, start));
         // A count-only read (`limit` 0: the metrics) leaves the sweeper's place alone.
         if limit > 0 && cursor != begun {
             self.save_waiting_cursor(&cursor).await?;
