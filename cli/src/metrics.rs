@@ -330,7 +330,11 @@ impl ServeMetrics {
             }
             Err(e) => tracing::warn!(error = %e, "metrics: cannot read the pending items"),
         }
-        match self.sweep.waiting(now_ms, 0).await {
+        match self
+            .sweep
+            .waiting(now_ms, 0, einmal::ports::WAITING_SCAN_MAX)
+            .await
+        {
             Ok(scan) => {
                 s.waiting_items.set(scan.count as i64);
                 let age = scan

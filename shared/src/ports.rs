@@ -183,6 +183,24 @@ pub enum PutOutcome {
     /// (DynamoDB `ReturnValuesOnConditionCheckFailure=ALL_OLD`), without its body where
     /// the store keeps bodies in items of their own (DynamoDB).
     Duplicate(Box<InboxItem>),
+    /// The key existed but its body was missing (its first request died or failed
+    /// between the event's put and the body's, so it was never acknowledged): this
+    /// put stored the body (one conditional write) and, for a `dead_letter` item,
+    /// moved it back to `queued`. The item as it is now, without its body where the
+    /// store keeps bodies apart; the caller enqueues its pointer like a new event's.
+    Restored(Box<InboxItem>),
+}
+
+/// The start of every reason that says an event's body is not stored
+/// ([`ClaimOutcome::BodyMissing`]): the processor's and the sweeper's dead letters
+/// say so, and a later duplicate that stores the body takes such an item back.
+pub const BODY_MISSING: &str = "body missing";
+
+/// Whether a duplicate of an item in `state` must check that the body is stored
+/// ([`PutOutcome::Restored`]): every state but `completed` and `ignored` (their
+/// processing read the body, so it was there).
+pub fn may_lack_body(state: InboxState) -> bool {
+    !matches!(state, InboxState::Completed | InboxState::Ignored)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -358,6 +376,29 @@ pub enum ClaimOutcome {
     Leased { until_ms: i64 },
     /// No such item (expired by TTL, or never stored).
     Missing,
+    /// The item is there to be processed, but its body is not stored (see
+    /// [`PutOutcome::Restored`]): a transient failure until the provider's retry
+    /// stores it. The item comes back without a body and, like a claim, counts the
+    /// attempt (under the lease, where the store claims).
+    BodyMissing(Box<InboxItem>),
+}
+
+/// An inbox item as a reader saw it: its state and last update (every state change
+/// stamps `updated_at_ms`). A write that must not undo a change made since (another
+/// run's finish, a replay, the sweeper's marking) is conditioned on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemVersion {
+    pub state: InboxState,
+    pub updated_at_ms: i64,
+}
+
+impl ItemVersion {
+    pub fn of(item: &InboxItem) -> Self {
+        ItemVersion {
+            state: item.state,
+            updated_at_ms: item.updated_at_ms,
+        }
+    }
 }
 
 /// The end of one processing attempt, written by [`InboxProcessing::finish`].
@@ -427,30 +468,41 @@ pub trait InboxProcessing: Send + Sync {
     ) -> Result<bool, StoreError>;
 
     /// The finish of a run [`InboxProcessing::begin`] handed out without a lease: as
-    /// [`InboxProcessing::finish`], on an item that is not terminal and not held by a
-    /// live lease (else `Ok(false)`: another run finished it, or a claimed worker
-    /// will), and `attempts` set to `attempts` (the count `begin` handed out). Stores
-    /// whose `begin` always claims never get this call; the default finishes as an
-    /// owner no lease names, which changes nothing.
+    /// [`InboxProcessing::finish`], only while the item is still as the run read it
+    /// (`seen`; else `Ok(false)`: another run finished or parked it, a replay queued
+    /// it, a worker claimed it), or when the sweeper's [`mark_dead_letter`] marked
+    /// exactly that version meanwhile (this run was committing it); `attempts` set to
+    /// `attempts` (the count `begin` handed out). So a stale run never overwrites a
+    /// newer state (a `waiting` with `retryable`, leaving the item in neither of the
+    /// sweeper's indexes). Stores whose `begin` always claims never get this call;
+    /// the default finishes as an owner no lease names, which changes nothing.
+    ///
+    /// [`mark_dead_letter`]: InboxProcessing::mark_dead_letter
     async fn finish_unleased(
         &self,
         key: &InboxKey,
         attempts: u32,
+        seen: ItemVersion,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
-        let _ = attempts;
+        let _ = (attempts, seen);
         self.finish(key, "", finish).await
     }
 
-    /// Redrive bookkeeping: mark the item `dead_letter` with `reason` unless it is
-    /// already terminal or a live lease holds it (that worker finishes it). A missing
-    /// item is not an error.
+    /// Redrive bookkeeping: mark the item `dead_letter` with `reason`, only while it is
+    /// still as the caller read it (`seen`: not terminal, nothing changed since) and no
+    /// live lease holds it (that worker finishes it). `Ok(false)` when it did not
+    /// apply (a missing item included). A run without a lease that began from that
+    /// same version may still finish over the mark ([`finish_unleased`]).
+    ///
+    /// [`finish_unleased`]: InboxProcessing::finish_unleased
     async fn mark_dead_letter(
         &self,
         key: &InboxKey,
         reason: &str,
+        seen: ItemVersion,
         now_ms: i64,
-    ) -> Result<(), StoreError>;
+    ) -> Result<bool, StoreError>;
 
     /// Up to `limit` items parked on the state record `record_pk` ([`Waiting::on`]),
     /// found through an index of waiters (never a scan). Called after a commit wrote
@@ -673,7 +725,7 @@ pub trait InboxRelay: Send + Sync {
 /// What [`InboxSweep::waiting`] saw of the parked items.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WaitingScan {
-    /// Items in state `waiting` seen (capped by the store's read bound).
+    /// Items in state `waiting` seen by this pass (capped by its read bound).
     pub count: usize,
     /// The earliest [`Waiting::since_ms`] among them.
     pub oldest_since_ms: Option<i64>,
@@ -787,14 +839,22 @@ pub trait InboxSweep: DeadLetterQueue + Send + Sync {
     /// ran out before `older_than_ms` (a crashed worker).
     async fn stuck(&self, older_than_ms: i64, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
 
-    /// The parked items, through the waiters' index: their count and oldest wait
-    /// (reading at most [`WAITING_SCAN_MAX`] index entries), and up to `limit` whose
-    /// last update is before `due_before_ms`.
-    async fn waiting(&self, due_before_ms: i64, limit: usize) -> Result<WaitingScan, StoreError>;
+    /// One pass over the parked items, through the waiters' index: at most
+    /// `read_max` index entries, going on from where the last pass stopped, so every
+    /// parked item comes up within a few passes however many there are (DynamoDB: a
+    /// cursor item in the inbox table; SQLite: the index's order, least recently
+    /// touched first, and a re-sent item is touched again by its re-run). Their count
+    /// and oldest wait, and up to `limit` whose last update is before `due_before_ms`.
+    async fn waiting(
+        &self,
+        due_before_ms: i64,
+        limit: usize,
+        read_max: usize,
+    ) -> Result<WaitingScan, StoreError>;
 }
 
-/// The most index entries one [`InboxSweep::waiting`] call reads: the bound of a
-/// sweep pass over parked items (beyond it the count is a lower bound).
+/// The default bound of index entries one [`InboxSweep::waiting`] pass reads
+/// (`EINMAL_SWEEP_WAITING_READ_MAX`); beyond it the count is of the entries read.
 pub const WAITING_SCAN_MAX: usize = 10_000;
 
 /// What [`InboxReplay::requeue`] did.

@@ -19,11 +19,12 @@ use einmal::adapters::aws::{
 use einmal::domain::reference::{order_key, ReferenceDomain};
 use einmal::domain::state::StateStore;
 use einmal::envelope::Envelope;
+use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{MessageOutcome, Processor};
 use einmal::ports::{
-    Inbox, InboxFilter, InboxItem, InboxState, PutOutcome, Queue, QueueError, QueueMessage, Source,
-    StoreError,
+    Inbox, InboxFilter, InboxItem, InboxProcessing, InboxReplay, InboxState, ItemVersion,
+    PutOutcome, Queue, QueueError, QueueMessage, RequeueOutcome, Source, StoreError,
 };
 use einmal_tests::moto::{self, aws_store, unique_name, CallCounter, MAX_RECEIVE_COUNT};
 use einmal_tests::scenario;
@@ -149,7 +150,8 @@ async fn fifty_concurrent_puts_of_one_key_insert_once() {
     for t in tasks {
         match t.await.unwrap().unwrap() {
             PutOutcome::Inserted => inserted += 1,
-            PutOutcome::Duplicate(old) => duplicates.push(old),
+            // A duplicate between the insert's two puts stores the body itself.
+            PutOutcome::Duplicate(old) | PutOutcome::Restored(old) => duplicates.push(old),
         }
     }
     assert_eq!(inserted, 1);
@@ -608,9 +610,90 @@ async fn an_item_of_the_previous_layout_is_processed() {
     assert_eq!(order.data["payment_status"], "paid", "{}", order.data);
 }
 
+/// A body missing from a `queued` item (a replay of it) or a `dead_letter` one is
+/// stored by the next duplicate, which takes a dead letter back to `queued`; so is a
+/// dead letter whose reason says the body was missing when a restore stored the body
+/// and died before moving the item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_takes_back_queued_and_dead_items_without_their_body() {
+    let (store, names) = aws_store(moto::shared(), None).await;
+    let drop_body = |key: &InboxKey| {
+        let (dynamodb, table) = (store.dynamodb().clone(), names.table.clone());
+        let pk = format!("body#{}", key.as_str());
+        async move {
+            dynamodb
+                .delete_item()
+                .table_name(&table)
+                .key("pk", AttributeValue::S(pk))
+                .send()
+                .await
+                .expect("as if the body's put never happened");
+        }
+    };
+    let now = einmal::time::now_millis();
+
+    // Queued (a replay) without its body.
+    let mut queued = item("t1", "evt_nobody_queued", now);
+    queued.body = einmal::body::compress(br#"{"id":"evt_nobody_queued"}"#).unwrap();
+    assert_eq!(store.put_new(&queued).await.unwrap(), PutOutcome::Inserted);
+    drop_body(&queued.key).await;
+    assert!(matches!(
+        store.requeue(&queued.key, false, now + 10).await.unwrap(),
+        RequeueOutcome::Requeued { .. }
+    ));
+    match store.put_new(&queued).await.unwrap() {
+        PutOutcome::Restored(now) => assert_eq!(now.state, InboxState::Queued),
+        other => panic!("expected a restore, got {other:?}"),
+    }
+    assert_eq!(
+        store.get(&queued.key).await.unwrap().unwrap().body,
+        queued.body
+    );
+
+    // Dead-lettered because the body was missing, then the body came back but the
+    // move to `queued` was lost: the next duplicate moves it.
+    let mut dead = item("t1", "evt_nobody_dead", now);
+    dead.body = einmal::body::compress(br#"{"id":"evt_nobody_dead"}"#).unwrap();
+    assert_eq!(store.put_new(&dead).await.unwrap(), PutOutcome::Inserted);
+    let seen = ItemVersion::of(&store.get(&dead.key).await.unwrap().unwrap());
+    assert!(store
+        .mark_dead_letter(
+            &dead.key,
+            "body missing: pointer reached the dead-letter queue",
+            seen,
+            now + 20
+        )
+        .await
+        .unwrap());
+    let mut retry = dead.clone();
+    retry.updated_at_ms = now + 30;
+    match store.put_new(&retry).await.unwrap() {
+        PutOutcome::Restored(now) => assert_eq!(now.state, InboxState::Queued),
+        other => panic!("expected a restore, got {other:?}"),
+    }
+    // A dead letter for another reason, body present: a plain duplicate.
+    let mut poison = item("t1", "evt_poison", now);
+    poison.body = einmal::body::compress(br#"{"id":"evt_poison"}"#).unwrap();
+    assert_eq!(store.put_new(&poison).await.unwrap(), PutOutcome::Inserted);
+    let seen = ItemVersion::of(&store.get(&poison.key).await.unwrap().unwrap());
+    assert!(store
+        .mark_dead_letter(&poison.key, "permanent: bad amount", seen, now + 20)
+        .await
+        .unwrap());
+    assert!(matches!(
+        store.put_new(&poison).await.unwrap(),
+        PutOutcome::Duplicate(_)
+    ));
+    assert_eq!(
+        store.get(&poison.key).await.unwrap().unwrap().state,
+        InboxState::DeadLetter
+    );
+}
+
 /// A receiver that died between the event's put and the body's: the provider's retry
-/// (a duplicate of an event still `received`) stores the body, and its pointer (the
-/// sweeper's re-send, or the duplicate's own) is processed from the body item.
+/// (a duplicate of an event still `received`) stores the body and says so
+/// (`Restored`, so the receiver sends its pointer), and the pointer is processed from
+/// the body item. A second retry finds the body: a plain duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_stores_a_body_its_first_request_never_wrote() {
     let (store, names) = aws_store(moto::shared(), None).await;
@@ -629,7 +712,11 @@ async fn a_duplicate_stores_a_body_its_first_request_never_wrote() {
 
     assert!(matches!(
         store.put_new(&it).await.unwrap(),
-        PutOutcome::Duplicate(_)
+        PutOutcome::Restored(_)
     ));
     assert_eq!(store.get(&it.key).await.unwrap().unwrap().body, it.body);
+    assert!(matches!(
+        store.put_new(&it).await.unwrap(),
+        PutOutcome::Duplicate(_)
+    ));
 }

@@ -19,7 +19,9 @@ use einmal::domain::reference::ReferenceDomain;
 use einmal::domain::state::StateKey;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
+use einmal::pipeline::process::Processor;
 use einmal::ports::Source;
+use einmal::ports::{Delivery, Queue, QueueError, QueueMessage};
 use einmal::reconcile::{
     audit_record, shopify_create_event_id, shopify_event_id, Difference, ReconcileError,
     ReconcileOptions, Reconciler, DEFAULT_OVERLAP_SECS, PAGE_ATTEMPTS, PENDING_PROCESSING,
@@ -715,6 +717,140 @@ async fn paid_at_stripe_but_not_here_is_a_difference_until_processed() {
         "{:?}",
         reports[0].differences
     );
+}
+
+/// The queue of a fast processor: every send is processed at once (the processor
+/// Lambda runs within milliseconds of the send), so an event the reconciler ingests is
+/// applied before the run goes on.
+struct ProcessedAtOnce {
+    inner: Arc<dyn Queue>,
+    processor: Processor,
+}
+
+impl ProcessedAtOnce {
+    async fn process(&self) {
+        loop {
+            let batch = self
+                .inner
+                .receive(10, Duration::from_secs(30))
+                .await
+                .expect("receive");
+            if batch.is_empty() {
+                return;
+            }
+            scenario::settle_all(&self.processor, &batch, "fast").await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Queue for ProcessedAtOnce {
+    async fn send(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        self.inner.send(message).await?;
+        self.process().await;
+        Ok(())
+    }
+    async fn receive(&self, max: u32, visibility: Duration) -> Result<Vec<Delivery>, QueueError> {
+        self.inner.receive(max, visibility).await
+    }
+    async fn ack(&self, receipt: &str) -> Result<(), QueueError> {
+        self.inner.ack(receipt).await
+    }
+    async fn change_visibility(
+        &self,
+        receipt: &str,
+        visibility: Duration,
+    ) -> Result<(), QueueError> {
+        self.inner.change_visibility(receipt, visibility).await
+    }
+    async fn postpone(&self, delivery: &Delivery, delay: Duration) -> Result<(), QueueError> {
+        self.inner.postpone(delivery, delay).await
+    }
+    async fn send_dead_letter(&self, message: &QueueMessage) -> Result<(), QueueError> {
+        self.inner.send_dead_letter(message).await
+    }
+    async fn receive_dead_letters(
+        &self,
+        max: u32,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        self.inner.receive_dead_letters(max, visibility).await
+    }
+}
+
+/// The difference a run repairs is reported even when the processor applies the
+/// ingested event before the report is built: the business is read before the
+/// ingest (README: "The report lists differences"), on both backends.
+async fn repaired_difference_scenario(kind: Kind) {
+    let s = setup_on(kind, 100).await;
+    let p = s.b.processor(300);
+    let payments = three_orders_and_payments(&s).await;
+    for e in &payments[..2] {
+        assert!(!s.b.send(&s.ingestor, e).await);
+    }
+    drain(&s.b, &p).await;
+    s.api.publish(&payments.iter().collect::<Vec<_>>());
+    let fast = Arc::new(ProcessedAtOnce {
+        inner: s.b.queue.clone(),
+        processor: s.b.processor(300),
+    });
+    let ingestor = Arc::new(Ingestor::new(config(&s.api.base), s.b.inbox.clone(), fast));
+    let reconciler = Reconciler::new(
+        ingestor,
+        s.b.state.clone(),
+        Arc::new(ReferenceDomain),
+        einmal::https::HttpsClient::new(),
+    )
+    .with_page_timing(Duration::from_secs(1), Duration::from_millis(20));
+    let business = s.b.state.as_ref();
+
+    let options = stripe_only();
+    let reports = reconciler
+        .run_with(&options, Some(business))
+        .await
+        .expect("run");
+    let r = &reports[0];
+    assert_eq!(r.ingested, 1, "{r:?}");
+    // Repaired during the run: the order is paid now, and the run says what it fixed.
+    assert!(s.b.order("3003").await.is_paid());
+    let repaired = Difference {
+        provider: "stripe".into(),
+        tenant: TENANT.into(),
+        object_id: "pi_r3".into(),
+        order_id: "3003".into(),
+        provider_status: "succeeded".into(),
+        our_status: PENDING_PROCESSING.into(),
+    };
+    assert_eq!(r.differences, vec![repaired.clone()], "{}", s.b.name);
+    let audit = audit_record("ops", "scheduled", &options, &reports, 1_700_000_000_000);
+    assert_eq!(audit.result["differences"], json!(1));
+    assert_eq!(
+        audit.result["difference_list"][0]["order_id"],
+        json!("3003"),
+        "{}",
+        audit.result
+    );
+    // Nothing left to repair on the next run.
+    let reports = reconciler
+        .run_with(&options, Some(business))
+        .await
+        .expect("second run");
+    assert_eq!(reports[0].ingested, 0);
+    assert!(
+        reports[0].differences.is_empty(),
+        "{:?}",
+        reports[0].differences
+    );
+}
+
+#[tokio::test]
+async fn a_difference_repaired_during_the_run_is_reported() {
+    repaired_difference_scenario(Kind::Embedded).await;
+}
+
+#[tokio::test]
+async fn a_difference_repaired_during_the_run_is_reported_on_moto() {
+    repaired_difference_scenario(Kind::Aws).await;
 }
 
 trait Created {

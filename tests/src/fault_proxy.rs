@@ -40,6 +40,9 @@ pub enum Fault {
     Latency,
     /// moto applies the request, the answer is dropped (the connection closes).
     LostAnswer,
+    /// The request never goes on and never gets an answer (a caller killed while it
+    /// waits: drop its future). Only for [`Faults::add_rule`], not a random fault.
+    Hang,
 }
 
 impl Fault {
@@ -90,6 +93,19 @@ pub struct Faults {
     random_kinds: AtomicU32,
     /// Bit 0: DynamoDB, bit 1: SQS.
     random_services: AtomicU32,
+    /// Targeted faults, checked before the random ones ([`Faults::add_rule`]).
+    rules: std::sync::Mutex<Vec<Rule>>,
+}
+
+/// One targeted fault: requests for `operation` whose body contains `needle`.
+#[derive(Debug)]
+struct Rule {
+    /// The `X-Amz-Target` header, e.g. `DynamoDB_20120810.PutItem`.
+    operation: String,
+    needle: String,
+    fault: Fault,
+    /// How many more requests get it.
+    left: u32,
 }
 
 impl Faults {
@@ -114,6 +130,35 @@ impl Faults {
         self.random_kinds.store(kinds, Ordering::SeqCst);
         self.random_services.store(services, Ordering::SeqCst);
         self.random_per_mille.store(per_mille, Ordering::SeqCst);
+    }
+
+    /// The next `count` requests for `operation` (the `X-Amz-Target` header, e.g.
+    /// `DynamoDB_20120810.PutItem`) whose body contains `needle` get `fault`
+    /// (`u32::MAX`: until [`Faults::clear_rules`]).
+    pub fn add_rule(&self, operation: &str, needle: &str, fault: Fault, count: u32) {
+        self.rules.lock().unwrap().push(Rule {
+            operation: operation.to_owned(),
+            needle: needle.to_owned(),
+            fault,
+            left: count,
+        });
+    }
+
+    pub fn clear_rules(&self) {
+        self.rules.lock().unwrap().clear();
+    }
+
+    fn pick_rule(&self, operation: &str, body: &[u8]) -> Option<Fault> {
+        let mut rules = self.rules.lock().unwrap();
+        let rule = rules.iter_mut().find(|r| {
+            r.left > 0
+                && r.operation == operation
+                && body
+                    .windows(r.needle.len().max(1))
+                    .any(|w| w == r.needle.as_bytes())
+        })?;
+        rule.left = rule.left.saturating_sub(1);
+        Some(rule.fault)
     }
 
     fn pick(&self, service: Service) -> Option<Fault> {
@@ -220,7 +265,17 @@ async fn forward(
     upstream: String,
 ) -> Result<Response<Full<Bytes>>, Dropped> {
     let service = service_of(&request);
-    let fault = faults.pick(service);
+    let operation = request
+        .headers()
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
+    let fault = faults
+        .pick_rule(&operation, &body)
+        .or_else(|| faults.pick(service));
     match fault {
         Some(Fault::Throttle) => {
             let code = match service {
@@ -255,10 +310,9 @@ async fn forward(
             let ms = rand::thread_rng().gen_range(1_000..=3_000);
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
+        Some(Fault::Hang) => std::future::pending::<()>().await,
         Some(Fault::LostAnswer) | None => {}
     }
-    let (parts, body) = request.into_parts();
-    let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
     let path = parts
         .uri
         .path_and_query()

@@ -477,6 +477,20 @@ impl Ingestor {
                 );
                 Ok(outcome(false, false))
             }
+            PutOutcome::Restored(existing) => {
+                // Stored before but never acknowledged, and without its body until now:
+                // its pointer goes out like a new event's (the pointer alone, so the
+                // processor reads the item as it is now).
+                IngestMetrics::incr(&self.metrics.duplicates);
+                self.enqueue(item, false, trace).await?;
+                IngestMetrics::incr(&self.metrics.reenqueued);
+                tracing::warn!(
+                    provider = %env.provider, tenant = %env.tenant, event_id = %env.event_id,
+                    object_id = env.object_id.as_deref(), delivery_id = env.delivery_id.as_deref(),
+                    state = %existing.state, trace_id, "duplicate webhook stored the missing body"
+                );
+                Ok(outcome(true, true))
+            }
             PutOutcome::Duplicate(existing) => {
                 IngestMetrics::incr(&self.metrics.duplicates);
                 let unconfirmed = existing.state == InboxState::Received

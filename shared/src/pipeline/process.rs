@@ -116,9 +116,9 @@ use crate::envelope::Envelope;
 use crate::lookup::{LookupError, ResourceLookup};
 use crate::lookup_guard::{GuardSettings, GuardedLookup};
 use crate::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, Queue,
-    QueueMessage, StoreError, WaitChange, Waiting, ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT,
-    NO_RECORD,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxItem, InboxProcessing, InboxState, ItemVersion,
+    Queue, QueueMessage, StoreError, WaitChange, Waiting, BODY_MISSING, ERROR_CLASS_PERMANENT,
+    ERROR_CLASS_TRANSIENT, NO_RECORD,
 };
 use crate::providers::thin::HINT_PREFIX;
 use crate::telemetry::emf::{RetryCause, WorkerMetrics, DEFAULT_SLI_THRESHOLD_MS};
@@ -614,8 +614,11 @@ impl Processor {
             .processing
             .begin(delivery, worker, now, self.settings.lease_ms)
             .await;
-        let item = match claim {
-            Ok(ClaimOutcome::Claimed(item)) => item,
+        let (item, body_missing) = match claim {
+            Ok(ClaimOutcome::Claimed(item)) => (item, false),
+            // Its request was never acknowledged: the provider's retry stores the body
+            // (`PutOutcome::Restored`). Transient until the retry horizon.
+            Ok(ClaimOutcome::BodyMissing(item)) => (item, true),
             Ok(ClaimOutcome::Finished(state)) => {
                 tracing::info!(pk = %key, state = %state, receive_count = delivery.receive_count,
                     trace_id, "duplicate message: event already finished");
@@ -648,7 +651,17 @@ impl Processor {
             }
         };
 
-        let result = self.apply(&item, commits).await;
+        let result = if body_missing {
+            Err(Failure::Transient(
+                RetryCause::StoreUnavailable,
+                format!(
+                    "{BODY_MISSING}: the event's body was never stored (its request was not \
+                     acknowledged; the provider's retry stores it)"
+                ),
+            ))
+        } else {
+            self.apply(&item, commits).await
+        };
         if let Some(member) = commits {
             // Decided and committed (or not): the batch's other commits need not wait.
             member.done();
@@ -724,12 +737,19 @@ impl Processor {
                 if now.saturating_sub(item.received_at_ms)
                     >= self.settings.retry_horizon_ms_for(&item.envelope.provider) =>
             {
-                let reason = format!(
-                    "retries exhausted: transient failures for {} (horizon {}), {} attempts: {reason}",
+                let exhausted = format!(
+                    "transient failures for {} (horizon {}), {} attempts",
                     human_duration(now.saturating_sub(item.received_at_ms)),
                     human_duration(self.settings.retry_horizon_ms_for(&item.envelope.provider)),
                     attempt.max(retry_number(delivery, 0))
                 );
+                // A missing body says so first: a late retry of the provider that
+                // stores it takes the event back (`PutOutcome::Restored`).
+                let reason = if body_missing {
+                    format!("{reason}; retries exhausted: {exhausted}")
+                } else {
+                    format!("retries exhausted: {exhausted}: {reason}")
+                };
                 (
                     self.finish(
                         InboxState::DeadLetter,
@@ -780,7 +800,7 @@ impl Processor {
             self.processing.finish(key, worker, &finish).await
         } else {
             self.processing
-                .finish_unleased(key, item.attempts, &finish)
+                .finish_unleased(key, item.attempts, ItemVersion::of(&item), &finish)
                 .await
         };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;

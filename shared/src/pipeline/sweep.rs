@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::ports::{Inbox, InboxProcessing, InboxState, InboxSweep, Queue, QueueMessage};
+use crate::ports::{
+    Inbox, InboxProcessing, InboxState, InboxSweep, ItemVersion, Queue, QueueMessage, BODY_MISSING,
+    WAITING_SCAN_MAX,
+};
 use crate::telemetry::emf::SweepFigures;
 
 /// Reason stored on items the sweeper marks `dead_letter`.
@@ -51,6 +54,10 @@ pub struct SweepSettings {
     /// A parked item untouched this long is re-sent (the fallback wake; each parked
     /// item at most once per interval, `batch` per pass). Default 10 minutes.
     pub waiting_recheck_ms: i64,
+    /// Waiters' index entries one pass reads at most; the next pass goes on after
+    /// them ([`InboxSweep::waiting`]), so every parked item is re-sent in turn.
+    /// Default [`WAITING_SCAN_MAX`] (10,000).
+    pub waiting_read_max: usize,
 }
 
 impl Default for SweepSettings {
@@ -60,6 +67,7 @@ impl Default for SweepSettings {
             retryable_after_ms: 20 * 60_000,
             batch: 100,
             waiting_recheck_ms: 10 * 60_000,
+            waiting_read_max: WAITING_SCAN_MAX,
         }
     }
 }
@@ -72,6 +80,8 @@ pub const RETRYABLE_AFTER_MS_ENV: &str = "EINMAL_SWEEP_RETRYABLE_AFTER_MS";
 pub const BATCH_ENV: &str = "EINMAL_SWEEP_BATCH";
 /// `waiting_recheck_ms` from the environment.
 pub const WAITING_RECHECK_MS_ENV: &str = "EINMAL_SWEEP_WAITING_RECHECK_MS";
+/// `waiting_read_max` from the environment.
+pub const WAITING_READ_MAX_ENV: &str = "EINMAL_SWEEP_WAITING_READ_MAX";
 
 impl SweepSettings {
     /// Defaults, overridden by `EINMAL_SWEEP_*` variables; a malformed one is an error.
@@ -100,6 +110,7 @@ impl SweepSettings {
             retryable_after_ms: read(&env, RETRYABLE_AFTER_MS_ENV, d.retryable_after_ms)?.max(0),
             batch: read(&env, BATCH_ENV, d.batch)?.max(1),
             waiting_recheck_ms: read(&env, WAITING_RECHECK_MS_ENV, d.waiting_recheck_ms)?.max(0),
+            waiting_read_max: read(&env, WAITING_READ_MAX_ENV, d.waiting_read_max)?.max(1),
         })
     }
 }
@@ -120,7 +131,8 @@ pub struct SweepReport {
     pub oldest_pending_age_ms: i64,
     /// Pending items past their stuck threshold this pass (re-enqueued or not).
     pub stuck_count: usize,
-    /// Parked (`waiting`) items seen (a lower bound past `WAITING_SCAN_MAX`).
+    /// Parked (`waiting`) items this pass read (at most `waiting_read_max`: beyond it a
+    /// lower bound).
     pub waiting_count: usize,
     /// How long the longest-waiting of them has waited, 0 when there is none.
     pub oldest_waiting_age_ms: i64,
@@ -265,7 +277,15 @@ impl Sweeper {
 
     async fn recheck_waiting(&self, now_ms: i64, report: &mut SweepReport) {
         let due_before = now_ms.saturating_sub(self.settings.waiting_recheck_ms);
-        let scan = match self.sweep.waiting(due_before, self.settings.batch).await {
+        let scan = match self
+            .sweep
+            .waiting(
+                due_before,
+                self.settings.batch,
+                self.settings.waiting_read_max,
+            )
+            .await
+        {
             Ok(scan) => scan,
             Err(e) => {
                 tracing::warn!(error = %e, "sweep: cannot list waiting items");
@@ -316,23 +336,34 @@ impl Sweeper {
                 if !seen.insert(key.clone()) {
                     continue;
                 }
-                match self.inbox.get(&key).await {
-                    Ok(Some(item)) if !item.state.is_terminal() => {}
+                let item = match self.inbox.get(&key).await {
+                    Ok(Some(item)) if !item.state.is_terminal() => item,
                     Ok(_) => continue,
                     Err(e) => {
                         tracing::warn!(error = %e, pk = %key, "sweep: cannot read a dead letter");
                         report.errors += 1;
                         continue;
                     }
-                }
+                };
+                // An item read without its body never had it stored: say so, so the
+                // provider's retry that stores it takes the event back.
+                let reason = if item.body.is_empty() {
+                    format!("{BODY_MISSING}: {DLQ_REASON}")
+                } else {
+                    DLQ_REASON.to_string()
+                };
+                // As read: a run that finished, parked or replayed it since wins.
                 match self
                     .processing
-                    .mark_dead_letter(&key, DLQ_REASON, now_ms)
+                    .mark_dead_letter(&key, &reason, ItemVersion::of(&item), now_ms)
                     .await
                 {
-                    Ok(()) => {
+                    Ok(true) => {
                         report.dead_lettered += 1;
-                        tracing::warn!(pk = %key, "sweep: marked dead_letter");
+                        tracing::warn!(pk = %key, reason = %reason, "sweep: marked dead_letter");
+                    }
+                    Ok(false) => {
+                        tracing::info!(pk = %key, "sweep: dead letter's item moved on; left as it is")
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, pk = %key, "sweep: cannot mark dead_letter");
@@ -390,6 +421,11 @@ mod tests {
         assert!(err.contains(BATCH_ENV), "{err}");
         let s = SweepSettings::from_lookup(env(&[(WAITING_RECHECK_MS_ENV, "60000")])).unwrap();
         assert_eq!(s.waiting_recheck_ms, 60_000);
+        let s = SweepSettings::from_lookup(env(&[(WAITING_READ_MAX_ENV, "3")])).unwrap();
+        assert_eq!(s.waiting_read_max, 3);
+        let err = SweepSettings::from_lookup(env(&[(WAITING_READ_MAX_ENV, "3k")])).unwrap_err();
+        assert!(err.contains(WAITING_READ_MAX_ENV), "{err}");
+        assert_eq!(SweepSettings::default().waiting_read_max, WAITING_SCAN_MAX);
         assert_eq!(SweepSettings::default().waiting_recheck_ms, 600_000);
     }
 }

@@ -113,7 +113,9 @@
 //! `financial_status = paid`) and our order is missing or not paid, the report lists a
 //! [`Difference`]; `our_status` is `missing`, the order's `payment_status`, or
 //! `pending processing` when this run just ingested an event of the object (the
-//! processor has not applied it yet).
+//! processor has not applied it yet). The business is read before the run ingests
+//! anything: a processor that applies the ingested event before the report is built
+//! must not hide what the run repaired.
 //!
 //! # Checkpoint
 //!
@@ -422,18 +424,33 @@ impl Reconciler {
         let mut report = TenantReport::fetched(tenant, format_rfc3339(start), fetched.len());
         let mut newest = None::<i64>;
         let mut observed: std::collections::BTreeMap<String, report::Observed> = Default::default();
-        for event in fetched {
+        // The objects the differences look at (oldest first: the newest state wins),
+        // and what the business believes of them before anything is ingested.
+        let objects: Vec<Option<String>> = fetched
+            .iter()
+            .map(|event| {
+                let (object_id, seen) = business.and_then(|_| report::observe(event))?;
+                observed.insert(object_id.clone(), seen);
+                Some(object_id)
+            })
+            .collect();
+        let before = match business {
+            Some(business) => {
+                report::unpaid_beliefs(business, self.payments.as_ref(), tenant, &observed).await?
+            }
+            None => Default::default(),
+        };
+        for (event, object_id) in fetched.into_iter().zip(objects) {
             newest = newest.max(Some(event.at));
-            let seen = business.and_then(|_| report::observe(&event));
             let outcome = self
                 .ingestor
                 .ingest_reconciled(event.envelope, event.body)
                 .await?;
-            if let Some((object_id, mut seen)) = seen {
-                // Oldest first: the newest state wins; "just ingested" sticks.
-                seen.ingested_now =
-                    !outcome.duplicate || observed.get(&object_id).is_some_and(|o| o.ingested_now);
-                observed.insert(object_id, seen);
+            if let (Some(seen), false) = (
+                object_id.and_then(|id| observed.get_mut(&id)),
+                outcome.duplicate,
+            ) {
+                seen.ingested_now = true;
             }
             if outcome.duplicate {
                 report.already_present += 1;
@@ -451,9 +468,8 @@ impl Reconciler {
             self.store_checkpoint(record, next).await?;
         }
         report.checkpoint = Some(format_rfc3339(next.max(stored)));
-        if let Some(business) = business {
-            report.differences =
-                report::differences(business, self.payments.as_ref(), tenant, observed).await?;
+        if business.is_some() {
+            report.differences = report::differences(tenant, observed, &before);
         }
         Ok(report)
     }

@@ -134,45 +134,66 @@ pub(super) fn observe(event: &Fetched) -> Option<(String, Observed)> {
     }
 }
 
-/// The observed objects the provider says are paid and our order does not.
-pub(super) async fn differences(
+/// What the business believes of the observed objects the provider says are paid and
+/// our order does not show as paid: object id → our status ([`MISSING`],
+/// [`UNREADABLE`] or the order's `payment_status`). Read before the run ingests
+/// anything: a processor may apply a just-ingested event before the report is built,
+/// and what the run repaired must still be listed.
+pub(super) async fn unpaid_beliefs(
     business: &dyn StateStore,
     view: &dyn PaymentView,
     tenant: &TenantConfig,
-    observed: std::collections::BTreeMap<String, Observed>,
-) -> Result<Vec<Difference>, ReconcileError> {
-    let paid: Vec<(String, Observed)> = observed.into_iter().filter(|(_, o)| o.paid).collect();
+    observed: &std::collections::BTreeMap<String, Observed>,
+) -> Result<std::collections::BTreeMap<String, String>, ReconcileError> {
+    let paid: Vec<(&String, &Observed)> = observed.iter().filter(|(_, o)| o.paid).collect();
     if paid.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     }
     let keys: Vec<StateKey> = paid
         .iter()
         .map(|(_, o)| view.order_key(&tenant.tenant, &o.order_id))
         .collect();
     let records = business.load(&keys).await?;
-    let mut out = Vec::new();
-    for ((object_id, seen), record) in paid.into_iter().zip(records) {
+    let mut out = std::collections::BTreeMap::new();
+    for ((object_id, _), record) in paid.into_iter().zip(records) {
         let ours = match view.belief(&record).payment {
             PaymentBelief::Known { paid: true, .. } => continue,
             PaymentBelief::Known { status, .. } => status,
             PaymentBelief::Unreadable => UNREADABLE.to_owned(),
             PaymentBelief::Missing => MISSING.to_owned(),
         };
-        let our_status = if seen.ingested_now {
-            PENDING_PROCESSING.to_owned()
-        } else {
-            ours
-        };
-        out.push(Difference {
-            provider: tenant.provider.clone(),
-            tenant: tenant.tenant.clone(),
-            object_id,
-            order_id: seen.order_id,
-            provider_status: seen.status,
-            our_status,
-        });
+        out.insert(object_id.clone(), ours);
     }
     Ok(out)
+}
+
+/// The observed objects the provider says are paid and our order did not show as paid
+/// when the run started (`before`, from [`unpaid_beliefs`]); an object whose event
+/// this run ingested is [`PENDING_PROCESSING`].
+pub(super) fn differences(
+    tenant: &TenantConfig,
+    observed: std::collections::BTreeMap<String, Observed>,
+    before: &std::collections::BTreeMap<String, String>,
+) -> Vec<Difference> {
+    observed
+        .into_iter()
+        .filter(|(_, seen)| seen.paid)
+        .filter_map(|(object_id, seen)| {
+            let ours = before.get(&object_id)?;
+            Some(Difference {
+                provider: tenant.provider.clone(),
+                tenant: tenant.tenant.clone(),
+                our_status: if seen.ingested_now {
+                    PENDING_PROCESSING.to_owned()
+                } else {
+                    ours.clone()
+                },
+                object_id,
+                order_id: seen.order_id,
+                provider_status: seen.status,
+            })
+        })
+        .collect()
 }
 
 /// Most differences one run's audit record lists (`result.difference_list`, the

@@ -28,8 +28,8 @@ use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
 use einmal::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, Queue,
-    StoreError,
+    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, ItemVersion,
+    Queue, StoreError,
 };
 use einmal::providers;
 use einmal::request::WebhookRequest;
@@ -864,6 +864,7 @@ impl InboxProcessing for FinishFails {
         &self,
         key: &InboxKey,
         attempts: u32,
+        seen: ItemVersion,
         f: &Finish,
     ) -> Result<bool, StoreError> {
         if self.left.take() {
@@ -871,7 +872,7 @@ impl InboxProcessing for FinishFails {
                 "injected: crashed before finish".into(),
             ));
         }
-        self.inner.finish_unleased(key, attempts, f).await
+        self.inner.finish_unleased(key, attempts, seen, f).await
     }
     async fn begin(
         &self,
@@ -903,9 +904,10 @@ impl InboxProcessing for FinishFails {
         &self,
         key: &InboxKey,
         reason: &str,
+        seen: ItemVersion,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
-        self.inner.mark_dead_letter(key, reason, now_ms).await
+    ) -> Result<bool, StoreError> {
+        self.inner.mark_dead_letter(key, reason, seen, now_ms).await
     }
     async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
         self.inner.waiters(record_pk, limit).await

@@ -31,8 +31,8 @@ use super::item::{self, n_attr, s_attr};
 use super::{AwsStore, DEFAULT_LIST_LIMIT};
 use crate::envelope::InboxKey;
 use crate::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState,
-    PutOutcome, StoreError, WaitChange,
+    may_lack_body, ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing,
+    InboxState, ItemVersion, PutOutcome, StoreError, WaitChange, BODY_MISSING,
 };
 use crate::ports::{InboxPage, InboxQuery, SearchError, StateCounts};
 
@@ -79,11 +79,12 @@ impl AwsStore {
         Ok(())
     }
 
-    /// A duplicate of an item still `received`: its first request may have died
-    /// between the event's put and the body's (it was never acknowledged, so the
-    /// provider retries). Put the body unless it is there: one write, on a rare path
-    /// (a duplicate of a finished event, the common one, writes nothing more).
-    async fn put_body_if_missing(&self, item: &InboxItem) -> Result<(), StoreError> {
+    /// A duplicate of an item not yet `completed` / `ignored`: its first request may
+    /// have died or failed between the event's put and the body's (it was never
+    /// acknowledged, so the provider retries). Put the body unless it is there: one
+    /// write, on a rare path (a duplicate of a finished event, the common one, writes
+    /// nothing more). `true` when this call stored it.
+    async fn put_body_if_missing(&self, item: &InboxItem) -> Result<bool, StoreError> {
         let result = self
             .dynamodb
             .put_item()
@@ -96,9 +97,63 @@ impl AwsStore {
         match result {
             Ok(_) => {
                 tracing::warn!(pk = %item.key, "body item was missing; stored from a duplicate");
-                Ok(())
+                Ok(true)
             }
-            Err(e) => error::refused(e).map(|_| ()),
+            Err(e) => error::refused(e).map(|_| false),
+        }
+    }
+
+    /// A duplicate of `old` (stored without its body item): store the body if it is
+    /// missing and take the item back ([`PutOutcome::Restored`]): a `dead_letter` one
+    /// returns to `queued`. A `dead_letter` whose reason says the body was missing is
+    /// taken back even when the body is there now (a restore that stored the body and
+    /// died before moving the item).
+    async fn restore_body(
+        &self,
+        item: &InboxItem,
+        old: InboxItem,
+    ) -> Result<PutOutcome, StoreError> {
+        let stored = self.put_body_if_missing(item).await?;
+        let dead_without_body = old.state == InboxState::DeadLetter
+            && old
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(BODY_MISSING));
+        if !stored && !dead_without_body {
+            return Ok(PutOutcome::Duplicate(Box::new(old)));
+        }
+        if old.state != InboxState::DeadLetter {
+            return Ok(PutOutcome::Restored(Box::new(old)));
+        }
+        let now_ms = item.updated_at_ms;
+        let result = self
+            .dynamodb
+            .update_item()
+            .table_name(&self.table)
+            .key(item::PK, Self::key_attr(&old.key))
+            .update_expression(
+                "SET #state = :queued, #updated = :now, #shard = :shard REMOVE #dead_over",
+            )
+            .condition_expression("#state = :dead")
+            .expression_attribute_names("#state", item::STATE)
+            .expression_attribute_names("#updated", item::UPDATED_AT_MS)
+            .expression_attribute_names("#shard", item::SWEEP_SHARD)
+            .expression_attribute_names("#dead_over", item::DEAD_OVER)
+            .expression_attribute_values(":queued", s_attr(InboxState::Queued.as_str()))
+            .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
+            .expression_attribute_values(":now", n_attr(now_ms))
+            .expression_attribute_values(":shard", s_attr(&item::sweep_shard(old.key.as_str())))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                tracing::warn!(pk = %old.key, "dead letter without its body taken back: body stored, queued again");
+                let now = item::decode_returned(out.attributes, "restore", &old.key)?;
+                Ok(PutOutcome::Restored(Box::new(now)))
+            }
+            // Moved meanwhile (a replay queued it): the body is stored either way.
+            Err(e) => error::refused(e).map(|_| PutOutcome::Restored(Box::new(old))),
         }
     }
 
@@ -134,16 +189,14 @@ impl AwsStore {
         }
     }
 
-    /// An item about to be processed needs its body: a missing one is transient (its
-    /// receiver died between the two puts; the provider's retry stores it).
-    async fn with_body(&self, mut item: InboxItem) -> Result<InboxItem, StoreError> {
+    /// An item about to be processed needs its body: a missing one is
+    /// [`ClaimOutcome::BodyMissing`] (its receiver died or failed between the two
+    /// puts; the provider's retry stores it).
+    async fn with_body(&self, mut item: InboxItem) -> Result<ClaimOutcome, StoreError> {
         if self.load_body(&mut item).await? {
-            Ok(item)
+            Ok(ClaimOutcome::Claimed(Box::new(item)))
         } else {
-            Err(StoreError::Unavailable(format!(
-                "the body of {} is not stored (yet)",
-                item.key
-            )))
+            Ok(ClaimOutcome::BodyMissing(Box::new(item)))
         }
     }
 
@@ -218,7 +271,7 @@ impl Inbox for AwsStore {
                 self.duplicate(old, &item.key, &put_id).await?
             }
         };
-        match &outcome {
+        match outcome {
             PutOutcome::Inserted => {
                 if let Err(e) = self.put_body(item).await {
                     // Not acknowledged: the provider retries, and that duplicate stores
@@ -228,15 +281,14 @@ impl Inbox for AwsStore {
                     }
                     return Err(e);
                 }
+                Ok(PutOutcome::Inserted)
             }
-            PutOutcome::Duplicate(old)
-                if old.state == InboxState::Received && old.body.is_empty() =>
-            {
-                self.put_body_if_missing(item).await?;
+            // The body is in an item of its own and may never have been written.
+            PutOutcome::Duplicate(old) if old.body.is_empty() && may_lack_body(old.state) => {
+                self.restore_body(item, *old).await
             }
-            PutOutcome::Duplicate(_) => {}
+            other => Ok(other),
         }
-        Ok(outcome)
     }
 
     /// The event's item with its body (a second read when the body is in its own
@@ -399,9 +451,7 @@ impl InboxProcessing for AwsStore {
         match result {
             Ok(out) => {
                 let claimed = item::decode_returned(out.attributes, "claim", key)?;
-                Ok(ClaimOutcome::Claimed(Box::new(
-                    self.with_body(claimed).await?,
-                )))
+                self.with_body(claimed).await
             }
             Err(e) => {
                 let old = error::refused(e)?;
@@ -421,7 +471,15 @@ impl InboxProcessing for AwsStore {
         _lease_ms: i64,
     ) -> Result<ClaimOutcome, StoreError> {
         let key = &delivery.message.pk;
-        if let Some(carried) = delivery.item.as_ref().filter(|i| i.key == *key) {
+        // The snapshot is the item as sent. On a redelivery of the same message (a
+        // crashed or panicked run) another run may have moved the item on since, and
+        // the finish is conditioned on the item as read: read it.
+        let first_receive = delivery.receive_count <= 1;
+        if let Some(carried) = delivery
+            .item
+            .as_ref()
+            .filter(|i| i.key == *key && first_receive)
+        {
             let mut item = carried.clone();
             item.lease_owner = None;
             item.lease_until_ms = None;
@@ -451,7 +509,7 @@ impl InboxProcessing for AwsStore {
         // Not leased by this run (a lease that ran out belongs to nobody).
         item.lease_owner = None;
         item.lease_until_ms = None;
-        Ok(ClaimOutcome::Claimed(Box::new(self.with_body(item).await?)))
+        self.with_body(item).await
     }
 
     async fn finish(
@@ -467,24 +525,35 @@ impl InboxProcessing for AwsStore {
         &self,
         key: &InboxKey,
         attempts: u32,
+        seen: ItemVersion,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
-        self.finish_item(key, Unleased(attempts), finish).await
+        self.finish_item(key, Unleased(attempts, seen), finish)
+            .await
     }
 
     async fn mark_dead_letter(
         &self,
         key: &InboxKey,
         reason: &str,
+        seen: ItemVersion,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let result = claimable(self.dynamodb.update_item())
+            // Only the item as read: a finish, park or replay since wins.
+            .condition_expression(format!(
+                "{CLAIMABLE} AND #state = :seen_state AND #updated = :seen_updated"
+            ))
+            .expression_attribute_values(":seen_state", s_attr(seen.state.as_str()))
+            .expression_attribute_values(":seen_updated", n_attr(seen.updated_at_ms))
             .table_name(&self.table)
             .key(item::PK, Self::key_attr(key))
             .update_expression(
-                "SET #state = :dead, #error = :reason, #updated = :now \
+                "SET #state = :dead, #error = :reason, #updated = :now, \
+                 #dead_over = :seen_updated \
                  REMOVE #lease_owner, #lease_until, #shard, #wait_on, #wait_shard, #wait_since",
             )
+            .expression_attribute_names("#dead_over", item::DEAD_OVER)
             .expression_attribute_names("#shard", item::SWEEP_SHARD)
             .expression_attribute_names("#wait_on", item::WAIT_ON)
             .expression_attribute_names("#wait_shard", item::WAIT_SHARD)
@@ -497,8 +566,8 @@ impl InboxProcessing for AwsStore {
             .expression_attribute_values(":now", n_attr(now_ms))
             .send()
             .await;
-        // Missing, already terminal, or a live worker will finish it.
-        conditional_update(result).map(|_| ())
+        // Missing, changed since it was read, or a live worker will finish it.
+        conditional_update(result)
     }
 
     async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
@@ -527,27 +596,26 @@ impl AwsStore {
             .expression_attribute_names("#lease_until", item::LEASE_UNTIL_MS)
             .expression_attribute_values(":state", s_attr(finish.state.as_str()))
             .expression_attribute_values(":now", n_attr(finish.now_ms))
-            .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()));
+            .expression_attribute_names("#dead_over", item::DEAD_OVER);
         request = match run {
             Leased(owner) => request
                 .condition_expression("#state = :processing AND #lease_owner = :owner")
+                .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
                 .expression_attribute_values(":owner", s_attr(owner)),
-            Unleased(attempts) => {
+            Unleased(attempts, seen) => {
                 set.push("#attempts = :attempts".into());
+                // The item as this run read it (every state change stamps `updated`, a
+                // claim included), or the sweeper's marking of exactly that version.
                 request
                     .condition_expression(
-                        "attribute_exists(#pk) AND NOT (#state IN (:completed, :ignored, :dead)) \
-                         AND (#state <> :processing OR attribute_not_exists(#lease_until) \
-                              OR #lease_until <= :now)",
+                        "attribute_exists(#pk) AND ((#state = :seen_state AND #updated = :seen_updated) \
+                         OR (#state = :dead AND #dead_over = :seen_updated))",
                     )
                     .expression_attribute_names("#pk", item::PK)
                     .expression_attribute_names("#attempts", item::ATTEMPTS)
                     .expression_attribute_values(":attempts", n_attr(i64::from(attempts)))
-                    .expression_attribute_values(
-                        ":completed",
-                        s_attr(InboxState::Completed.as_str()),
-                    )
-                    .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
+                    .expression_attribute_values(":seen_state", s_attr(seen.state.as_str()))
+                    .expression_attribute_values(":seen_updated", n_attr(seen.updated_at_ms))
                     .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
             }
         };
@@ -567,7 +635,7 @@ impl AwsStore {
         }
         // The sweeper's sparse index: untouched while the item stays pending (a retry
         // writes no index entry), left once terminal (one index delete).
-        let mut remove = "#lease_owner, #lease_until".to_string();
+        let mut remove = "#lease_owner, #lease_until, #dead_over".to_string();
         match &finish.wait {
             // A run that started from the message's snapshot may not know the item
             // parked meanwhile (a duplicate message): leaving waiting for a terminal
@@ -657,10 +725,11 @@ enum Run<'a> {
     /// A claimed run: only while this owner's lease holds the item (the claim counted
     /// the attempt).
     Leased(&'a str),
-    /// A run `begin` handed out without a lease, with its attempt count: on any item not
-    /// yet terminal (a duplicate run never overwrites the outcome) and not held by a
-    /// live lease (a claimed worker, of a previous release during an update).
-    Unleased(u32),
+    /// A run `begin` handed out without a lease, with its attempt count and the item as
+    /// it read it: only while the item is unchanged since (a duplicate run never
+    /// overwrites another's outcome or park; a claimed worker's claim changed it), or
+    /// the sweeper's dead-letter marking of that version.
+    Unleased(u32, ItemVersion),
 }
 use Run::{Leased, Unleased};
 

@@ -78,6 +78,12 @@ pub(crate) fn decode_body(mut m: Item) -> Result<Vec<u8>, String> {
     };
     Decoder { pk: &pk, m: &mut m }.binary(BODY)
 }
+/// Set by the sweeper's dead-letter marking of an item whose pointer reached the DLQ
+/// ([`crate::ports::InboxProcessing::mark_dead_letter`]): the `updated_at_ms` of the
+/// item as the sweeper read it, so a run that began from that same item (another
+/// message's, committing while the sweeper marked) still finishes it. Removed by the
+/// next finish or requeue. Not part of [`InboxItem`].
+pub(crate) const DEAD_OVER: &str = "dead_over";
 /// Set by the conditional put only: a random id of that `put_new` call (64 bits, hex),
 /// so a retried PutItem whose first attempt stored the item (its response was lost)
 /// recognises the item as its own. Not part of [`InboxItem`]; nothing else reads it.
@@ -322,8 +328,14 @@ pub(crate) const CURSOR_PREFIX: &str = "cursor#";
 /// body item).
 pub(crate) fn is_event(m: &Item) -> bool {
     !matches!(m.get(PK), Some(AttributeValue::S(pk))
-        if pk.starts_with(CURSOR_PREFIX) || pk.starts_with(BODY_PREFIX))
+        if pk.starts_with(CURSOR_PREFIX) || pk.starts_with(BODY_PREFIX) || pk.starts_with(SWEEP_PREFIX))
 }
+
+/// The pk prefix of the sweeper's own items (no event key starts with it).
+pub(crate) const SWEEP_PREFIX: &str = "sweep#";
+/// The sweeper's waiting cursor: where its last pass over the waiters' index stopped
+/// (`waiting.rs`). No TTL, no index attributes.
+pub(crate) const WAITING_CURSOR: &str = "sweep#waiting-cursor";
 
 /// A string attribute.
 pub(crate) fn s_attr(v: &str) -> AttributeValue {

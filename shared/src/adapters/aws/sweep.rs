@@ -154,7 +154,12 @@ impl InboxSweep for AwsStore {
         Ok(found)
     }
 
-    async fn waiting(&self, due_before_ms: i64, limit: usize) -> Result<WaitingScan, StoreError> {
-        self.waiting_scan(due_before_ms, limit).await
+    async fn waiting(
+        &self,
+        due_before_ms: i64,
+        limit: usize,
+        read_max: usize,
+    ) -> Result<WaitingScan, StoreError> {
+        self.waiting_scan(due_before_ms, limit, read_max).await
     }
 }

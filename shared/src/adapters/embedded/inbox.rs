@@ -7,8 +7,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use super::{relay, waiting, DbError, EmbeddedStore};
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
-    ClaimOutcome, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, InboxState, PutOutcome,
-    Source, StoreError, WaitChange, Waiting,
+    may_lack_body, ClaimOutcome, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing,
+    InboxState, ItemVersion, PutOutcome, Source, StoreError, WaitChange, Waiting,
 };
 use crate::ports::{InboxPage, InboxQuery, SearchError, StateCounts};
 
@@ -125,6 +125,24 @@ pub(super) fn put_item(conn: &Connection, item: &InboxItem) -> Result<PutOutcome
         return Ok(PutOutcome::Inserted);
     }
     match get_item(conn, item.key.as_str())? {
+        // The row carries its body, written by the same INSERT, so this is for a row
+        // stored without one by other means; the port's promise holds all the same.
+        Some(existing)
+            if lacks_body(&existing) && !item.body.is_empty() && may_lack_body(existing.state) =>
+        {
+            conn.prepare_cached(RESTORE_BODY)?.execute(params![
+                item.key.as_str(),
+                item.body,
+                body_len,
+                item.body_encoding,
+                item.updated_at_ms,
+            ])?;
+            tracing::warn!(pk = %item.key, "body was missing; stored from a duplicate");
+            let now = get_item(conn, item.key.as_str())?.ok_or_else(|| {
+                DbError::Unavailable(format!("{} vanished while its body was restored", item.key))
+            })?;
+            Ok(PutOutcome::Restored(Box::new(now)))
+        }
         Some(existing) => Ok(PutOutcome::Duplicate(Box::new(existing))),
         None => Err(DbError::Unavailable(format!(
             "insert of {} neither applied nor conflicted",
@@ -132,6 +150,17 @@ pub(super) fn put_item(conn: &Connection, item: &InboxItem) -> Result<PutOutcome
         ))),
     }
 }
+
+/// A row without the body its length says it has (an empty body is empty).
+fn lacks_body(item: &InboxItem) -> bool {
+    item.body.is_empty() && item.body_len > 0
+}
+
+/// A duplicate's body into a row that has none; a `dead_letter` goes back to `queued`.
+const RESTORE_BODY: &str = "UPDATE inbox SET body = ?2, body_len = ?3, body_encoding = ?4, \
+     updated_at_ms = CASE state WHEN 'dead_letter' THEN ?5 ELSE updated_at_ms END, \
+     state = CASE state WHEN 'dead_letter' THEN 'queued' ELSE state END \
+     WHERE pk = ?1 AND (body IS NULL OR length(body) = 0)";
 
 fn list_items(conn: &Connection, filter: &InboxFilter) -> Result<Vec<InboxItem>, DbError> {
     let mut conditions: Vec<&str> = Vec::new();
@@ -249,7 +278,8 @@ const MARK_DEAD_LETTER: &str = "UPDATE inbox SET state = 'dead_letter', last_err
      updated_at_ms = ?3, lease_owner = NULL, lease_until_ms = NULL, wait_on = NULL, \
      waiting_since_ms = NULL \
      WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable', 'waiting') \
-     OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?3)))";
+     OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?3))) \
+     AND state = ?4 AND updated_at_ms = ?5";
 
 fn claim_item(
     conn: &Connection,
@@ -268,6 +298,9 @@ fn claim_item(
         }
     };
     if let Some(item) = claimed {
+        if lacks_body(&item) {
+            return Ok(ClaimOutcome::BodyMissing(Box::new(item)));
+        }
         return Ok(ClaimOutcome::Claimed(Box::new(item)));
     }
     // Why not, read in the same transaction.
@@ -361,17 +394,24 @@ impl InboxProcessing for EmbeddedStore {
         &self,
         key: &InboxKey,
         reason: &str,
+        seen: ItemVersion,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let pk = key.as_str().to_string();
         let reason = reason.to_string();
-        self.write(move |conn| {
-            conn.prepare_cached(MARK_DEAD_LETTER)?
-                .execute(params![pk, reason, now_ms])?;
-            Ok(())
-        })
-        .await?;
-        Ok(())
+        // Only the item as read: a claim, finish or replay since wins.
+        Ok(self
+            .write(move |conn| {
+                let changed = conn.prepare_cached(MARK_DEAD_LETTER)?.execute(params![
+                    pk,
+                    reason,
+                    now_ms,
+                    seen.state.as_str(),
+                    seen.updated_at_ms
+                ])?;
+                Ok(changed == 1)
+            })
+            .await?)
     }
 
     async fn waiters(&self, record_pk: &str, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
@@ -431,6 +471,7 @@ mod tests {
             match task.await.unwrap() {
                 (candidate, PutOutcome::Inserted) => winners.push(candidate),
                 (_, PutOutcome::Duplicate(existing)) => duplicates.push(*existing),
+                (_, other) => panic!("the row is stored with its body: {other:?}"),
             }
         }
         assert_eq!(winners.len(), 1);
@@ -655,6 +696,48 @@ mod tests {
         );
     }
 
+    /// A row stored without its body (not by `put_new`'s own INSERT, which writes
+    /// both): claimed, it says so; a duplicate stores the body and takes a
+    /// `dead_letter` back to `queued`; the next duplicate is a plain one.
+    #[tokio::test]
+    async fn a_duplicate_restores_a_missing_body() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let full = item("p", "t", "evt_nobody", 1_000);
+        let bare = InboxItem {
+            body: Vec::new(),
+            ..full.clone()
+        };
+        assert_eq!(store.put_new(&bare).await.unwrap(), PutOutcome::Inserted);
+        assert!(matches!(
+            store.claim(&full.key, "w1", 2_000, 10).await.unwrap(),
+            ClaimOutcome::BodyMissing(_)
+        ));
+        let seen = ItemVersion::of(&store.get(&full.key).await.unwrap().unwrap());
+        assert!(store
+            .mark_dead_letter(&full.key, "body missing: gone", seen, 3_000)
+            .await
+            .unwrap());
+        let mut retry = full.clone();
+        retry.updated_at_ms = 4_000;
+        match store.put_new(&retry).await.unwrap() {
+            PutOutcome::Restored(now) => {
+                assert_eq!(now.state, InboxState::Queued);
+                assert_eq!(now.body, full.body);
+                assert_eq!(now.updated_at_ms, 4_000);
+            }
+            other => panic!("expected a restore, got {other:?}"),
+        }
+        assert!(matches!(
+            store.put_new(&retry).await.unwrap(),
+            PutOutcome::Duplicate(_)
+        ));
+        assert!(matches!(
+            store.claim(&full.key, "w2", 5_000, 1_000).await.unwrap(),
+            ClaimOutcome::Claimed(_)
+        ));
+    }
+
     #[tokio::test]
     async fn retryable_keeps_errors_and_is_claimable_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -709,15 +792,20 @@ mod tests {
             .await
             .unwrap());
         for it in [&waiting, &live, &done] {
+            let seen = ItemVersion::of(&store.get(&it.key).await.unwrap().unwrap());
             store
-                .mark_dead_letter(&it.key, "redriven after 5 receives", 200)
+                .mark_dead_letter(&it.key, "redriven after 5 receives", seen, 200)
                 .await
                 .unwrap();
         }
-        store
-            .mark_dead_letter(&InboxKey::new("p", "t", "missing"), "x", 200)
+        let nothing = ItemVersion {
+            state: InboxState::Queued,
+            updated_at_ms: 1,
+        };
+        assert!(!store
+            .mark_dead_letter(&InboxKey::new("p", "t", "missing"), "x", nothing, 200)
             .await
-            .unwrap();
+            .unwrap());
         let state = |it: &InboxItem| {
             let key = it.key.clone();
             let store = &store;
@@ -728,11 +816,21 @@ mod tests {
         assert_eq!(w.last_error.as_deref(), Some("redriven after 5 receives"));
         assert_eq!(state(&live).await.state, InboxState::Processing);
         assert_eq!(state(&done).await.state, InboxState::Completed);
-        // Once the lease ran out, the stuck item is marked too.
-        store
-            .mark_dead_letter(&live.key, "redriven", 20_000)
+        // Once the lease ran out, the stuck item is marked too, as read: not a
+        // version read before its claim.
+        let before_claim = ItemVersion {
+            state: InboxState::Received,
+            updated_at_ms: live.updated_at_ms,
+        };
+        assert!(!store
+            .mark_dead_letter(&live.key, "redriven", before_claim, 20_000)
             .await
-            .unwrap();
+            .unwrap());
+        let seen = ItemVersion::of(&state(&live).await);
+        assert!(store
+            .mark_dead_letter(&live.key, "redriven", seen, 20_000)
+            .await
+            .unwrap());
         let l = state(&live).await;
         assert_eq!(l.state, InboxState::DeadLetter);
         assert_eq!(l.lease_owner, None);

@@ -115,9 +115,14 @@ impl InboxSweep for EmbeddedStore {
             .await?)
     }
 
-    async fn waiting(&self, due_before_ms: i64, limit: usize) -> Result<WaitingScan, StoreError> {
+    async fn waiting(
+        &self,
+        due_before_ms: i64,
+        limit: usize,
+        read_max: usize,
+    ) -> Result<WaitingScan, StoreError> {
         Ok(self
-            .read(move |conn| waiting::waiting_scan(conn, due_before_ms, limit))
+            .read(move |conn| waiting::waiting_scan(conn, due_before_ms, limit, read_max))
             .await?)
     }
 }

@@ -7,7 +7,7 @@ use rusqlite::{params, Connection};
 
 use super::DbError;
 use crate::envelope::InboxKey;
-use crate::ports::{WaitingScan, WAITING_SCAN_MAX};
+use crate::ports::WaitingScan;
 
 /// Added on open when missing (idempotent, so files from before waiting get them),
 /// then the index. Both columns are NULL unless the item waits.
@@ -47,22 +47,26 @@ pub(super) fn waiters_of(
     Ok(keys)
 }
 
-/// Count and oldest wait of at most [`WAITING_SCAN_MAX`] parked items, and the `limit`
-/// least recently touched of those last updated before `due_before_ms`.
+/// Count and oldest wait of at most `read_max` parked items, and the `limit` (at most
+/// `read_max`) least recently touched of those last updated before `due_before_ms`.
+/// The order is the cursor: a re-sent item is touched again when its re-run parks it
+/// anew, so the next pass reaches the ones behind it.
 pub(super) fn waiting_scan(
     conn: &Connection,
     due_before_ms: i64,
     limit: usize,
+    read_max: usize,
 ) -> Result<WaitingScan, DbError> {
-    let cap = i64::try_from(WAITING_SCAN_MAX).unwrap_or(i64::MAX);
+    let read_max = read_max.max(1);
+    let cap = i64::try_from(read_max).unwrap_or(i64::MAX);
     let (count, oldest): (i64, Option<i64>) = conn
         .prepare_cached(
             "SELECT COUNT(*), MIN(waiting_since_ms) FROM \
              (SELECT waiting_since_ms FROM inbox INDEXED BY inbox_by_state_updated \
-              WHERE state = 'waiting' LIMIT ?1)",
+              WHERE state = 'waiting' ORDER BY updated_at_ms LIMIT ?1)",
         )?
         .query_row([cap], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let limit = i64::try_from(limit.min(read_max)).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare_cached(
         "SELECT pk FROM inbox INDEXED BY inbox_by_state_updated \
          WHERE state = 'waiting' AND updated_at_ms < ?1 ORDER BY updated_at_ms LIMIT ?2",
