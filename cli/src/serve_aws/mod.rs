@@ -208,8 +208,9 @@ fn provide_config(args: &ServeArgs) -> Result<(), CliError> {
     if set(CONFIG_PARAMETER_ENV) || set(CONFIG_ENV) {
         return Ok(());
     }
+    // As the embedded `serve`: an unreadable or invalid file is a failure (exit 4).
     let text = std::fs::read_to_string(&args.config).map_err(|e| {
-        CliError::NotFound(format!(
+        CliError::Failure(format!(
             "no tenant configuration: {CONFIG_PARAMETER_ENV} and {CONFIG_ENV} are not set and --config {} cannot be read: {e}",
             args.config.display()
         ))
