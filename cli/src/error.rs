@@ -21,8 +21,9 @@ Exit codes:
   0  success
   1  the command ran and the answer is no (config check found problems, a replay left
      events failed, missing or busy, send got a non-2xx answer)
-  2  usage error (unknown flag, missing or invalid value)
-  3  not found (event, order, SKU, or the --data-dir store)
+  2  usage error (unknown flag, missing or invalid value, an unset EINMAL_* variable)
+  3  not found (event, order, SKU, the --data-dir store, or an AWS table, queue or
+     parameter `serve --backend aws` needs)
   4  failure (store, AWS, network, file, server)
 
 With --json, data goes to stdout as JSON and an error to stderr as

@@ -8,6 +8,7 @@ pub mod error;
 pub mod metrics;
 pub mod relay;
 pub mod serve;
+pub mod serve_aws;
 pub mod serve_http;
 
 use std::path::PathBuf;

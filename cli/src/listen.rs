@@ -56,6 +56,9 @@ pub struct ListenArgs {
 
 /// `einmal listen` with `domain` deciding (the stock binary passes the reference domain).
 pub async fn run(args: ListenArgs, domain: std::sync::Arc<dyn Domain>) -> Result<ExitCode, String> {
+    if args.serve.aws.is_aws() {
+        return Err("einmal listen runs on the embedded store only (--backend embedded)".into());
+    }
     let mut config = Config::load(&args.serve.config).map_err(|e| e.to_string())?;
     let secret = match &args.secret {
         Some(secret) => {

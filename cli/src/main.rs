@@ -133,6 +133,15 @@ async fn main() -> ExitCode {
     };
     let json = cli.json;
     let result = match cli.command {
+        // The AWS pipeline's reconciler reads the reference domain's orders too.
+        Command::Serve(args) if args.aws.is_aws() => {
+            einmal_cli::serve_aws::run(
+                args,
+                Arc::new(ReferenceDomain::new()),
+                Some(Arc::new(ReferenceDomain)),
+            )
+            .await
+        }
         Command::Serve(args) => serve::run(args, Arc::new(ReferenceDomain::new()))
             .await
             .map_err(CliError::from),

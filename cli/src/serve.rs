@@ -59,10 +59,18 @@ pub struct ServeArgs {
     pub console_token: Option<String>,
     #[command(flatten)]
     pub limits: ClientLimits,
+    #[command(flatten)]
+    pub aws: crate::serve_aws::AwsServeArgs,
 }
 
 /// `einmal serve` with `domain` deciding: a user's binary passes its own domain.
 pub async fn run(args: ServeArgs, domain: Arc<dyn Domain>) -> Result<ExitCode, String> {
+    if args.aws.is_aws() {
+        // No payment view here: the reconciler is not scheduled (`einmal reconcile`).
+        return crate::serve_aws::run(args, domain, None)
+            .await
+            .map_err(|e| e.to_string());
+    }
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
     run_with(args, config, None, domain).await
 }

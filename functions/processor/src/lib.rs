@@ -47,25 +47,45 @@ pub use lambda_runtime::Error;
 /// A user's processor is `processor::run(Arc::new(MyDomain)).await` in `main`.
 pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
-    let settings = ProcessSettings::from_env()?;
-    let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
     let deployment = &einmal::telemetry::emf::deployment_from_env();
     let (sdk_config, store) = AwsStore::from_env().await?;
-    let store = Arc::new(store);
-    let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
+    let engine = engine(domain, &sdk_config, Arc::new(store)).await?;
+    let engine = &engine;
+    lambda_runtime::run(lambda_runtime::service_fn(
+        |event: lambda_runtime::LambdaEvent<SqsEvent>| async move {
+            let response =
+                handle_and_emit(engine, deployment, event.payload, &event.context.request_id).await;
+            Ok::<_, Error>(response)
+        },
+    ))
+    .await
+}
+
+/// The processor's engine as the Lambda builds it once per execution environment:
+/// settings, state store, thin-webhook lookups and the destinations' relay from the
+/// environment. `einmal serve --backend aws` builds the same and feeds it the batches
+/// its poller receives.
+pub async fn engine(
+    domain: Arc<dyn Domain>,
+    sdk_config: &aws_config::SdkConfig,
+    store: Arc<AwsStore>,
+) -> Result<Processor, Error> {
+    let settings = ProcessSettings::from_env()?;
+    let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
+    let state = Arc::new(DynamoStateStore::from_sdk_config(sdk_config)?);
     let mut engine = Processor::from_store(store.clone(), state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
     // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
     // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
-    match config_source_from_env(&sdk_config).await {
+    match config_source_from_env(sdk_config).await {
         Ok(source) => {
             // The log redaction masks the tenants' secrets and API credentials.
             einmal::telemetry::redact::register_config(&source.snapshot());
             let https = HttpsClient::new();
             // The destinations, delivered right after each commit (the sweeper retries).
-            let sinks = FunctionSinks::new(&sdk_config, https.clone());
+            let sinks = FunctionSinks::new(sdk_config, https.clone());
             if let Some(relay) = function_relay(
                 store,
                 &source.snapshot(),
@@ -83,15 +103,7 @@ pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
         }
         Err(e) => return Err(e.into()),
     }
-    let engine = &engine;
-    lambda_runtime::run(lambda_runtime::service_fn(
-        |event: lambda_runtime::LambdaEvent<SqsEvent>| async move {
-            let response =
-                handle_and_emit(engine, deployment, event.payload, &event.context.request_id).await;
-            Ok::<_, Error>(response)
-        },
-    ))
-    .await
+    Ok(engine)
 }
 
 /// The SQS system attribute with the receive count, this receive included.

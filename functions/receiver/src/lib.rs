@@ -1,13 +1,60 @@
 //! Receiver Lambda handler: API Gateway (HTTP API, payload v2; REST v1 also parses)
 //! → [`Ingestor::ingest`] → JSON response. Everything else lives in the library.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore};
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{self, IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
 use einmal::telemetry::trace::TraceHeader;
 use lambda_http::{Body, Error, Request, RequestExt, Response};
+
+/// The receiver function as its Lambda runs it: the ingestor on the inbox and the
+/// tenant configuration (`EINMAL_CONFIG_PARAMETER`, reloaded every
+/// `EINMAL_CONFIG_TTL_SECS`, or `EINMAL_CONFIG`), built once per execution environment.
+/// `einmal serve --backend aws` builds the same and hands it each HTTP request.
+pub struct Receiver {
+    ingestor: Ingestor,
+    deployment: String,
+    emf: bool,
+}
+
+impl Receiver {
+    /// The receiver on `store`, its configuration from the environment as the Lambda reads it.
+    pub async fn new(
+        sdk_config: &aws_config::SdkConfig,
+        store: Arc<AwsStore>,
+    ) -> Result<Self, AwsSetupError> {
+        let source = config_source_from_env(sdk_config).await?;
+        Ok(Receiver {
+            ingestor: Ingestor::from_store(source, store),
+            deployment: einmal::telemetry::emf::deployment_from_env(),
+            emf: true,
+        })
+    }
+
+    /// Whether each request's metrics are printed as an EMF line on stdout (the
+    /// Lambda's CloudWatch metrics; on by default).
+    pub fn with_emf(mut self, emf: bool) -> Self {
+        self.emf = emf;
+        self
+    }
+
+    pub fn ingestor(&self) -> &Ingestor {
+        &self.ingestor
+    }
+
+    /// One API Gateway event, as the Lambda handles it.
+    pub async fn handle(&self, req: Request) -> Result<Response<Body>, Error> {
+        if self.emf {
+            handle_and_emit(&self.ingestor, &self.deployment, req).await
+        } else {
+            handle(&self.ingestor, req).await
+        }
+    }
+}
 
 /// Handle one API Gateway event. `lambda_http` has already base64-decoded the body
 /// when `isBase64Encoded` was set, so `req.body()` is the exact raw bytes.

@@ -22,41 +22,81 @@ use serde_json::{json, Value};
 pub use lambda_runtime::Error;
 
 /// The reconciler Lambda with `view` reading what the business believes about its
-/// orders (the domain's [`PaymentView`]): builds the stores, the ingestor and the
-/// reconciler once, then reconciles on every scheduled invocation.
+/// orders (the domain's [`PaymentView`]): builds [`Reconcile`] once, then reconciles on
+/// every scheduled invocation.
 pub async fn run(view: Arc<dyn PaymentView>) -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
     let (sdk_config, store) = AwsStore::from_env().await?;
-    let store = Arc::new(store);
-    let state = Arc::new(DynamoStateStore::from_sdk_config(&sdk_config)?);
-    let source = config_source_from_env(&sdk_config).await?;
-    let ingestor = Arc::new(Ingestor::from_store(source, store.clone()));
-    // Audited when the audit table is configured.
-    let audit: Option<Arc<dyn AuditLog>> =
-        DynamoAuditLog::from_sdk_config_if_configured(&sdk_config)?
-            .map(|audit| Arc::new(audit) as Arc<dyn AuditLog>);
-    let business = state.clone();
-    // GoPay and Klarna push reconcile the payments their hints named: the inbox's
-    // hint index (a Query on its sparse GSI). One HTTPS client (one pool) for the
-    // pages and the thin-provider lookups.
-    let reconciler = &Reconciler::new(ingestor, state, view, HttpsClient::new()).with_hints(store);
-    let business = &business;
-    let audit = &audit;
-    let deployment = &einmal::telemetry::emf::deployment_from_env();
+    let reconcile = &Reconcile::new(view, &sdk_config, Arc::new(store)).await?;
     lambda_runtime::run(lambda_runtime::service_fn(
         |event: lambda_runtime::LambdaEvent<Value>| async move {
-            handle_and_emit(
-                reconciler,
-                Some(business.as_ref()),
-                audit.as_deref(),
-                deployment,
-                &event.payload,
-            )
-            .await
-            .map_err(Error::from)
+            reconcile.handle(&event.payload).await.map_err(Error::from)
         },
     ))
     .await
+}
+
+/// The reconciler function as its Lambda builds it once per execution environment:
+/// the stores, the ingestor and the reconciler. `einmal serve --backend aws` builds the
+/// same and calls [`Reconcile::handle`] on its schedule.
+pub struct Reconcile {
+    reconciler: Reconciler,
+    business: Arc<dyn StateStore>,
+    audit: Option<Arc<dyn AuditLog>>,
+    deployment: String,
+    emf: bool,
+}
+
+impl Reconcile {
+    pub async fn new(
+        view: Arc<dyn PaymentView>,
+        sdk_config: &aws_config::SdkConfig,
+        store: Arc<AwsStore>,
+    ) -> Result<Self, Error> {
+        let state = Arc::new(DynamoStateStore::from_sdk_config(sdk_config)?);
+        let source = config_source_from_env(sdk_config).await?;
+        let ingestor = Arc::new(Ingestor::from_store(source, store.clone()));
+        // Audited when the audit table is configured.
+        let audit: Option<Arc<dyn AuditLog>> =
+            DynamoAuditLog::from_sdk_config_if_configured(sdk_config)?
+                .map(|audit| Arc::new(audit) as Arc<dyn AuditLog>);
+        let business: Arc<dyn StateStore> = state.clone();
+        // GoPay and Klarna push reconcile the payments their hints named: the inbox's
+        // hint index (a Query on its sparse GSI). One HTTPS client (one pool) for the
+        // pages and the thin-provider lookups.
+        let reconciler =
+            Reconciler::new(ingestor, state, view, HttpsClient::new()).with_hints(store);
+        Ok(Reconcile {
+            reconciler,
+            business,
+            audit,
+            deployment: einmal::telemetry::emf::deployment_from_env(),
+            emf: true,
+        })
+    }
+
+    /// Whether the run's metrics are printed as an EMF line on stdout (on by default).
+    pub fn with_emf(mut self, emf: bool) -> Self {
+        self.emf = emf;
+        self
+    }
+
+    /// One invocation with `payload` (the schedule's event or constant input).
+    pub async fn handle(&self, payload: &Value) -> Result<Value, String> {
+        let business = Some(self.business.as_ref());
+        if self.emf {
+            handle_and_emit(
+                &self.reconciler,
+                business,
+                self.audit.as_deref(),
+                &self.deployment,
+                payload,
+            )
+            .await
+        } else {
+            handle_with(&self.reconciler, business, self.audit.as_deref(), payload).await
+        }
+    }
 }
 
 /// The options named by the invocation payload.
