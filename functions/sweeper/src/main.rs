@@ -22,12 +22,13 @@ async fn main() -> Result<(), Error> {
     let batch = settings.batch;
     let sweeper = Sweeper::from_store(store.clone()).with_settings(settings);
     // The destinations: the same configuration as the processor's.
+    // It follows the configuration's reloads; a destination that cannot be reached
+    // at start is retried per delivery, never a failed init.
     let relay = match config_source_from_env(&sdk_config).await {
         Ok(source) => {
-            let config = source.snapshot();
-            einmal::telemetry::redact::register_config(&config);
-            let sinks = FunctionSinks::new(&sdk_config, HttpsClient::new());
-            function_relay(store.clone(), &config, &sinks, RelaySettings::from_env()?).await?
+            einmal::telemetry::redact::register_config(&source.snapshot());
+            let sinks = Arc::new(FunctionSinks::new(&sdk_config, HttpsClient::new()));
+            Some(function_relay(store.clone(), source, sinks, RelaySettings::from_env()?).await?)
         }
         Err(AwsSetupError::NoConfigSource) => None,
         Err(e) => return Err(e.into()),
