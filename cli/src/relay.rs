@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use einmal::config_source::ConfigSource;
 use einmal::destinations::{DestinationConfig, Sink};
 use einmal::https::HttpsClient;
 use einmal::pipeline::relay::{
@@ -40,7 +41,7 @@ impl SinkFactory for ServeSinks {
 impl ServeSinks {
     async fn build_sink(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
         build_common_sink(d, &self.https).await.unwrap_or_else(|| {
-            Err(RelayError::new(
+            Err(RelayError::config(
                 d,
                 format!(
                     "kind {} is not available in einmal serve yet",
@@ -51,23 +52,26 @@ impl ServeSinks {
     }
 }
 
-/// The relay of the configured destinations; `None` when there are none. A
-/// destination that cannot be set up stops the start, named in the message.
+/// The relay of `source`'s destinations, following its reloads (built with none too:
+/// a reload may add one). Only a destination's configuration error stops the start,
+/// named in the message; one that cannot be reached (a database that is down) is
+/// logged and its deliveries retried until it can.
 pub async fn build(
     store: Arc<dyn InboxRelay>,
-    destinations: &[DestinationConfig],
+    source: ConfigSource,
     https: HttpsClient,
     wrap: Option<SinkWrap>,
-) -> Result<Option<Arc<Relay>>, String> {
-    if destinations.is_empty() {
-        return Ok(None);
-    }
+) -> Result<Arc<Relay>, String> {
     let settings = RelaySettings::from_env()?;
-    let relay = Relay::build(store, destinations, &ServeSinks { https, wrap })
-        .await
-        .map_err(|e| e.to_string())?
-        .with_settings(settings);
-    Ok(Some(Arc::new(relay)))
+    let relay = Relay::reloading(
+        store,
+        source,
+        Arc::new(ServeSinks { https, wrap }),
+        settings,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Arc::new(relay))
 }
 
 /// Retry what is due every [`RELAY_INTERVAL`] until `stop` resolves; log the backlog

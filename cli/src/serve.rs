@@ -63,7 +63,9 @@ pub struct ServeArgs {
     pub aws: crate::serve_aws::AwsServeArgs,
 }
 
-/// `einmal serve` with `domain` deciding: a user's binary passes its own domain.
+/// `einmal serve` with `domain` deciding: a user's binary passes its own domain. The
+/// `--config` file is read again on SIGHUP: tenants, secrets and destinations move to
+/// the new configuration together; an invalid one keeps the last good (logged).
 pub async fn run(args: ServeArgs, domain: Arc<dyn Domain>) -> Result<ExitCode, String> {
     if args.aws.is_aws() {
         // No payment view here: the reconciler is not scheduled (`einmal reconcile`).
@@ -72,7 +74,18 @@ pub async fn run(args: ServeArgs, domain: Arc<dyn Domain>) -> Result<ExitCode, S
             .map_err(|e| e.to_string());
     }
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
-    run_with(args, config, None, domain).await
+    let loader = Arc::new(FileLoader(args.config.clone()));
+    run_with_source(args, ConfigSource::on_demand(config, loader), None, domain).await
+}
+
+/// Reads the `--config` file again (SIGHUP).
+struct FileLoader(PathBuf);
+
+#[async_trait::async_trait]
+impl einmal::config_source::ConfigLoader for FileLoader {
+    async fn load(&self) -> Result<Config, String> {
+        Config::load(&self.0).map_err(|e| e.to_string())
+    }
 }
 
 /// `einmal serve` on a configuration already loaded (and possibly extended, as
@@ -83,7 +96,18 @@ pub async fn run_with(
     wrap: Option<crate::relay::SinkWrap>,
     domain: Arc<dyn Domain>,
 ) -> Result<ExitCode, String> {
+    run_with_source(args, ConfigSource::fixed(Arc::new(config)), wrap, domain).await
+}
+
+/// `einmal serve` on `source`; a source with a loader reloads on SIGHUP.
+pub async fn run_with_source(
+    args: ServeArgs,
+    source: ConfigSource,
+    wrap: Option<crate::relay::SinkWrap>,
+    domain: Arc<dyn Domain>,
+) -> Result<ExitCode, String> {
     einmal::telemetry::init_json_logs();
+    let config = source.snapshot();
     // The log redaction masks the tenants' secrets and API credentials.
     einmal::telemetry::redact::register_config(&config);
     let store = Arc::new(
@@ -109,28 +133,25 @@ pub async fn run_with(
         max_receive_count: EmbeddedOptions::default().max_receive_count,
         ..ProcessSettings::default()
     };
-    let config = Arc::new(config);
     // One HTTPS client (one pool) for PayPal's certificates and the thin webhooks'
     // lookups (Mollie classic, GoPay, Klarna push fetch from the provider).
     let https = HttpsClient::new();
     if paypal::install(PayPalVerifier::production(https.clone())).is_err() {
         tracing::debug!("the PayPal verifier was already in use: it keeps its own client");
     }
-    // Every destination's sink is built (and checked) before anything is served: a
-    // bad one stops the start with its name.
-    let relay =
-        crate::relay::build(store.clone(), config.destinations(), https.clone(), wrap).await?;
+    // Every destination's sink is tried before anything is served: a misconfigured
+    // one stops the start with its name; one that cannot be reached now (a database
+    // that is down) is logged and retried, and never holds back intake.
+    let relay = crate::relay::build(store.clone(), source.clone(), https.clone(), wrap).await?;
     let lookup = HttpLookup::with_client(https);
     let processor = Processor::from_store(store.clone(), state, domain)
         .with_settings(settings)
         .with_sli_threshold_ms(
             einmal::telemetry::emf::sli_threshold_ms_from_env().map_err(|e| e.to_string())?,
         )
-        .with_lookup(Arc::new(lookup), config.clone());
-    let processor = match &relay {
-        Some(relay) => processor.with_relay(relay.clone()),
-        None => processor,
-    };
+        .with_lookup_source(Arc::new(lookup), source.clone())
+        .with_relay(relay.clone());
+    let relay = Some(relay);
     let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::from_store(store.clone());
     let store_for_metrics = store.clone();
@@ -141,7 +162,12 @@ pub async fn run_with(
         &args.addr,
         args.console_token.clone(),
     )?;
-    let ingestor = Arc::new(Ingestor::from_store(ConfigSource::fixed(config), store));
+    let ingestor = Arc::new(Ingestor::from_store(source.clone(), store));
+    // Registered before the first request, so a SIGHUP never finds the default action
+    // (which ends the process).
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
+    let reloads = tokio::spawn(reload_on_hangup(source, hangups));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
@@ -241,6 +267,7 @@ pub async fn run_with(
     // The last figures, after the worker finished its batch.
     let _ = figures_stop_tx.send(true);
     let _ = figures.await;
+    reloads.abort();
     eprintln!(
         "einmal: stopped; {}",
         serde_json::to_string(&metrics.snapshot()).unwrap_or_default()
@@ -256,6 +283,18 @@ pub async fn run_with(
         processed.messages
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reload the configuration on each SIGHUP (`systemctl reload`, `kill -HUP`).
+async fn reload_on_hangup(source: ConfigSource, mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        if source.reload().await {
+            let config = source.snapshot();
+            einmal::telemetry::redact::register_config(&config);
+            let destinations = config.destinations().len();
+            tracing::info!(destinations, "SIGHUP: configuration reloaded");
+        }
+    }
 }
 
 /// One log line with the intake counters (since start) and the worker's tally (since

@@ -2,7 +2,10 @@
 //! in flight and restarted: every event is delivered, every call verifies with the
 //! `standardwebhooks` crate, and the destination's dedup on `webhook-id` yields
 //! exactly one effect per event. `einmal events show` prints the deliveries. A bad
-//! destination stops `serve` at start, naming it.
+//! destination stops `serve` at start, naming it; an unreachable one does not: with
+//! its PostgreSQL down, `serve` acks every webhook and delivers each once the
+//! database is up. SIGHUP reloads the configuration, destinations and their secrets
+//! included.
 
 mod common;
 
@@ -19,11 +22,21 @@ const EVENTS: usize = 20;
 
 /// The demo configuration plus one HTTP destination for the demo Stripe tenant.
 fn config_with_destination(dir: &Path, url: &str) -> PathBuf {
+    config_with(dir, &http_destination("shop", url, SECRET))
+}
+
+fn http_destination(name: &str, url: &str, secret: &str) -> String {
+    format!(
+        "\n[[destination]]\nname = \"{name}\"\ntenant = \"demo\"\nprovider = \"stripe\"\nkind = \"http\"\n\
+         events = [\"customer.*\"]\nurl = \"{url}\"\nsecrets = [\"{secret}\"]\ntimeout_ms = 5000\n\
+         max_attempts = 1000\n"
+    )
+}
+
+/// The demo configuration plus `destinations` (TOML), written to `dir/einmal.toml`.
+fn config_with(dir: &Path, destinations: &str) -> PathBuf {
     let mut toml = std::fs::read_to_string(repo().join("einmal.toml")).unwrap();
-    toml.push_str(&format!(
-        "\n[[destination]]\nname = \"shop\"\ntenant = \"demo\"\nprovider = \"stripe\"\nkind = \"http\"\n\
-         events = [\"customer.*\"]\nurl = \"{url}\"\nsecrets = [\"{SECRET}\"]\ntimeout_ms = 5000\n"
-    ));
+    toml.push_str(destinations);
     let path = dir.join("einmal.toml");
     std::fs::write(&path, toml).unwrap();
     path
@@ -65,6 +78,15 @@ impl Server {
             child,
             url: format!("http://{addr}"),
         }
+    }
+
+    /// SIGHUP: reload the configuration.
+    fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
     }
 
     /// SIGKILL (`kill -9`): no shutdown, no flush.
@@ -214,4 +236,186 @@ fn a_bad_destination_stops_serve_naming_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("shop"), "{stderr}");
     assert!(!stderr.contains(SECRET), "{stderr}");
+}
+
+/// PostgreSQL is down when `serve` starts and while every webhook arrives: `serve`
+/// starts anyway, acks each (200), and once the database is up delivers each event
+/// exactly once (a row and a key per event). Before the fix, `serve` exited 4 at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_its_postgres_down_acks_every_webhook_and_delivers_each_once_when_it_is_up() {
+    let Some(mut pg) = einmal_tests::postgres::PgServer::private_or_skip() else {
+        return;
+    };
+    let db = pg.create_database("serve_down").await;
+    tokio::task::block_in_place(|| pg.stop());
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let config = config_with(
+        files.path(),
+        &format!(
+            "\n[[destination]]\nname = \"warehouse\"\ntenant = \"demo\"\nprovider = \"stripe\"\n\
+             kind = \"postgres\"\nevents = [\"customer.*\"]\ndsn = \"{}\"\ntable = \"einmal_events\"\n\
+             max_attempts = 1000\n",
+            pg.dsn(&db)
+        ),
+    );
+    let server = Server::start(data.path(), &config);
+    let (url, dir, cfg) = (
+        server.url.clone(),
+        files.path().to_path_buf(),
+        config.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        for i in 0..EVENTS {
+            send_stripe(&url, &dir, &cfg, i);
+        }
+        // A provider's retry of one of them: acked as a duplicate.
+        send_stripe(&url, &dir, &cfg, 0);
+    })
+    .await
+    .unwrap();
+
+    tokio::task::block_in_place(|| pg.restart());
+    let client = pg.client(&db).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut rows = 0;
+    while rows < EVENTS as i64 {
+        assert!(
+            Instant::now() < deadline,
+            "{rows} of {EVENTS} delivered after PostgreSQL came up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The sink creates the table on its first connection.
+        rows = match client
+            .query_one("SELECT count(*) FROM einmal_events", &[])
+            .await
+        {
+            Ok(row) => row.get(0),
+            Err(_) => 0,
+        };
+    }
+    // Give a wrongly repeated delivery the chance to land before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys: std::collections::BTreeSet<String> = client
+        .query("SELECT key FROM einmal_events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let expected: std::collections::BTreeSet<String> = (0..EVENTS)
+        .map(|i| delivery_key("warehouse", "stripe", "demo", &format!("evt_k{i}")))
+        .collect();
+    assert_eq!(keys, expected, "one row per event");
+    let count = |sql: &'static str| {
+        let client = &client;
+        async move { client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM einmal_events").await,
+        EVENTS as i64
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM einmal_applied").await,
+        EVENTS as i64
+    );
+    drop(server);
+}
+
+/// A malformed DSN is a configuration error: `serve` stops at start with exit 4,
+/// naming the destination, never printing the password.
+#[test]
+fn a_malformed_postgres_dsn_stops_serve_with_exit_4_naming_it() {
+    let files = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let config = config_with(
+        files.path(),
+        "\n[[destination]]\nname = \"warehouse\"\ntenant = \"demo\"\nkind = \"postgres\"\n\
+         events = [\"*\"]\ndsn = \"host=127.0.0.1 port=abc password=hunter2-secret\"\ntable = \"events\"\n",
+    );
+    let out = einmal(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.path().to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(4));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warehouse") && stderr.contains("dsn"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+/// SIGHUP reloads the configuration: a destination added there receives the events
+/// that come after, signed with its secret, and a destination's rotated secret signs
+/// its deliveries from then on, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_adds_a_destination_and_rotates_a_secret_without_a_restart() {
+    let old_secret = "whsec_QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=";
+    let shop = DestinationServer::start(|_, _| Answer::Ok).await;
+    let crm = DestinationServer::start(|_, _| Answer::Ok).await;
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let config = config_with(
+        files.path(),
+        &http_destination("shop", &shop.url, old_secret),
+    );
+    let server = Server::start(data.path(), &config);
+    let (url, dir) = (server.url.clone(), files.path().to_path_buf());
+    let send = |i: usize| {
+        let (url, dir, cfg) = (url.clone(), dir.clone(), config.clone());
+        tokio::task::spawn_blocking(move || send_stripe(&url, &dir, &cfg, i))
+    };
+    send(0).await.unwrap();
+    // Signed with the old secret, which the shop no longer accepts (401, no effect).
+    wait_for(|| !shop.calls().is_empty(), "the first event at shop").await;
+    assert!(shop.calls().iter().all(|c| !c.verified));
+    assert!(shop.effects().is_empty());
+
+    // The shop's secret rotated, a second destination added; then SIGHUP.
+    config_with(
+        files.path(),
+        &format!(
+            "{}{}",
+            http_destination("shop", &shop.url, SECRET),
+            http_destination("crm", &crm.url, SECRET)
+        ),
+    );
+    server.hangup();
+    // The reload is logged, not acknowledged: send until the new set is in force.
+    let mut i = 1;
+    while crm.effects().is_empty() {
+        assert!(i < 50, "the added destination never received an event");
+        send(i).await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let last = format!("evt_k{}", i - 1);
+    let shop_key = delivery_key("shop", "stripe", "demo", &last);
+    let crm_key = delivery_key("crm", "stripe", "demo", &last);
+    wait_for(
+        || shop.effects().contains_key(&shop_key) && crm.effects().contains_key(&crm_key),
+        "the last event at both",
+    )
+    .await;
+    assert!(
+        shop.effects()[&shop_key].verified,
+        "the rotated secret signs"
+    );
+    assert!(crm.effects()[&crm_key].verified);
+    assert!(crm.calls().iter().all(|c| c.verified));
+    drop(server);
+}
+
+async fn wait_for(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -2,6 +2,9 @@
 //! redeploy. Each request asks for the current snapshot; once it is older than the TTL,
 //! one caller reloads it (the others keep using the old snapshot meanwhile). A failed
 //! reload keeps the last good configuration and is retried after the TTL.
+//!
+//! A source is a handle: its clones share one snapshot, so the receiver's secrets, the
+//! lookups' credentials and the relay's destinations all move to a reload together.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -18,7 +21,12 @@ pub trait ConfigLoader: Send + Sync {
     async fn load(&self) -> Result<Config, String>;
 }
 
+#[derive(Clone)]
 pub struct ConfigSource {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
     current: RwLock<Arc<Config>>,
     loaded_at_ms: AtomicI64,
     refresh: Option<Refresh>,
@@ -34,29 +42,40 @@ struct Refresh {
 impl ConfigSource {
     /// A configuration that never changes (local files, tests).
     pub fn fixed(config: Arc<Config>) -> Self {
+        Self::with(config, None)
+    }
+
+    fn with(config: Arc<Config>, refresh: Option<Refresh>) -> Self {
         ConfigSource {
-            current: RwLock::new(config),
-            loaded_at_ms: AtomicI64::new(time::now_millis()),
-            refresh: None,
+            inner: Arc::new(Shared {
+                current: RwLock::new(config),
+                loaded_at_ms: AtomicI64::new(time::now_millis()),
+                refresh,
+            }),
         }
     }
 
     /// `initial` now, reloaded through `loader` once it is older than `ttl`.
     pub fn refreshing(initial: Config, loader: Arc<dyn ConfigLoader>, ttl: Duration) -> Self {
-        ConfigSource {
-            current: RwLock::new(Arc::new(initial)),
-            loaded_at_ms: AtomicI64::new(time::now_millis()),
-            refresh: Some(Refresh {
+        Self::with(
+            Arc::new(initial),
+            Some(Refresh {
                 loader,
                 ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
                 reloading: tokio::sync::Mutex::new(()),
             }),
-        }
+        )
+    }
+
+    /// `initial` now, reloaded through `loader` only when asked ([`ConfigSource::reload`]:
+    /// `einmal serve` on SIGHUP).
+    pub fn on_demand(initial: Config, loader: Arc<dyn ConfigLoader>) -> Self {
+        Self::refreshing(initial, loader, Duration::MAX)
     }
 
     /// The snapshot as it is, without refreshing.
     pub fn snapshot(&self) -> Arc<Config> {
-        match self.current.read() {
+        match self.inner.current.read() {
             Ok(guard) => guard.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
@@ -64,30 +83,49 @@ impl ConfigSource {
 
     /// The current snapshot, reloaded first when it has expired.
     pub async fn current(&self) -> Arc<Config> {
-        let Some(refresh) = &self.refresh else {
+        let Some(refresh) = &self.inner.refresh else {
             return self.snapshot();
         };
         let now = time::now_millis();
-        if now - self.loaded_at_ms.load(Ordering::Acquire) < refresh.ttl_ms {
+        if now - self.inner.loaded_at_ms.load(Ordering::Acquire) < refresh.ttl_ms {
             return self.snapshot();
         }
+        self.load_now(refresh).await;
+        self.snapshot()
+    }
+
+    /// Reload now, whatever the TTL. `false` without a loader, while another reload
+    /// runs, or when it failed (the last good configuration stays; logged).
+    pub async fn reload(&self) -> bool {
+        match &self.inner.refresh {
+            Some(refresh) => self.load_now(refresh).await,
+            None => false,
+        }
+    }
+
+    async fn load_now(&self, refresh: &Refresh) -> bool {
         let Ok(_guard) = refresh.reloading.try_lock() else {
-            return self.snapshot(); // someone else is reloading
+            return false; // someone else is reloading
         };
-        match refresh.loader.load().await {
+        let loaded = match refresh.loader.load().await {
             Ok(config) => {
-                match self.current.write() {
+                match self.inner.current.write() {
                     Ok(mut guard) => *guard = Arc::new(config),
                     Err(poisoned) => *poisoned.into_inner() = Arc::new(config),
                 }
                 tracing::info!("tenant configuration reloaded");
+                true
             }
             // Keep serving with the last good configuration; never log the content.
-            Err(reason) => tracing::warn!(%reason, "tenant configuration reload failed"),
-        }
-        self.loaded_at_ms
+            Err(reason) => {
+                tracing::warn!(%reason, "tenant configuration reload failed");
+                false
+            }
+        };
+        self.inner
+            .loaded_at_ms
             .store(time::now_millis(), Ordering::Release);
-        self.snapshot()
+        loaded
     }
 }
 

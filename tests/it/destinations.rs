@@ -3,7 +3,9 @@
 //! (`einmal_tests::destination_server`), which verifies every call with the
 //! `standardwebhooks` crate and applies each `webhook-id` once; `Relay::run_due`
 //! retries. Failing, stalling, 429 and 4xx destinations, a destination down for a
-//! while, per-object order, the reference domain's notifications, and replay.
+//! while, per-object order, the reference domain's notifications, and replay. Reloads:
+//! a destination added (and a secret rotated) by a configuration reload, a removed
+//! destination's grace period, and inline delivery cut at the invocation's deadline.
 //!
 //! Every case runs on both backends: the embedded store and DynamoDB + SQS on moto
 //! (`embedded_store::…`, `aws_moto::…`).
@@ -24,7 +26,9 @@ use einmal::adapters::embedded::{
     EmbeddedAuditLog, EmbeddedOptions, EmbeddedStateStore, EmbeddedStore,
 };
 use einmal::audit::AuditLog;
+use einmal::config::Config;
 use einmal::config::Secret;
+use einmal::config_source::{ConfigLoader, ConfigSource};
 use einmal::destinations::config::HttpDestination;
 use einmal::destinations::http::HttpSink;
 use einmal::destinations::Output;
@@ -38,7 +42,9 @@ use einmal::envelope::Envelope;
 use einmal::envelope::InboxKey;
 use einmal::https::HttpsClient;
 use einmal::pipeline::process::{AckMode, Processor};
-use einmal::pipeline::relay::{Relay, RelayError, RelaySettings, RetryPolicy, SinkFactory};
+use einmal::pipeline::relay::{
+    Relay, RelayError, RelaySettings, RetryPolicy, SinkFactory, LEFT_FOR_RELAY,
+};
 use einmal::pipeline::replay::{ItemOutcome, Operator, Replayer};
 use einmal::ports::{
     DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxRelay, InboxState, InboxStore,
@@ -78,8 +84,11 @@ impl SinkFactory for HttpSinks {
         match &d.kind {
             DestinationKind::Http(http) => HttpSink::new(http, &self.0)
                 .map(|s| Arc::new(s) as Arc<dyn Sink>)
-                .map_err(|e| RelayError::new(d, e.to_string())),
-            other => Err(RelayError::new(d, format!("no {} sink here", other.name()))),
+                .map_err(|e| RelayError::config(d, e.to_string())),
+            other => Err(RelayError::config(
+                d,
+                format!("no {} sink here", other.name()),
+            )),
         }
     }
 }
@@ -113,6 +122,7 @@ fn settings(order_window_ms: u64) -> RelaySettings {
         },
         lease: Duration::from_secs(10),
         order_window: Duration::from_millis(order_window_ms),
+        destination_grace: Duration::from_secs(3600),
     }
 }
 
@@ -170,7 +180,64 @@ async fn stores(
     }
 }
 
+/// The configuration a test switches to; the source reloads it on every call.
+struct Switch(std::sync::Mutex<Config>);
+
+#[async_trait]
+impl ConfigLoader for Switch {
+    async fn load(&self) -> Result<Config, String> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+}
+
+impl Switch {
+    fn set(&self, config: Config) {
+        *self.0.lock().unwrap() = config;
+    }
+}
+
+/// The tenant `t1` of Stripe and `destinations` (name, url, secret, answers: all HTTP).
+fn tenant_config(destinations: &[(&str, &str, &str)]) -> Config {
+    let mut toml = format!(
+        "[[tenant]]\nprovider = \"stripe\"\ntenant = \"{TENANT}\"\nsecrets = [\"whsec_test\"]\n"
+    );
+    for (name, url, secret) in destinations {
+        toml.push_str(&format!(
+            "\n[[destination]]\nname = \"{name}\"\ntenant = \"{TENANT}\"\nkind = \"http\"\n\
+             events = [\"*\"]\nurl = \"{url}\"\nsecrets = [\"{secret}\"]\ntimeout_ms = 10000\n\
+             max_attempts = 1000\n"
+        ));
+    }
+    Config::from_toml(&toml).unwrap()
+}
+
 impl Rig {
+    /// A rig whose relay follows `switch` (reloaded on every look, as the Lambdas'
+    /// 60 s refresh does after its TTL).
+    async fn reloading(kind: Kind, switch: Arc<Switch>, settings: RelaySettings) -> Rig {
+        let (store, state, audit, keep) = stores(kind).await;
+        let initial = switch.load().await.unwrap();
+        let source = ConfigSource::refreshing(initial, switch, Duration::ZERO);
+        let relay = Relay::reloading(
+            store.clone(),
+            source,
+            Arc::new(HttpSinks(HttpsClient::new())),
+            settings,
+        )
+        .await
+        .unwrap();
+        let relay = Arc::new(relay);
+        let processor = Processor::from_store(store.clone(), state, Arc::new(IgnoreAll))
+            .with_relay(relay.clone());
+        Rig {
+            _keep: keep,
+            store,
+            processor,
+            relay,
+            audit,
+        }
+    }
+
     async fn new(
         kind: Kind,
         destinations: Vec<DestinationConfig>,
@@ -189,11 +256,14 @@ impl Rig {
         wrap: impl FnOnce(Arc<dyn InboxRelay>) -> Arc<dyn InboxRelay>,
     ) -> Rig {
         let (store, state, audit, keep) = stores(kind).await;
-        let relay_store = wrap(store.clone());
-        let relay = Relay::build(relay_store, &destinations, &HttpSinks(HttpsClient::new()))
-            .await
-            .unwrap()
-            .with_settings(settings);
+        let relay = Relay::build(
+            wrap(store.clone()),
+            &destinations,
+            Arc::new(HttpSinks(HttpsClient::new())),
+            settings,
+        )
+        .await
+        .unwrap();
         let relay = Arc::new(relay);
         let processor =
             Processor::from_store(store.clone(), state, domain).with_relay(relay.clone());
@@ -1014,6 +1084,150 @@ async fn an_output_re_emitted_by_another_providers_event_keeps_its_key(kind: Kin
     assert_eq!(effects.keys().collect::<Vec<_>>(), [&key]);
 }
 
+/// A destination added by a reload gets the events after it, without a restart, and a
+/// rotated secret signs from the reload on. Before the reload the relay had only the
+/// old set: `crm` would never be delivered to, and `shop` would keep the old secret.
+async fn a_destination_added_by_a_reload_gets_deliveries_signed_with_its_rotated_secret(
+    kind: Kind,
+) {
+    let old_secret = "whsec_QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=";
+    let shop = DestinationServer::start(|_, _| Answer::Ok).await;
+    let crm = DestinationServer::start(|_, _| Answer::Ok).await;
+    let switch = Arc::new(Switch(std::sync::Mutex::new(tenant_config(&[(
+        "shop", &shop.url, old_secret,
+    )]))));
+    let rig = Rig::reloading(kind, switch.clone(), settings(0)).await;
+    rig.ingest(&event("stripe", "evt_r1", "customer.updated", "cus_1", "1"))
+        .await;
+    rig.process_all().await;
+    // The old secret no longer verifies at the shop: 401, dead-lettered, no effect.
+    assert!(!shop.calls().is_empty() && shop.calls().iter().all(|c| !c.verified));
+    assert!(shop.effects().is_empty());
+
+    switch.set(tenant_config(&[
+        ("shop", &shop.url, SECRET),
+        ("crm", &crm.url, SECRET),
+    ]));
+    rig.ingest(&event("stripe", "evt_r2", "customer.updated", "cus_1", "2"))
+        .await;
+    rig.process_all().await;
+    let items = rig
+        .relay_until("evt_r2 delivered to both", |items| {
+            items
+                .iter()
+                .filter(|i| i.envelope.event_id == "evt_r2")
+                .all(|i| {
+                    i.deliveries.len() == 2
+                        && i.deliveries
+                            .iter()
+                            .all(|d| d.state == DeliveryState::Delivered)
+                })
+        })
+        .await;
+    let r2: Vec<_> = items
+        .into_iter()
+        .filter(|i| i.envelope.event_id == "evt_r2")
+        .collect();
+    assert_exactly_once(&crm, &r2, "crm");
+    let shop_key = delivery_key("shop", "stripe", TENANT, "evt_r2");
+    assert!(
+        shop.effects()[&shop_key].verified,
+        "the rotated secret signs"
+    );
+    assert_eq!(shop.effects().len(), 1);
+}
+
+/// A destination removed by a reload: its pending delivery is kept through the grace
+/// period (never attempted), then dead-lettered naming it. Before, it was
+/// dead-lettered at the first pass ("destination no longer configured").
+async fn a_removed_destination_keeps_its_pending_delivery_through_the_grace_then_dead_letters(
+    kind: Kind,
+) {
+    let shop = DestinationServer::start(|_, _| Answer::Status(503, "down")).await;
+    let switch = Arc::new(Switch(std::sync::Mutex::new(tenant_config(&[(
+        "shop", &shop.url, SECRET,
+    )]))));
+    let grace = RelaySettings {
+        destination_grace: Duration::from_millis(1500),
+        ..settings(0)
+    };
+    let rig = Rig::reloading(kind, switch.clone(), grace).await;
+    rig.ingest(&event("stripe", "evt_g1", "customer.updated", "cus_1", "1"))
+        .await;
+    rig.process_all().await;
+    assert_eq!(
+        rig.items().await[0].deliveries[0].state,
+        DeliveryState::Pending
+    );
+    switch.set(tenant_config(&[]));
+    let calls_before = shop.calls().len();
+    let kept = rig
+        .relay_until("the delivery kept through the grace", |items| {
+            items[0].deliveries[0]
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("kept until its grace period ends"))
+        })
+        .await;
+    assert_eq!(kept[0].deliveries[0].state, DeliveryState::Pending);
+    let dead = rig
+        .relay_until("the delivery dead-lettered after the grace", |items| {
+            items[0].deliveries[0].state == DeliveryState::DeadLetter
+        })
+        .await;
+    assert_eq!(
+        dead[0].deliveries[0].detail.as_deref(),
+        Some("destination shop no longer configured")
+    );
+    assert_eq!(
+        shop.calls().len(),
+        calls_before,
+        "never attempted once removed"
+    );
+}
+
+/// Inline delivery ends at the deadline the processor is given (the Lambda's
+/// remaining time less a margin): the event completes, its delivery to a slow
+/// destination is left pending for the relay, which delivers it, once. Before, the
+/// processor waited for the sink (a Lambda sink's 30 s outlasting the invocation).
+async fn inline_delivery_stops_at_the_deadline_and_leaves_the_rest_to_the_relay(kind: Kind) {
+    let slow = DestinationServer::start(|_, nth| match nth {
+        1 => Answer::Stall(Duration::from_secs(5)),
+        _ => Answer::Ok,
+    })
+    .await;
+    let switch = Arc::new(Switch(std::sync::Mutex::new(tenant_config(&[(
+        "slow", &slow.url, SECRET,
+    )]))));
+    let rig = Rig::reloading(kind, switch, settings(0)).await;
+    let item = event("stripe", "evt_d1", "customer.updated", "cus_1", "1");
+    rig.ingest(&item).await;
+    let batch = rig
+        .store
+        .receive(10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_millis(300);
+    let outcomes = rig
+        .processor
+        .process_batch_until(&batch, &[], "w1", Some(until))
+        .await;
+    for (d, (_, outcome)) in batch.iter().zip(outcomes) {
+        rig.processor.settle(d, outcome, AckMode::Delete).await;
+    }
+    let stored = rig.store.get(&item.key).await.unwrap().unwrap();
+    assert_eq!(stored.state, InboxState::Ignored, "the event is finished");
+    assert_eq!(stored.deliveries[0].state, DeliveryState::Pending);
+    assert_eq!(stored.deliveries[0].detail.as_deref(), Some(LEFT_FOR_RELAY));
+    assert!(stored.relay_due_ms.is_some(), "due for the relay");
+    let items = rig
+        .relay_until("the relay delivers it", |items| {
+            all_in(items, DeliveryState::Delivered)
+        })
+        .await;
+    assert_exactly_once(&slow, &items, "slow");
+}
+
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {
         mod embedded_store {
@@ -1036,6 +1250,9 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(
+    a_destination_added_by_a_reload_gets_deliveries_signed_with_its_rotated_secret,
+    a_removed_destination_keeps_its_pending_delivery_through_the_grace_then_dead_letters,
+    inline_delivery_stops_at_the_deadline_and_leaves_the_rest_to_the_relay,
     failures_429_and_timeouts_are_retried_until_every_event_is_delivered_once,
     a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_key,
     a_destination_down_keeps_events_pending_then_gets_every_one,

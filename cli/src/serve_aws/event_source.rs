@@ -132,7 +132,7 @@ impl EventSource {
         // A Lambda request id per invocation: the worker id its leases carry.
         let request_id = format!("serve-{:032x}", rand::random::<u128>());
         let response = if self.emf {
-            processor::handle_and_emit(processor, &self.deployment, event, &request_id).await
+            processor::handle_and_emit(processor, &self.deployment, event, &request_id, None).await
         } else {
             processor::handle_as(processor, event, &request_id).await
         };

@@ -3,7 +3,7 @@
 //! name (`AWS_ENDPOINT_URL`, region and credentials as the SDK resolves them).
 //!
 //! Each function is built by its crate's own start-up call, the one its `main.rs`
-//! makes ([`receiver::Receiver::new`], [`processor::engine`], [`sweeper::Sweep::new`],
+//! makes ([`receiver::Receiver::new`], [`processor::engine_from_env`], [`sweeper::Sweep::new`],
 //! [`reconciler::Reconcile::new`]); this module only stands in for what AWS does
 //! around them: API Gateway ([`gateway`]), the SQS event source mapping
 //! ([`event_source`]) and the EventBridge schedules ([`schedule`]).
@@ -109,7 +109,7 @@ pub async fn run(
         .await
         .map_err(|e| failed("receiver", &e))?
         .with_emf(emf);
-    let engine = processor::engine(domain, &sdk_config, store.clone())
+    let engine = processor::engine_from_env(domain, &sdk_config, store.clone())
         .await
         .map_err(|e| failed("processor", &e))?;
     let sweep = sweeper::Sweep::new(&sdk_config, store.clone())

@@ -21,15 +21,24 @@
 //!
 //! The queue URL the adapter writes to (`EINMAL_QUEUE_URL`) must be the event source
 //! queue, since visibility changes use the records' receipt handles.
+//!
+//! Destinations never fail the start ([`engine`]): one that cannot be reached at
+//! init is retried per delivery, and the set follows the configuration's reloads.
+//! Inline deliveries end [`DELIVERY_MARGIN`] before the invocation's deadline; what
+//! is left is the relay's (the sweeper), so a slow destination never times out a
+//! batch whose events are committed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use einmal::adapters::aws::{
     config_source_from_env, function_relay, AwsSetupError, AwsStore, DynamoStateStore,
     FunctionSinks,
 };
+use einmal::config_source::ConfigSource;
+use einmal::domain::state::StateStore;
 use einmal::domain::Domain;
 use einmal::https::HttpsClient;
 use einmal::lookup::HttpLookup;
@@ -49,12 +58,19 @@ pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
     einmal::telemetry::init_json_logs();
     let deployment = &einmal::telemetry::emf::deployment_from_env();
     let (sdk_config, store) = AwsStore::from_env().await?;
-    let engine = engine(domain, &sdk_config, Arc::new(store)).await?;
+    let engine = engine_from_env(domain, &sdk_config, Arc::new(store)).await?;
     let engine = &engine;
     lambda_runtime::run(lambda_runtime::service_fn(
         |event: lambda_runtime::LambdaEvent<SqsEvent>| async move {
-            let response =
-                handle_and_emit(engine, deployment, event.payload, &event.context.request_id).await;
+            let until = deliver_until(event.context.deadline, einmal::time::now_millis());
+            let response = handle_and_emit(
+                engine,
+                deployment,
+                event.payload,
+                &event.context.request_id,
+                Some(until),
+            )
+            .await;
             Ok::<_, Error>(response)
         },
     ))
@@ -62,10 +78,10 @@ pub async fn run(domain: Arc<dyn Domain>) -> Result<(), Error> {
 }
 
 /// The processor's engine as the Lambda builds it once per execution environment:
-/// settings, state store, thin-webhook lookups and the destinations' relay from the
-/// environment. `einmal serve --backend aws` builds the same and feeds it the batches
-/// its poller receives.
-pub async fn engine(
+/// settings, state store, tenant configuration (thin-webhook lookups, destinations)
+/// from the environment. `einmal serve --backend aws` builds the same and feeds it the
+/// batches its poller receives.
+pub async fn engine_from_env(
     domain: Arc<dyn Domain>,
     sdk_config: &aws_config::SdkConfig,
     store: Arc<AwsStore>,
@@ -73,37 +89,69 @@ pub async fn engine(
     let settings = ProcessSettings::from_env()?;
     let threshold_ms = einmal::telemetry::emf::sli_threshold_ms_from_env()?;
     let state = Arc::new(DynamoStateStore::from_sdk_config(sdk_config)?);
-    let mut engine = Processor::from_store(store.clone(), state, domain)
-        .with_settings(settings)
-        .with_sli_threshold_ms(threshold_ms);
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
     // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
     // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
-    match config_source_from_env(sdk_config).await {
-        Ok(source) => {
-            // The log redaction masks the tenants' secrets and API credentials.
-            einmal::telemetry::redact::register_config(&source.snapshot());
-            let https = HttpsClient::new();
-            // The destinations, delivered right after each commit (the sweeper retries).
-            let sinks = FunctionSinks::new(sdk_config, https.clone());
-            if let Some(relay) = function_relay(
-                store,
-                &source.snapshot(),
-                &sinks,
-                RelaySettings::from_env()?,
-            )
-            .await?
-            {
-                engine = engine.with_relay(relay);
-            }
-            engine = engine.with_lookup_source(Arc::new(HttpLookup::with_client(https)), source)
-        }
+    let source = match config_source_from_env(sdk_config).await {
+        Ok(source) => Some(source),
         Err(AwsSetupError::NoConfigSource) => {
-            tracing::warn!("no tenant configuration: thin webhooks cannot be looked up")
+            tracing::warn!("no tenant configuration: thin webhooks cannot be looked up");
+            None
         }
         Err(e) => return Err(e.into()),
+    };
+    Ok(engine(
+        sdk_config,
+        store,
+        state,
+        domain,
+        source,
+        settings,
+        RelaySettings::from_env()?,
+    )
+    .await?
+    .with_sli_threshold_ms(threshold_ms))
+}
+
+/// The processor's init after the environment is read: the engine on `store` and
+/// `state`, with the relay of `source`'s destinations (following its reloads) and
+/// its lookups. Only a destination's configuration error fails it; a destination that
+/// cannot be reached now is retried per delivery, so the batches still run.
+pub async fn engine(
+    sdk_config: &aws_config::SdkConfig,
+    store: Arc<AwsStore>,
+    state: Arc<dyn StateStore>,
+    domain: Arc<dyn Domain>,
+    source: Option<ConfigSource>,
+    settings: ProcessSettings,
+    relay_settings: RelaySettings,
+) -> Result<Processor, Error> {
+    let mut engine = Processor::from_store(store.clone(), state, domain).with_settings(settings);
+    if let Some(source) = source {
+        // The log redaction masks the tenants' secrets and API credentials.
+        einmal::telemetry::redact::register_config(&source.snapshot());
+        let https = HttpsClient::new();
+        // The destinations, delivered right after each commit (the sweeper retries).
+        let sinks = Arc::new(FunctionSinks::new(sdk_config, https.clone()));
+        let relay = function_relay(store, source.clone(), sinks, relay_settings).await?;
+        engine = engine
+            .with_relay(relay)
+            .with_lookup_source(Arc::new(HttpLookup::with_client(https)), source);
     }
     Ok(engine)
+}
+
+/// Inline deliveries end this long before the invocation's deadline: time for the
+/// finish writes, the queue actions and the metrics.
+pub const DELIVERY_MARGIN: Duration = Duration::from_secs(5);
+
+/// When inline deliveries stop, for an invocation whose deadline is `deadline_ms`
+/// (Unix ms, the runtime's `Context::deadline`) at `now_ms`.
+pub fn deliver_until(deadline_ms: u64, now_ms: i64) -> Instant {
+    let deadline_ms = i64::try_from(deadline_ms).unwrap_or(i64::MAX);
+    let margin_ms = i64::try_from(DELIVERY_MARGIN.as_millis()).unwrap_or(i64::MAX);
+    let left = deadline_ms.saturating_sub(margin_ms).saturating_sub(now_ms);
+    Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
 }
 
 /// The SQS system attribute with the receive count, this receive included.
@@ -128,8 +176,9 @@ pub async fn handle_and_emit(
     deployment: &str,
     event: SqsEvent,
     worker: &str,
+    deliver_until: Option<Instant>,
 ) -> SqsBatchResponse {
-    let (response, tally) = handle_observed(processor, event, worker).await;
+    let (response, tally) = handle_until(processor, event, worker, deliver_until).await;
     let now = einmal::time::now_millis();
     emf::print(&tally.emf(deployment, now).render());
     // The deliveries made right after the commits, per destination.
@@ -148,6 +197,17 @@ pub async fn handle_observed(
     processor: &Processor,
     event: SqsEvent,
     worker: &str,
+) -> (SqsBatchResponse, WorkerTally) {
+    handle_until(processor, event, worker, None).await
+}
+
+/// [`handle_observed`] whose inline deliveries end at `deliver_until` ([`deliver_until`]):
+/// the rest stays pending for the relay.
+pub async fn handle_until(
+    processor: &Processor,
+    event: SqsEvent,
+    worker: &str,
+    deliver_until: Option<Instant>,
 ) -> (SqsBatchResponse, WorkerTally) {
     let mut failures: Vec<String> = Vec::new();
     let mut deliveries: Vec<(String, Delivery)> = Vec::with_capacity(event.records.len());
@@ -168,7 +228,9 @@ pub async fn handle_observed(
     }
 
     let only: Vec<Delivery> = deliveries.iter().map(|(_, d)| d.clone()).collect();
-    let outcomes = processor.process_batch_traced(&only, &traces, worker).await;
+    let outcomes = processor
+        .process_batch_until(&only, &traces, worker, deliver_until)
+        .await;
     let settled =
         deliveries
             .iter()

@@ -412,3 +412,100 @@ async fn moto_retry_is_postponed_and_dead_letter_is_not_reported() {
 async fn moto_the_last_receive_is_postponed_and_the_horizon_ends_it() {
     the_last_receive_is_postponed_and_the_horizon_ends_it(aws().await).await
 }
+
+/// The processor's start-up with its PostgreSQL destination down, on moto: the init
+/// does not fail (before, `function_relay` returned the connect error and the Lambda's
+/// init failed, so its batches burnt their receives into the DLQ); the event completes
+/// with its delivery pending, and once the database is up the relay delivers it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_destination_never_fails_the_start_and_is_delivered_once_it_is_up() {
+    use einmal::config_source::ConfigSource;
+    use einmal::pipeline::relay::{RelaySettings, RetryPolicy};
+    use einmal::ports::DeliveryState;
+
+    let Some(mut pg) = einmal_tests::postgres::PgServer::private_or_skip() else {
+        return;
+    };
+    let db = pg.create_database("processor_start").await;
+    tokio::task::block_in_place(|| pg.stop());
+
+    let moto = moto::shared();
+    let sdk = moto.sdk_config().await;
+    let (store, names) = moto::aws_store(moto, None).await;
+    let table = format!("{}-state", names.table);
+    create_state_table(store.dynamodb(), &table).await.unwrap();
+    let state = Arc::new(DynamoStateStore::new(store.dynamodb().clone(), table));
+    let store = Arc::new(store);
+    let config = einmal::config::Config::from_toml(&format!(
+        "[[tenant]]\nprovider = \"stripe\"\ntenant = \"t1\"\nsecrets = [\"whsec_test\"]\n\n\
+         [[destination]]\nname = \"warehouse\"\ntenant = \"t1\"\nkind = \"postgres\"\n\
+         events = [\"*\"]\ndsn = \"{}\"\ntable = \"einmal_events\"\nmax_attempts = 1000\n",
+        pg.dsn(&db)
+    ))
+    .unwrap();
+    let relay_settings = RelaySettings {
+        policy: RetryPolicy {
+            base: Duration::from_millis(50),
+            cap: Duration::from_millis(200),
+        },
+        ..RelaySettings::default()
+    };
+    let engine = processor::engine(
+        &sdk,
+        store.clone(),
+        state,
+        Arc::new(TestDomain),
+        Some(ConfigSource::fixed(Arc::new(config))),
+        settings(),
+        relay_settings,
+    )
+    .await
+    .expect("an unreachable destination does not fail the start");
+
+    let s = Setup {
+        processor: engine,
+        build: Box::new(|_| unreachable!("one processor")),
+        inbox: store.clone(),
+        queue: store.clone(),
+        _keep: Box::new(()),
+    };
+    let d = s.deliver("evt_pg1", "ignored.type").await;
+    let response = processor::handle(&s.processor, event(&[("m-1", &d, 1)])).await;
+    assert!(response.batch_item_failures.is_empty(), "{response:?}");
+    let item = s.state(&d.message.pk).await;
+    assert_eq!(item.state, InboxState::Ignored, "the event is finished");
+    assert_eq!(item.deliveries.len(), 1);
+    assert_eq!(item.deliveries[0].state, DeliveryState::Pending);
+
+    tokio::task::block_in_place(|| pg.restart());
+    let relay = s.processor.relay().expect("a relay").clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let item = s.state(&d.message.pk).await;
+        if item.deliveries[0].state == DeliveryState::Delivered {
+            break;
+        }
+        assert_eq!(item.deliveries[0].state, DeliveryState::Pending, "{item:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never delivered: {item:?}"
+        );
+        relay.run_due(einmal::time::now_millis(), 10).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Another pass delivers nothing again.
+    relay
+        .run_due(einmal::time::now_millis() + 3_600_000, 10)
+        .await
+        .unwrap();
+    let client = pg.client(&db).await;
+    let rows: i64 = client
+        .query_one(
+            "SELECT count(*) FROM einmal_events WHERE event_id = 'evt_pg1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "delivered exactly once");
+}

@@ -37,11 +37,12 @@ impl Sweep {
         let batch = settings.batch;
         let sweeper = Sweeper::from_store(store.clone()).with_settings(settings);
         let relay = match config_source_from_env(sdk_config).await {
+            // It follows the configuration's reloads; a destination that cannot be
+            // reached at start is retried per delivery, never a failed init.
             Ok(source) => {
-                let config = source.snapshot();
-                einmal::telemetry::redact::register_config(&config);
-                let sinks = FunctionSinks::new(sdk_config, HttpsClient::new());
-                function_relay(store, &config, &sinks, RelaySettings::from_env()?).await?
+                einmal::telemetry::redact::register_config(&source.snapshot());
+                let sinks = Arc::new(FunctionSinks::new(sdk_config, HttpsClient::new()));
+                Some(function_relay(store, source, sinks, RelaySettings::from_env()?).await?)
             }
             Err(AwsSetupError::NoConfigSource) => None,
             Err(e) => return Err(e.into()),

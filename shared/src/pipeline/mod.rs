@@ -5,4 +5,5 @@ mod lanes;
 pub mod process;
 pub mod relay;
 pub mod replay;
+pub mod sink_set;
 pub mod sweep;

@@ -594,7 +594,8 @@ impl Processor {
         worker: &str,
         trace_header: Option<&str>,
     ) -> MessageOutcome {
-        self.process_in(delivery, worker, trace_header, None).await
+        self.process_in(delivery, worker, trace_header, None, None)
+            .await
     }
 
     /// One message; its business commit goes through `commits` when the batch
@@ -605,6 +606,7 @@ impl Processor {
         worker: &str,
         trace_header: Option<&str>,
         commits: Option<&Member>,
+        deliver_until: Option<Instant>,
     ) -> MessageOutcome {
         let trace_id = trace_header.and_then(trace::trace_id);
         let key = &delivery.message.pk;
@@ -669,10 +671,14 @@ impl Processor {
         let attempt = item.attempts;
         // Deliver before the finish, so the same write records the deliveries.
         let delivered = match (&self.relay, &result) {
-            (Some(relay), Ok(Applied::Completed(_, _, outputs))) => {
-                Some(relay.deliver_event(&item, outputs).await)
+            (Some(relay), Ok(Applied::Completed(_, _, outputs))) => Some(
+                relay
+                    .deliver_event_until(&item, outputs, deliver_until)
+                    .await,
+            ),
+            (Some(relay), Ok(Applied::Ignored(_))) => {
+                Some(relay.deliver_event_until(&item, &[], deliver_until).await)
             }
-            (Some(relay), Ok(Applied::Ignored(_))) => Some(relay.deliver_event(&item, &[]).await),
             _ => None,
         };
         let mut retry_cause = None;
@@ -1249,6 +1255,21 @@ impl Processor {
         trace_headers: &[Option<String>],
         worker: &str,
     ) -> Vec<(String, MessageOutcome)> {
+        self.process_batch_until(deliveries, trace_headers, worker, None)
+            .await
+    }
+
+    /// [`Processor::process_batch_traced`] whose inline deliveries end at
+    /// `deliver_until` (the Lambda invocation's deadline less a margin): what is not
+    /// delivered by then stays pending for the relay (`Relay::deliver_event_until`),
+    /// so a slow destination never runs the invocation out of time after its commits.
+    pub async fn process_batch_until(
+        &self,
+        deliveries: &[Delivery],
+        trace_headers: &[Option<String>],
+        worker: &str,
+        deliver_until: Option<Instant>,
+    ) -> Vec<(String, MessageOutcome)> {
         let gather =
             deliveries.len() > 1 && !self.commit_gather.is_zero() && self.state.gathers_commits();
         let mut members = if gather {
@@ -1263,7 +1284,7 @@ impl Processor {
             let trace = trace_headers.get(i).and_then(|t| t.as_deref());
             // Dropped when the run ends (a panic included): the others stop waiting for it.
             let member = member;
-            let outcome = AssertUnwindSafe(self.process_in(delivery, worker, trace, member.as_ref()))
+            let outcome = AssertUnwindSafe(self.process_in(delivery, worker, trace, member.as_ref(), deliver_until))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {

@@ -31,19 +31,22 @@
 //! event to queue on an idle object opens an order window
 //! ([`RelaySettings::order_window_ms`], default 2 s) before anything is sent, so a
 //! burst that arrives shuffled within it is delivered fully in order; a straggler
-//! older than what the destination already has is recorded `superseded` and never
-//! sent. A failing event holds back only its own object; when it is delivered or
+//! whose provider version is strictly older than what the destination already has is
+//! recorded `superseded` and never sent (rules in [`crate::order`]). A failing event holds back only its own object; when it is delivered or
 //! dead-lettered the next event of the object is handed the turn at once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use thiserror::Error;
 
+pub use super::sink_set::RelayDestination;
+use super::sink_set::{DestinationSet, SinkSlot};
 use crate::body;
+use crate::config_source::ConfigSource;
 use crate::destinations::http::envelope_body;
 use crate::destinations::{
     delivery_key, output_delivery_key, BodyFormat, DestinationConfig, DestinationKind, Message,
@@ -149,6 +152,18 @@ impl RetryPolicy {
     }
 }
 
+/// The detail of a delivery the processor left for the relay at its deadline.
+pub const LEFT_FOR_RELAY: &str = "left for the relay at the invocation's deadline";
+
+/// The backoff between two builds of a sink: the delivery policy's, capped lower.
+fn slot_backoff(settings: &RelaySettings) -> (Duration, Duration) {
+    let cap = settings
+        .policy
+        .cap
+        .min(super::sink_set::SINK_BUILD_BACKOFF_CAP);
+    (settings.policy.base.min(cap), cap)
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -161,7 +176,20 @@ pub struct RelaySettings {
     pub lease: Duration,
     /// The order window of ordered destinations (see the module documentation).
     pub order_window: Duration,
+    /// How long pending deliveries to a destination that left the configuration are
+    /// kept (then dead-lettered, naming it). See [`DEFAULT_DESTINATION_GRACE`].
+    pub destination_grace: Duration,
 }
+
+/// The default grace of a removed destination: one hour. Far above the functions'
+/// configuration TTL (60 s), so every function has seen a reload that brings the
+/// destination back (a rename in two edits, a rolled-back change) before anything is
+/// dead-lettered; short enough that a destination removed on purpose does not keep a
+/// backlog (and its alarm) for long. Dead-lettered deliveries can still be replayed.
+pub const DEFAULT_DESTINATION_GRACE: Duration = Duration::from_secs(3600);
+/// A delivery to a removed destination looks again at most this often (the
+/// destination may come back with a reload) until its grace ends.
+const GONE_RECHECK: Duration = Duration::from_secs(60);
 
 impl Default for RelaySettings {
     fn default() -> Self {
@@ -169,6 +197,7 @@ impl Default for RelaySettings {
             policy: RetryPolicy::default(),
             lease: Duration::from_secs(60),
             order_window: DEFAULT_ORDER_WINDOW,
+            destination_grace: DEFAULT_DESTINATION_GRACE,
         }
     }
 }
@@ -179,6 +208,8 @@ pub const RELAY_BACKOFF_BASE_MS_ENV: &str = "EINMAL_RELAY_BACKOFF_BASE_MS";
 pub const RELAY_BACKOFF_CAP_MS_ENV: &str = "EINMAL_RELAY_BACKOFF_CAP_MS";
 pub const RELAY_ORDER_WINDOW_MS_ENV: &str = "EINMAL_RELAY_ORDER_WINDOW_MS";
 pub const RELAY_LEASE_MS_ENV: &str = "EINMAL_RELAY_LEASE_MS";
+/// `EINMAL_DESTINATION_GRACE_MS`: [`RelaySettings::destination_grace`].
+pub const DESTINATION_GRACE_MS_ENV: &str = "EINMAL_DESTINATION_GRACE_MS";
 
 impl RelaySettings {
     /// Defaults overridden by the `EINMAL_RELAY_*` variables (empty = unset).
@@ -206,6 +237,7 @@ impl RelaySettings {
             },
             lease: read(RELAY_LEASE_MS_ENV, d.lease)?,
             order_window: read(RELAY_ORDER_WINDOW_MS_ENV, d.order_window)?,
+            destination_grace: read(DESTINATION_GRACE_MS_ENV, d.destination_grace)?,
         };
         if settings.policy.cap < settings.policy.base {
             return Err(format!(
@@ -219,36 +251,67 @@ impl RelaySettings {
     }
 }
 
-/// Why a destination could not be set up (the wiring stops with it, naming it).
-#[derive(Debug, Error, PartialEq, Eq)]
+/// Why a destination's sink could not be built, naming it (never a secret).
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 #[error("destination {destination} (tenant {tenant}): {reason}")]
 pub struct RelayError {
     pub destination: String,
     pub tenant: String,
     pub reason: String,
+    pub failure: BuildFailure,
+}
+
+/// What kind of build failure: only a configuration error stops a start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildFailure {
+    /// The configuration can never work (a malformed DSN, a refused URL, an unknown
+    /// kind, a missing field): fixed only by changing it.
+    Config,
+    /// The destination cannot be reached now (down, DNS, TLS, permissions): its
+    /// deliveries are retried while the sink is built again later.
+    Unavailable,
 }
 
 impl RelayError {
-    pub fn new(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
+    pub fn config(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
+        Self::with(destination, reason, BuildFailure::Config)
+    }
+
+    pub fn unavailable(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
+        Self::with(destination, reason, BuildFailure::Unavailable)
+    }
+
+    fn with(
+        destination: &DestinationConfig,
+        reason: impl Into<String>,
+        failure: BuildFailure,
+    ) -> Self {
         RelayError {
             destination: destination.name.clone(),
             tenant: destination.tenant.clone(),
             reason: reason.into(),
+            failure,
         }
+    }
+
+    pub fn is_config(&self) -> bool {
+        self.failure == BuildFailure::Config
     }
 }
 
-/// Builds the sink of one destination, once, at start (HTTP, PostgreSQL, AWS kinds:
-/// the wiring knows which technologies it links). Async so a sink can check its
-/// destination at start (a PostgreSQL DSN that does not connect stops the start).
+/// Builds the sink of one destination (HTTP, PostgreSQL, AWS kinds: the wiring knows
+/// which technologies it links), classifying a failure ([`BuildFailure`]). Called at
+/// start and again, through a [`SinkSlot`], until a build succeeds; a build may do I/O
+/// (a PostgreSQL sink connects and checks its tables).
 #[async_trait::async_trait]
 pub trait SinkFactory: Send + Sync {
     async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
 }
 
 /// The sinks every process links without an AWS configuration: HTTP (on the process's
-/// outbound client) and PostgreSQL (connected and schema-checked now, so an unreachable
-/// database stops the start). `None` for the other kinds: the caller's factory builds them.
+/// outbound client) and PostgreSQL (connected and schema-checked; a server that cannot
+/// be reached is [`BuildFailure::Unavailable`], a bad DSN or table name
+/// [`BuildFailure::Config`]). `None` for the other kinds: the caller's factory builds them.
 pub async fn build_common_sink(
     destination: &DestinationConfig,
     https: &crate::https::HttpsClient,
@@ -256,23 +319,19 @@ pub async fn build_common_sink(
     let built = match &destination.kind {
         DestinationKind::Http(http) => crate::destinations::http::HttpSink::new(http, https)
             .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| RelayError::config(destination, e.to_string())),
         DestinationKind::Postgres(_) => {
             crate::adapters::postgres::PostgresSink::for_destination(destination)
                 .await
                 .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| e.to_string())
+                .map_err(|e| match e.is_config() {
+                    true => RelayError::config(destination, e.to_string()),
+                    false => RelayError::unavailable(destination, e.to_string()),
+                })
         }
         _ => return None,
     };
-    Some(built.map_err(|reason| RelayError::new(destination, reason)))
-}
-
-/// One configured destination with its built sink.
-#[derive(Clone)]
-pub struct RelayDestination {
-    pub config: DestinationConfig,
-    pub sink: Arc<dyn Sink>,
+    Some(built)
 }
 
 /// Whether `d` takes the provider event `event_type` of `provider` / `tenant`
@@ -410,7 +469,11 @@ type Jitter = Arc<dyn Fn() -> f64 + Send + Sync>;
 /// The destinations with their sinks, the retry policy, and the store's relay port.
 pub struct Relay {
     store: Arc<dyn InboxRelay>,
-    destinations: Vec<RelayDestination>,
+    /// Read by cloning the `Arc` (never held across I/O); replaced on a reload.
+    destinations: RwLock<Arc<DestinationSet>>,
+    /// With a source: the set follows the configuration's reloads.
+    source: Option<ConfigSource>,
+    factory: Option<Arc<dyn SinkFactory>>,
     settings: RelaySettings,
     owner: String,
     now_ms: Clock,
@@ -424,14 +487,7 @@ pub struct Relay {
 impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
-            .field(
-                "destinations",
-                &self
-                    .destinations
-                    .iter()
-                    .map(|d| &d.config.name)
-                    .collect::<Vec<_>>(),
-            )
+            .field("destinations", &self.destination_names())
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
@@ -446,27 +502,60 @@ struct Work {
 }
 
 impl Relay {
-    /// Build every destination's sink once through `factory`; the first that fails
-    /// stops the start, naming the destination.
+    /// Build every destination's sink through `factory`, concurrently, each attempt
+    /// time-bounded: a configuration error stops the start (the first, named); a
+    /// destination that cannot be reached now is kept, its deliveries retried until
+    /// its sink builds (`pipeline::sink_set`).
     pub async fn build(
         store: Arc<dyn InboxRelay>,
         configs: &[DestinationConfig],
-        factory: &dyn SinkFactory,
+        factory: Arc<dyn SinkFactory>,
+        settings: RelaySettings,
     ) -> Result<Self, RelayError> {
+        let backoff = slot_backoff(&settings);
+        let slots = futures::future::join_all(
+            configs
+                .iter()
+                .map(|c| SinkSlot::start(c.clone(), factory.clone(), backoff)),
+        )
+        .await;
         let mut destinations = Vec::with_capacity(configs.len());
-        for config in configs {
+        for slot in slots {
+            let slot = slot?;
             destinations.push(RelayDestination {
-                sink: factory.build(config).await?,
-                config: config.clone(),
+                config: slot.config().clone(),
+                sink: Arc::new(slot),
             });
         }
-        Ok(Self::new(store, destinations))
+        let mut relay = Self::new(store, destinations).with_settings(settings);
+        relay.factory = Some(factory);
+        Ok(relay)
+    }
+
+    /// [`Relay::build`] from `source`'s configuration, following its reloads: when the
+    /// configuration changes, the set is rebuilt (unchanged destinations keep their
+    /// sinks; see [`DestinationSet::rebuilt`]).
+    pub async fn reloading(
+        store: Arc<dyn InboxRelay>,
+        source: ConfigSource,
+        factory: Arc<dyn SinkFactory>,
+        settings: RelaySettings,
+    ) -> Result<Self, RelayError> {
+        let config = source.snapshot();
+        let relay = Self::build(store, config.destinations(), factory, settings).await?;
+        relay.write_set(|set| set.source = Some(config));
+        Ok(Relay {
+            source: Some(source),
+            ..relay
+        })
     }
 
     pub fn new(store: Arc<dyn InboxRelay>, destinations: Vec<RelayDestination>) -> Self {
         Relay {
             store,
-            destinations,
+            destinations: RwLock::new(Arc::new(DestinationSet::new(destinations, None))),
+            source: None,
+            factory: None,
             settings: RelaySettings::default(),
             owner: format!("relay-{}", hex::encode(rand::random::<[u8; 6]>())),
             now_ms: Arc::new(time::now_millis),
@@ -498,14 +587,62 @@ impl Relay {
     }
 
     pub fn destination_names(&self) -> Vec<String> {
-        self.destinations
+        self.set()
+            .live()
             .iter()
             .map(|d| d.config.name.clone())
             .collect()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.destinations.is_empty()
+        self.set().live().is_empty()
+    }
+
+    /// The current destination set (a snapshot).
+    pub fn set(&self) -> Arc<DestinationSet> {
+        match self.destinations.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn write_set<T>(&self, change: impl FnOnce(&mut DestinationSet) -> T) -> T {
+        let mut guard = self.destinations.write().unwrap_or_else(|p| p.into_inner());
+        change(Arc::make_mut(&mut guard))
+    }
+
+    /// Follow a reload of the source's configuration: rebuild the set when the
+    /// configuration is another one (no I/O: new sinks build on first use).
+    pub async fn refresh(&self) {
+        let (Some(source), Some(factory)) = (&self.source, &self.factory) else {
+            return;
+        };
+        let config = source.current().await;
+        let current = self.set();
+        if current
+            .source
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &config))
+        {
+            return;
+        }
+        let (next, changes) = current.rebuilt(
+            config,
+            factory,
+            slot_backoff(&self.settings),
+            (self.now_ms)(),
+        );
+        let mut guard = self.destinations.write().unwrap_or_else(|p| p.into_inner());
+        // Another caller may have applied this (or a newer) configuration meanwhile.
+        if !Arc::ptr_eq(&guard, &current) {
+            return;
+        }
+        *guard = Arc::new(next);
+        drop(guard);
+        if !changes.is_empty() {
+            tracing::info!(added = ?changes.added, changed = ?changes.changed,
+                removed = ?changes.removed, "destinations reloaded");
+        }
     }
 
     /// What was delivered since the last drain.
@@ -514,10 +651,8 @@ impl Relay {
         std::mem::take(&mut *guard)
     }
 
-    fn destination(&self, tenant: &str, name: &str) -> Option<&RelayDestination> {
-        self.destinations
-            .iter()
-            .find(|d| d.config.tenant == tenant && d.config.name == name)
+    fn destination(&self, tenant: &str, name: &str) -> Option<RelayDestination> {
+        self.set().get(tenant, name).cloned()
     }
 
     /// The deliveries a finished event gets: one per destination whose `events` match
@@ -525,7 +660,8 @@ impl Relay {
     pub fn plan(&self, envelope: &Envelope, outputs: &[Output]) -> Vec<DeliveryStatus> {
         let (provider, tenant) = (envelope.provider.as_str(), envelope.tenant.as_str());
         let mut planned = Vec::new();
-        for d in &self.destinations {
+        let set = self.set();
+        for d in set.live() {
             let c = &d.config;
             if matches_event(c, provider, tenant, &envelope.event_type) {
                 planned.push(fresh(
@@ -552,6 +688,19 @@ impl Relay {
     /// bounded by its sink's timeout. Never fails: every problem becomes a pending
     /// or dead-lettered entry. Called by the processor before its finish write.
     pub async fn deliver_event(&self, item: &InboxItem, outputs: &[Output]) -> EventDeliveries {
+        self.deliver_event_until(item, outputs, None).await
+    }
+
+    /// [`Relay::deliver_event`], every call also ending at `deadline` (the processor
+    /// Lambda's remaining time less a margin): a delivery cut there, or not started
+    /// by then, stays pending and due at once, for the relay.
+    pub async fn deliver_event_until(
+        &self,
+        item: &InboxItem,
+        outputs: &[Output],
+        deadline: Option<Instant>,
+    ) -> EventDeliveries {
+        self.refresh().await;
         let planned = self.plan(&item.envelope, outputs);
         if planned.is_empty() {
             return EventDeliveries::default();
@@ -559,20 +708,19 @@ impl Relay {
         let work = planned
             .into_iter()
             .map(|status| Work {
-                destination: self
-                    .destination(&item.envelope.tenant, &status.destination)
-                    .cloned(),
+                destination: self.destination(&item.envelope.tenant, &status.destination),
                 status,
                 due: true,
             })
             .collect();
-        self.attempt_all(item, work).await
+        self.attempt_all(item, work, deadline).await
     }
 
     /// Retry what is due: up to `limit` items whose earliest pending delivery is due at
     /// `now_ms`, each under a relay lease; then the items handed the turn of their
     /// object. Store errors of single items are logged (the index finds them again).
     pub async fn run_due(&self, now_ms: i64, limit: usize) -> Result<RunReport, StoreError> {
+        self.refresh().await;
         let keys = self.store.relay_due(now_ms, limit).await?;
         let mut report = RunReport::default();
         let mut handoffs: Vec<Handoff> = Vec::new();
@@ -644,16 +792,14 @@ impl Relay {
                     }
                 };
                 Work {
-                    destination: self
-                        .destination(&item.envelope.tenant, &status.destination)
-                        .cloned(),
+                    destination: self.destination(&item.envelope.tenant, &status.destination),
                     status: status.clone(),
                     due,
                 }
             })
             .collect();
         let attempts = work.iter().filter(|w| w.due).count();
-        let result = self.attempt_all(&item, work).await;
+        let result = self.attempt_all(&item, work, None).await;
         let finished = self
             .store
             .finish_relay(
@@ -672,7 +818,12 @@ impl Relay {
         Some((attempts, result.handoffs))
     }
 
-    async fn attempt_all(&self, item: &InboxItem, work: Vec<Work>) -> EventDeliveries {
+    async fn attempt_all(
+        &self,
+        item: &InboxItem,
+        work: Vec<Work>,
+        deadline: Option<Instant>,
+    ) -> EventDeliveries {
         let raw = decode_body(item);
         let runs = work.into_iter().map(|w| {
             let raw = &raw;
@@ -681,17 +832,16 @@ impl Relay {
                     return (w.status, None);
                 }
                 let Some(destination) = w.destination else {
-                    let mut status = w.status;
-                    status.state = DeliveryState::DeadLetter;
-                    status.next_attempt_ms = None;
-                    status.detail = Some("destination no longer configured".into());
-                    return (status, None);
+                    return (self.gone(&item.envelope.tenant, w.status), None);
                 };
                 if w.status.release_owed {
                     return self.release_owed(item, &destination.config, w.status).await;
                 }
                 match raw {
-                    Ok(raw) => self.attempt(item, raw, &destination, w.status).await,
+                    Ok(raw) => {
+                        self.attempt(item, raw, &destination, w.status, deadline)
+                            .await
+                    }
                     Err(reason) => {
                         let mut status = w.status;
                         status.state = DeliveryState::DeadLetter;
@@ -715,6 +865,28 @@ impl Relay {
         out
     }
 
+    /// A due delivery whose destination is not in the configuration: kept pending
+    /// through the grace period from when this process found it gone (it may come
+    /// back with a reload), then dead-lettered, naming it.
+    fn gone(&self, tenant: &str, mut status: DeliveryStatus) -> DeliveryStatus {
+        let now = (self.now_ms)();
+        let name = status.destination.clone();
+        let since = self.write_set(|set| set.note_gone(tenant, &name, now));
+        let until = since.saturating_add(millis(self.settings.destination_grace));
+        if now < until {
+            status.next_attempt_ms = Some(until.min(now.saturating_add(millis(GONE_RECHECK))));
+            status.detail = Some(format!(
+                "destination {name} no longer configured; kept until its grace period ends"
+            ));
+        } else {
+            status.state = DeliveryState::DeadLetter;
+            status.next_attempt_ms = None;
+            status.detail = Some(format!("destination {name} no longer configured"));
+            self.count(|t| &mut t.dead_lettered, &name);
+        }
+        status
+    }
+
     /// One attempt of one delivery (ordered: after its object's turn is ours).
     async fn attempt(
         &self,
@@ -722,9 +894,15 @@ impl Relay {
         raw: &[u8],
         destination: &RelayDestination,
         mut status: DeliveryStatus,
+        deadline: Option<Instant>,
     ) -> (DeliveryStatus, Option<Handoff>) {
         let config = &destination.config;
         let now = (self.now_ms)();
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            status.next_attempt_ms = Some(now);
+            status.detail = Some(LEFT_FOR_RELAY.into());
+            return (status, None);
+        }
         let order = self.order_claim(item, config, &status, now);
         if let Some(claim) = &order {
             match self.store.order_acquire(claim, now).await {
@@ -761,7 +939,24 @@ impl Relay {
         }
         let message = build_message(item, raw, config, &status);
         let started = Instant::now();
-        let outcome = destination.sink.deliver(&message).await;
+        let call = destination.sink.deliver(&message);
+        let outcome = match deadline {
+            None => Some(call.await),
+            Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), call)
+                .await
+                .ok(),
+        };
+        let Some(outcome) = outcome else {
+            // Cut at the deadline: it may have arrived (the key dedups), so it counts
+            // as an attempt, but it is no failure: due at once for the relay.
+            status.attempts = status.attempts.saturating_add(1);
+            status.last_attempt_ms = Some(now);
+            status.next_attempt_ms = Some((self.now_ms)());
+            status.detail = Some(LEFT_FOR_RELAY.into());
+            tracing::info!(pk = %item.key, destination = %config.name, delivery = %status.key,
+                "delivery cut at the invocation's deadline; left for the relay");
+            return (status, None);
+        };
         let latency_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         status.attempts = status.attempts.saturating_add(1);
         status.last_attempt_ms = Some(now);

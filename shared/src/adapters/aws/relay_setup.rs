@@ -1,13 +1,16 @@
 //! The relay of the AWS functions: the processor delivers right after its commit, the
 //! sweeper retries what failed (`Relay::run_due`) and gauges the backlog. Both build it
-//! the same way, once at start, from the tenant configuration they already load.
+//! the same way, at start, from the tenant configuration they already load, and follow
+//! its reloads (the 60 s refresh): a destination added, changed or removed there is
+//! added, rebuilt or retired without a cold start. A destination that cannot be
+//! reached at start never fails the start (`pipeline::sink_set`).
 
 use std::sync::Arc;
 
 use aws_config::SdkConfig;
 
 use super::sinks::AwsSinkFactory;
-use crate::config::Config;
+use crate::config_source::ConfigSource;
 use crate::destinations::{DestinationConfig, Sink};
 use crate::https::HttpsClient;
 use crate::pipeline::relay::{build_common_sink, Relay, RelayError, RelaySettings, SinkFactory};
@@ -37,7 +40,7 @@ impl SinkFactory for FunctionSinks {
             return common;
         }
         self.aws.build(destination).map_err(|e| {
-            RelayError::new(
+            RelayError::config(
                 destination,
                 format!("{} sink: {e}", destination.kind.name()),
             )
@@ -45,20 +48,20 @@ impl SinkFactory for FunctionSinks {
     }
 }
 
-/// The relay of `config`'s destinations on `store`, or `None` when none is configured
-/// (nothing to deliver), with `settings` (`RelaySettings::from_env`, as `einmal serve`
-/// reads them). A destination that cannot be built stops the start, named.
+/// The relay of `source`'s destinations on `store`, following its reloads, with
+/// `settings` (`RelaySettings::from_env`, as `einmal serve` reads them). Built even
+/// with no destination (a reload may add one, and pending deliveries to a removed
+/// one still need their grace and dead letter). Only a configuration error of a
+/// destination stops the start, named; one that cannot be reached is retried.
 pub async fn function_relay(
     store: Arc<dyn InboxRelay>,
-    config: &Config,
-    sinks: &dyn SinkFactory,
+    source: ConfigSource,
+    sinks: Arc<dyn SinkFactory>,
     settings: RelaySettings,
-) -> Result<Option<Arc<Relay>>, RelayError> {
-    if config.destinations().is_empty() {
-        return Ok(None);
-    }
-    let relay = Relay::build(store, config.destinations(), sinks).await?;
-    Ok(Some(Arc::new(relay.with_settings(settings))))
+) -> Result<Arc<Relay>, RelayError> {
+    Ok(Arc::new(
+        Relay::reloading(store, source, sinks, settings).await?,
+    ))
 }
 
 /// What one scheduled relay pass did: the retries, the backlog it saw (per
@@ -123,7 +126,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn postgres_is_refused_by_name_and_http_builds() {
+    async fn an_unreachable_postgres_is_unavailable_not_a_failed_start() {
         let sdk = aws_config::SdkConfig::builder()
             .behavior_version(aws_config::BehaviorVersion::latest())
             .build();
@@ -142,19 +145,23 @@ events = ["*"]
 url = "http://127.0.0.1:9/hook"
 secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
 "#;
-        let config = Config::from_toml(toml).expect("config");
-        let relay = function_relay(Arc::new(NoStore), &config, &sinks, RelaySettings::default())
-            .await
-            .expect("relay");
-        assert_eq!(
-            relay.map(|r| r.destination_names()),
-            Some(vec!["app".to_string()])
-        );
+        let config = crate::config::Config::from_toml(toml).expect("config");
+        let source = |config: &crate::config::Config| ConfigSource::fixed(Arc::new(config.clone()));
+        let sinks: Arc<dyn SinkFactory> = Arc::new(sinks);
+        let relay = function_relay(
+            Arc::new(NoStore),
+            source(&config),
+            sinks.clone(),
+            RelaySettings::default(),
+        )
+        .await
+        .expect("relay");
+        assert_eq!(relay.destination_names(), vec!["app".to_string()]);
         let mut pg = config.destinations()[0].clone();
         pg.name = "warehouse".into();
         pg.kind = crate::destinations::DestinationKind::Postgres(
             crate::destinations::config::PostgresDestination {
-                // Nothing listens on port 9: the start fails, naming the destination.
+                // Nothing listens on port 9: unavailable (retried), named, no password.
                 dsn: crate::config::Secret::new(
                     "host=127.0.0.1 port=9 user=u password=pw1 dbname=x",
                 ),
@@ -163,20 +170,32 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
                 pool_size: 1,
             },
         );
-        let err = sinks.build(&pg).await.err().expect("refused");
+        let err = sinks.build(&pg).await.err().expect("not connected");
         assert_eq!(err.destination, "warehouse");
+        assert!(!err.is_config(), "{err}");
         assert!(err.reason.contains("cannot connect to PostgreSQL"), "{err}");
         assert!(!err.reason.contains("pw1"), "{err}");
-        let empty = Config::from_toml(
+        // A malformed DSN is a configuration error.
+        let mut bad = pg.clone();
+        if let crate::destinations::DestinationKind::Postgres(p) = &mut bad.kind {
+            p.dsn = crate::config::Secret::new("host=127.0.0.1 port=abc password=pw1");
+        }
+        let err = sinks.build(&bad).await.err().expect("malformed");
+        assert!(err.is_config() && !err.reason.contains("pw1"), "{err}");
+        let empty = crate::config::Config::from_toml(
             "[[tenant]]\nprovider = \"stripe\"\ntenant = \"t1\"\nsecrets = [\"whsec_test\"]\n",
         )
         .expect("config");
-        assert!(
-            function_relay(Arc::new(NoStore), &empty, &sinks, RelaySettings::default())
-                .await
-                .expect("no relay")
-                .is_none()
-        );
+        // No destination yet: still a relay, for the reloads that add one.
+        let relay = function_relay(
+            Arc::new(NoStore),
+            source(&empty),
+            sinks,
+            RelaySettings::default(),
+        )
+        .await
+        .expect("relay");
+        assert!(relay.is_empty());
     }
 
     /// Building a relay touches no store.

@@ -118,6 +118,17 @@ pub enum PostgresError {
     },
 }
 
+impl PostgresError {
+    /// A configuration that can never work (fix it); the others may heal (a server
+    /// down or restarting, DNS, TLS, a missing privilege for the schema check).
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            PostgresError::Config { .. } | PostgresError::InvalidTable { .. }
+        )
+    }
+}
+
 /// Whether every host of the connection string `dsn` is on this machine (loopback or a
 /// Unix socket), where TLS is not needed by default. `None` when it does not parse (the
 /// parser's message is dropped: it may quote the string, and so a password).
