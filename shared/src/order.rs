@@ -64,10 +64,7 @@ impl Cursor {
     }
 
     fn is_superseded(&self, position: &OrderPosition) -> bool {
-        matches!(
-            (position.version, self.delivered_version),
-            (Some(version), Some(newest)) if version < newest
-        )
+        older_than(position, self.delivered_version)
     }
 
     /// The decision of [`crate::ports::InboxRelay::order_acquire`].
@@ -168,11 +165,8 @@ impl Cursor {
                 }
                 // Entries strictly older than the delivered version are superseded:
                 // their own acquire says so; queued they would only hold the turn.
-                let before = std::mem::take(&mut self.queue);
-                self.queue = before
-                    .into_iter()
-                    .filter(|(_, e)| !self.is_superseded(&e.position))
-                    .collect();
+                let newest = self.delivered_version;
+                self.queue.retain(|_, e| !older_than(&e.position, newest));
             }
         }
         if self.holder.is_some() {
@@ -181,6 +175,11 @@ impl Cursor {
         self.head()
             .map(|(_, e)| InboxKey::from_stored(e.item.clone()))
     }
+}
+
+/// Whether `position` has a provider version strictly older than `newest`.
+fn older_than(position: &OrderPosition, newest: Option<i64>) -> bool {
+    matches!((position.version, newest), (Some(version), Some(newest)) if version < newest)
 }
 
 #[cfg(test)]

@@ -1060,14 +1060,12 @@ impl Relay {
         mut status: DeliveryStatus,
     ) -> (DeliveryStatus, Option<Handoff>) {
         let now = (self.now_ms)();
-        let Some(claim) = self.order_claim(item, config, &status, now) else {
-            // No longer ordered (or no object): nothing holds a turn for it.
-            status.release_owed = false;
-            status.next_attempt_ms = None;
-            return (status, None);
-        };
         status.release_owed = false;
         status.next_attempt_ms = None;
+        // No longer ordered (or no object): nothing holds a turn for it.
+        let Some(claim) = self.order_claim(item, config, &status, now) else {
+            return (status, None);
+        };
         let handoff = self.end_turn(claim, &mut status, now).await;
         (status, handoff)
     }
