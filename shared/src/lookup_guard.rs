@@ -315,7 +315,7 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn concurrent_lookups_per_tenant_are_bounded() {
         let api = scripted(vec![], Duration::from_millis(100));
         let guarded = GuardedLookup::new(api.clone(), GuardSettings::default());

@@ -1048,11 +1048,10 @@ mod tests {
         }
     }
 
-    /// A runtime on virtual time: a hanging fetch times out at once once all is idle.
+    /// A runtime on real time: a hanging fetch ends at [`FETCH_TIMEOUT`] (3 s).
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
-            .start_paused(true)
             .build()
             .unwrap()
     }
