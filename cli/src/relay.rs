@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use einmal::adapters::aws::AwsSinkFactory;
 use einmal::config_source::ConfigSource;
 use einmal::destinations::{DestinationConfig, Sink};
 use einmal::https::HttpsClient;
@@ -21,10 +22,24 @@ const BACKLOG_INTERVAL: Duration = Duration::from_secs(60);
 /// Wraps the sink of a destination (`einmal listen` prints every attempt of its own).
 pub type SinkWrap = Arc<dyn Fn(&DestinationConfig, Arc<dyn Sink>) -> Arc<dyn Sink> + Send + Sync>;
 
-/// The sinks `einmal serve` links. Adding a technology is one match arm here.
+/// The sinks `einmal serve` links: the common ones (HTTP, PostgreSQL) and the AWS kinds
+/// (SQS, EventBridge, Lambda) on the SDK's own resolution of region, credentials and
+/// `AWS_ENDPOINT_URL`, loaded the first time an AWS destination is built (a store
+/// without one never reads the AWS environment).
 pub struct ServeSinks {
     pub https: HttpsClient,
     pub wrap: Option<SinkWrap>,
+    aws: tokio::sync::OnceCell<AwsSinkFactory>,
+}
+
+impl ServeSinks {
+    pub fn new(https: HttpsClient, wrap: Option<SinkWrap>) -> Self {
+        ServeSinks {
+            https,
+            wrap,
+            aws: tokio::sync::OnceCell::new(),
+        }
+    }
 }
 
 #[async_trait]
@@ -40,15 +55,18 @@ impl SinkFactory for ServeSinks {
 
 impl ServeSinks {
     async fn build_sink(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
-        build_common_sink(d, &self.https).await.unwrap_or_else(|| {
-            Err(RelayError::config(
-                d,
-                format!(
-                    "kind {} is not available in einmal serve yet",
-                    d.kind.name()
-                ),
-            ))
-        })
+        if let Some(common) = build_common_sink(d, &self.https).await {
+            return common;
+        }
+        let aws = self
+            .aws
+            .get_or_init(|| async {
+                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                AwsSinkFactory::new(&sdk)
+            })
+            .await;
+        aws.build(d)
+            .map_err(|e| RelayError::config(d, format!("{} sink: {e}", d.kind.name())))
     }
 }
 
@@ -66,7 +84,7 @@ pub async fn build(
     let relay = Relay::reloading(
         store,
         source,
-        Arc::new(ServeSinks { https, wrap }),
+        Arc::new(ServeSinks::new(https, wrap)),
         settings,
     )
     .await

@@ -3,7 +3,10 @@
 //! created (`einmal setup --backend aws` does that), so a failed start leaves nothing
 //! half-made. A missing resource is "not found" (exit 3) naming it and its variable;
 //! an endpoint that does not answer or refuses the credentials is a failure (exit 4).
+//! A throttle or a 5xx is an outage, not an answer: the checks wait it out (logged,
+//! retried with backoff up to 10 s apart) as the functions would, and start after.
 
+use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::QueueAttributeName;
 use einmal::adapters::aws::{
@@ -35,8 +38,55 @@ const CREDENTIAL_CODES: &[&str] = &[
     "AccessDenied",
 ];
 
-/// Check the tables, the queues and the configuration parameter the environment names.
+/// Why a check did not pass.
+enum Refusal {
+    /// What the operator must fix; the start fails with it.
+    Final(CliError),
+    /// Throttled or a server error: try again.
+    Transient(String),
+}
+
+impl From<CliError> for Refusal {
+    fn from(e: CliError) -> Self {
+        Refusal::Final(e)
+    }
+}
+
+/// The codes and statuses with which AWS says "not now" rather than "no".
+const TRANSIENT_CODES: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "Throttling",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "InternalServerError",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+];
+
+/// Check the tables, the queues and the configuration parameter the environment names;
+/// an outage (throttling, 5xx) is waited out.
 pub async fn check(sdk: &aws_config::SdkConfig, names: &AwsNames) -> Result<Found, CliError> {
+    let mut pause = std::time::Duration::from_millis(500);
+    loop {
+        match check_once(sdk, names).await {
+            Ok(found) => return Ok(found),
+            Err(Refusal::Final(e)) => return Err(e),
+            Err(Refusal::Transient(why)) => {
+                eprintln!(
+                    "einmal: AWS is not answering normally ({why}); checking again in {:.1} s",
+                    pause.as_secs_f64()
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+async fn check_once(sdk: &aws_config::SdkConfig, names: &AwsNames) -> Result<Found, Refusal> {
     let state = std::env::var(STATE_TABLE_ENV)
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -80,7 +130,7 @@ async fn table(
     what: &str,
     name: &str,
     var: &str,
-) -> Result<(), CliError> {
+) -> Result<(), Refusal> {
     match dynamodb.describe_table().table_name(name).send().await {
         Ok(_) => Ok(()),
         Err(e) => Err(classify(
@@ -99,7 +149,7 @@ async fn queue(
     what: &str,
     url: &str,
     var: &str,
-) -> Result<Found, CliError> {
+) -> Result<Found, Refusal> {
     let out = sqs
         .get_queue_attributes()
         .queue_url(url)
@@ -136,7 +186,28 @@ async fn queue(
 /// The error of a check, by what went wrong: the resource is missing (`not_found`
 /// codes), the endpoint does not answer, the credentials are refused, or else AWS's
 /// own message.
-fn classify<E, R>(
+fn classify<E>(
+    service: &str,
+    what: &str,
+    name: &str,
+    var: &str,
+    not_found: &[&str],
+    err: &SdkError<E, HttpResponse>,
+) -> Refusal
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let code = err.code().unwrap_or_default();
+    let server_error = err
+        .raw_response()
+        .is_some_and(|r| r.status().is_server_error());
+    if TRANSIENT_CODES.iter().any(|c| code.ends_with(c)) || server_error {
+        return Refusal::Transient(format!("{service} {code} checking the {what} {name}"));
+    }
+    Refusal::Final(final_error(service, what, name, var, not_found, err))
+}
+
+fn final_error<E, R>(
     service: &str,
     what: &str,
     name: &str,

@@ -7,6 +7,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod stack;
+
 /// The repository root: `einmal.toml` and `events/` are read from there.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
