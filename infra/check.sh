@@ -32,7 +32,8 @@ echo "== sam validate --lint"
 sam validate --lint --template-file infra/template.yaml --region us-east-1
 
 # SAM writes the build, its cache and build.toml under ./.aws-sam (git-ignored): all of
-# it goes afterwards. The compiled dependencies stay in target/aarch64-unknown-linux-gnu
+# it goes afterwards. The compiled dependencies stay in the target dir (CARGO_TARGET_DIR:
+# tests/run.sh gives this build target/sam-check), under aarch64-unknown-linux-gnu
 # (about 2 GB for the debug build) so that the next run only rebuilds what changed.
 build_dir=.aws-sam/check-build
 cleanup() { rm -rf .aws-sam; }

@@ -65,6 +65,18 @@ export EINMAL_CARGO_LAMBDA="$PWD/.venv/bin/cargo-lambda"
 export EINMAL_REQUIRE_CARGO_LAMBDA=1
 export PATH="$PWD/.venv/bin:$PATH"
 
+# The template checks (infra/check.sh: cfn-lint, sam validate, sam build for arm64) run
+# beside the Rust checks, at the lowest CPU priority and in their own target dir (the
+# cross build locks target/debug too): the tests wait on moto and on timers much of the
+# time, and the arm64 build fills those gaps instead of adding ~7 minutes after them.
+infra_log="$PWD/target/infra-check.log"
+mkdir -p target
+echo "== infra/check.sh started in the background (log: target/infra-check.log)"
+# In a session of its own, so that a failed fmt or clippy stops the whole build with it.
+CARGO_TARGET_DIR="$PWD/target/sam-check" setsid nice -n 19 ./infra/check.sh >"$infra_log" 2>&1 &
+infra_pid=$!
+trap 'kill -- -"$infra_pid" 2>/dev/null || true' EXIT
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
@@ -77,7 +89,8 @@ tests_status=0
 cargo test --workspace --all-targets --no-fail-fast "$@" || tests_status=$?
 echo "== infra/check.sh (cfn-lint, sam validate --lint, sam build)"
 check_status=0
-./infra/check.sh || check_status=$?
+wait "$infra_pid" || check_status=$?
+cat "$infra_log"
 if [ "$tests_status" -ne 0 ] || [ "$check_status" -ne 0 ]; then
   echo "== FAILED: cargo test exit $tests_status, infra/check.sh exit $check_status" >&2
   exit 1

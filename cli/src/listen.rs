@@ -54,19 +54,128 @@ pub struct ListenArgs {
     pub serve: ServeArgs,
 }
 
-/// `einmal listen` with `domain` deciding (the stock binary passes the reference domain).
-pub async fn run(args: ListenArgs, domain: std::sync::Arc<dyn Domain>) -> Result<ExitCode, String> {
-    if args.serve.aws.is_aws() {
-        return Err("einmal listen runs on the embedded store only (--backend embedded)".into());
-    }
-    let mut config = Config::load(&args.serve.config).map_err(|e| e.to_string())?;
-    let secret = match &args.secret {
+/// The signing secret: `--secret` (checked) or a fresh one.
+fn signing_secret(args: &ListenArgs) -> Result<Secret, String> {
+    match &args.secret {
         Some(secret) => {
             decode_secret(secret).map_err(|e| format!("--secret: {e}"))?;
-            Secret::new(secret.clone())
+            Ok(Secret::new(secret.clone()))
         }
-        None => generate_secret(),
+        None => Ok(generate_secret()),
+    }
+}
+
+/// `einmal listen --backend aws`: `einmal serve --backend aws` (the Lambdas' handlers
+/// on the tables and queues the EINMAL_* variables name) with the same `listen`
+/// destination for every tenant. The functions read their configuration from
+/// EINMAL_CONFIG: the tenants' configuration (EINMAL_CONFIG_PARAMETER's SSM parameter,
+/// else EINMAL_CONFIG, else --config) plus the `listen` destinations is handed to them
+/// there, read once at start. Each attempt is recorded on its event (`einmal events
+/// show --backend aws`), as every delivery on AWS.
+pub async fn run_aws(
+    args: ListenArgs,
+    domain: std::sync::Arc<dyn Domain>,
+) -> Result<ExitCode, einmal_cli::error::CliError> {
+    use einmal::adapters::aws::{CONFIG_ENV, CONFIG_PARAMETER_ENV};
+    use einmal_cli::error::CliError;
+    let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let (text, origin) = if let Some(parameter) = set(CONFIG_PARAMETER_ENV) {
+        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let value = aws_sdk_ssm::Client::new(&sdk)
+            .get_parameter()
+            .name(parameter.trim())
+            .with_decryption(true)
+            .send()
+            .await
+            .map_err(|e| {
+                CliError::Failure(format!(
+                    "cannot read the configuration parameter {} ({CONFIG_PARAMETER_ENV}): {}",
+                    parameter.trim(),
+                    aws_sdk_ssm::error::DisplayErrorContext(&e)
+                ))
+            })?
+            .parameter
+            .and_then(|p| p.value)
+            .unwrap_or_default();
+        (
+            value,
+            format!("{CONFIG_PARAMETER_ENV} {}", parameter.trim()),
+        )
+    } else if let Some(inline) = set(CONFIG_ENV) {
+        (inline, CONFIG_ENV.to_string())
+    } else {
+        let text = std::fs::read_to_string(&args.serve.config).map_err(|e| {
+            CliError::Failure(format!(
+                "cannot read --config {}: {e}",
+                args.serve.config.display()
+            ))
+        })?;
+        (text, format!("--config {}", args.serve.config.display()))
     };
+    let mut config =
+        Config::from_toml(&text).map_err(|e| CliError::Usage(format!("{origin}: {e}")))?;
+    let secret = signing_secret(&args).map_err(CliError::Usage)?;
+    let before = config.destinations().len();
+    add_destinations(&mut config, &args, secret.clone()).map_err(CliError::Usage)?;
+    let added: Vec<DestinationConfig> = config.destinations()[before..].to_vec();
+    let mut combined = text;
+    for destination in &added {
+        combined.push_str(&destination_toml(destination, &args));
+    }
+    // What the functions will parse: the same destinations, or the start stops here.
+    let check = Config::from_toml(&combined)
+        .map_err(|e| CliError::Failure(format!("the listen destinations do not parse: {e}")))?;
+    if check.destinations().len() != config.destinations().len() {
+        return Err(CliError::Failure(
+            "the listen destinations did not all reach the configuration".into(),
+        ));
+    }
+    // Before any function starts and before any task reads the environment.
+    std::env::set_var(CONFIG_ENV, combined);
+    std::env::remove_var(CONFIG_PARAMETER_ENV);
+    println!(
+        "Ready! Your webhook signing secret is {} (forwarding to {})",
+        secret.expose(),
+        args.forward_to
+    );
+    einmal_cli::serve_aws::run(args.serve, domain, None).await
+}
+
+/// One `listen` destination as the configuration file writes it (strings quoted as
+/// TOML basic strings: JSON's escapes are TOML's).
+fn destination_toml(d: &DestinationConfig, args: &ListenArgs) -> String {
+    let quote = |s: &str| serde_json::to_string(s).expect("a string encodes");
+    let list = |items: &[String]| {
+        let quoted: Vec<String> = items.iter().map(|i| quote(i)).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let secret = match &d.kind {
+        DestinationKind::Http(http) => http.secrets.first().map(|s| s.expose().to_owned()),
+        _ => None,
+    }
+    .unwrap_or_default();
+    format!(
+        "\n[[destination]]\nname = {}\ntenant = {}\nkind = \"http\"\nevents = {}\noutputs = {}\n\
+         url = {}\nsecrets = [{}]\nbody = {}\ntimeout_ms = {}\nallow_private = true\n",
+        quote(&d.name),
+        quote(&d.tenant),
+        list(&d.events),
+        list(&d.outputs),
+        quote(&args.forward_to),
+        quote(&secret),
+        quote(if args.envelope {
+            "envelope"
+        } else {
+            "original"
+        }),
+        args.timeout_ms,
+    )
+}
+
+/// `einmal listen` with `domain` deciding (the stock binary passes the reference domain).
+pub async fn run(args: ListenArgs, domain: std::sync::Arc<dyn Domain>) -> Result<ExitCode, String> {
+    let mut config = Config::load(&args.serve.config).map_err(|e| e.to_string())?;
+    let secret = signing_secret(&args)?;
     add_destinations(&mut config, &args, secret.clone())?;
     // First, so a script can read it from the first line.
     println!(

@@ -145,6 +145,9 @@ async fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args, Arc::new(ReferenceDomain::new()))
             .await
             .map_err(CliError::from),
+        Command::Listen(args) if args.serve.aws.is_aws() => {
+            listen::run_aws(args, Arc::new(ReferenceDomain::new())).await
+        }
         Command::Listen(args) => listen::run(args, Arc::new(ReferenceDomain::new()))
             .await
             .map_err(CliError::from),

@@ -318,3 +318,105 @@ fn an_endpoint_that_does_not_answer_is_a_failure_naming_it() {
     let env = env_for(&endpoint, "einmal-nowhere");
     refused(&env, 4, &["does not answer", &endpoint, "AWS_ENDPOINT_URL"]);
 }
+
+/// `einmal listen --backend aws`: the AWS pipeline with a `listen` destination for every
+/// tenant; a sent event reaches the local app, signed with `--secret` (verified there
+/// with the `standardwebhooks` crate), and the attempt is recorded on the event.
+#[test]
+fn listen_on_aws_forwards_each_event_signed_to_the_local_app() {
+    use einmal_tests::destination_server::{Answer, DestinationServer, SECRET};
+    let moto = moto::shared();
+    let name = moto::unique_name("einmal-listen");
+    let env = env_for(&moto.endpoint, &name);
+    let setup = run(&env, &["setup", "--backend", "aws"]);
+    assert!(setup.status.success(), "{}", text(&setup.stderr));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let app = rt.block_on(DestinationServer::start(|_, _| Answer::Ok));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = command(
+        &env,
+        &[
+            "listen",
+            "--backend",
+            "aws",
+            "--forward-to",
+            &app.url,
+            "--secret",
+            SECRET,
+            "--addr",
+            &addr,
+            "--poll-wait-secs",
+            "0",
+            "--poll-idle-ms",
+            "100",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("einmal listen starts");
+    let started = Instant::now();
+    while TcpStream::connect(&addr).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("einmal listen exited ({status}): {err}");
+        }
+        assert!(started.elapsed() < DEADLINE, "einmal listen did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("http://{addr}");
+    let sent = run(
+        &env,
+        &[
+            "send",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "demo",
+            "--url",
+            &url,
+        ],
+    );
+    assert!(
+        text(&sent.stdout).starts_with("200 "),
+        "{}",
+        text(&sent.stderr)
+    );
+    let started = Instant::now();
+    while app.effects().is_empty() {
+        assert!(started.elapsed() < DEADLINE, "nothing forwarded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let calls = app.calls();
+    assert!(calls.iter().all(|c| c.verified), "signed with --secret");
+    assert_eq!(calls[0].event_type, "payment_intent.succeeded");
+    let item = json(&run(
+        &env,
+        &[
+            "events",
+            "show",
+            "--backend",
+            "aws",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "demo",
+            "--event-id",
+            "evt_demo_1",
+            "--json",
+        ],
+    ));
+    assert!(
+        item.to_string().contains("listen"),
+        "the delivery is recorded: {item}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut out = String::new();
+    let _ = child.stdout.take().unwrap().read_to_string(&mut out);
+    assert!(
+        out.starts_with("Ready! Your webhook signing secret is whsec_"),
+        "{out}"
+    );
+}
