@@ -14,7 +14,8 @@
 //! - AWS only, through a fault proxy in front of moto: each fault at 10% of the
 //!   DynamoDB and SQS calls for a whole stream with a kill -9 in it, and a DynamoDB
 //!   outage in the middle of a stream with a kill -9 during it (2 minutes in
-//!   production terms; `EINMAL_BB_OUTAGE_SECS`, 15 s here).
+//!   production terms; `EINMAL_BB_OUTAGE_SECS`, 15 s here); an HTTP destination gets
+//!   every event exactly once after its dedup.
 //!
 //! Sizes are small (moto serves ~30 calls/s, one at a time) and set by `EINMAL_BB_*`.
 
@@ -448,6 +449,47 @@ fn aws_destinations_get_each_event_exactly_once_across_a_kill() {
     destinations_get_each_event_exactly_once(Backend::Aws);
 }
 
+/// An HTTP destination `app` for the demo tenant's Shopify orders, served on `runtime`,
+/// and its configuration (TOML).
+fn app_destination(runtime: &tokio::runtime::Runtime) -> (DestinationServer, String) {
+    let hook = runtime.block_on(DestinationServer::start(|_, _| Answer::Ok));
+    let toml = format!(
+        "\n[[destination]]\nname = \"app\"\ntenant = \"demo\"\nprovider = \"shopify\"\nkind = \"http\"\n\
+         events = [\"orders/*\"]\nurl = \"{}\"\nsecrets = [\"{SECRET}\"]\ntimeout_ms = 5000\nmax_attempts = 1000\n",
+        hook.url
+    );
+    (hook, toml)
+}
+
+/// Every stored event (`items`, from `events list`) reached the app exactly once after
+/// its dedup on `webhook-id`, and every call verified with the Standard Webhooks crate.
+fn assert_delivered_once(hook: &DestinationServer, items: &[Value]) {
+    let expected: BTreeSet<String> = items
+        .iter()
+        .map(|item| {
+            let key = item["key"].as_str().expect("a key");
+            let event_id = key.splitn(3, '#').nth(2).expect("provider#tenant#event_id");
+            delivery_key("app", "shopify", "demo", event_id)
+        })
+        .collect();
+    let deadline = Instant::now() + DRAIN;
+    while hook.effects().len() < expected.len() {
+        assert!(
+            Instant::now() < deadline,
+            "delivered {} of {}",
+            hook.effects().len(),
+            expected.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let applied: BTreeSet<String> = hook.effects().into_keys().collect();
+    assert_eq!(applied, expected, "one effect per event at the destination");
+    assert!(
+        hook.calls().iter().all(|c| c.verified),
+        "every call verifies"
+    );
+}
+
 /// A fault proxy in front of the shared moto, on a runtime of its own.
 fn proxy() -> (tokio::runtime::Runtime, FaultProxy) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
@@ -459,8 +501,9 @@ fn proxy() -> (tokio::runtime::Runtime, FaultProxy) {
 /// stream, killed with SIGKILL once in the middle of it.
 fn aws_fault_at_ten_percent(fault: Fault) {
     let orders = sized("EINMAL_BB_FAULT_ORDERS", 10);
-    let (_runtime, proxy) = proxy();
-    let mut stack = Stack::new(Backend::Aws, "");
+    let (runtime, proxy) = proxy();
+    let (hook, destination) = app_destination(&runtime);
+    let mut stack = Stack::new(Backend::Aws, &destination);
     stack.set_stock("SKU-FAULT", 1_000);
     stack.serve_through(&proxy.endpoint);
     stack.start();
@@ -477,8 +520,9 @@ fn aws_fault_at_ten_percent(fault: Fault) {
     stack.kill();
     stack.start();
     send_all(&stack.sender(), second, 2);
-    // The faults stay on until every event is done.
-    stack.until_all_completed(ids.len(), DRAIN);
+    // The faults stay on until every event is done and delivered.
+    let items = stack.until_all_completed(ids.len(), DRAIN);
+    assert_delivered_once(&hook, &items);
     proxy.faults.set_random(0, &[], &[]);
     assert_orders_applied_once(&stack, &ids, "SKU-FAULT", 1_000, 1);
 }
@@ -525,8 +569,9 @@ fn aws_lost_answers_at_ten_percent_lose_and_double_nothing() {
 fn aws_a_dynamodb_outage_mid_stream_with_a_kill_loses_nothing() {
     let orders = sized("EINMAL_BB_OUTAGE_ORDERS", 12);
     let outage = Duration::from_secs(sized("EINMAL_BB_OUTAGE_SECS", 15));
-    let (_runtime, proxy) = proxy();
-    let mut stack = Stack::new(Backend::Aws, "");
+    let (runtime, proxy) = proxy();
+    let (hook, destination) = app_destination(&runtime);
+    let mut stack = Stack::new(Backend::Aws, &destination);
     stack.set_stock("SKU-OUTAGE", 1_000);
     stack.serve_through(&proxy.endpoint);
     stack.start();
@@ -555,6 +600,7 @@ fn aws_a_dynamodb_outage_mid_stream_with_a_kill_loses_nothing() {
         stack.start();
         clients.join().expect("clients");
     });
-    stack.until_all_completed(ids.len(), DRAIN);
+    let items = stack.until_all_completed(ids.len(), DRAIN);
+    assert_delivered_once(&hook, &items);
     assert_orders_applied_once(&stack, &ids, "SKU-OUTAGE", 1_000, 1);
 }
