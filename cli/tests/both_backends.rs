@@ -597,7 +597,7 @@ fn aws_a_dynamodb_outage_mid_stream_with_a_kill_loses_nothing() {
         std::thread::sleep(outage / 2);
         stack.kill();
         // The restart's checks wait the outage out, as a cold start would.
-        stack.start();
+        stack.start_within(outage + Duration::from_secs(60));
         clients.join().expect("clients");
     });
     let items = stack.until_all_completed(ids.len(), DRAIN);

@@ -171,6 +171,12 @@ impl Stack {
 
     /// Start `einmal serve` (again, on the same address and store after a kill).
     pub fn start(&mut self) {
+        self.start_within(Duration::from_secs(60));
+    }
+
+    /// Start `einmal serve`, allowing `deadline` before it listens: a start during an
+    /// outage waits in its checks until the outage is over.
+    pub fn start_within(&mut self, deadline: Duration) {
         assert!(self.child.is_none(), "already running");
         let mut args: Vec<String> = vec!["serve".into(), "--addr".into(), self.addr.clone()];
         args.extend(["--config".into(), self.config.display().to_string()]);
@@ -219,8 +225,8 @@ impl Stack {
                 panic!("einmal serve exited ({status}):\n{}", self.log());
             }
             assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "einmal serve did not listen:\n{}",
+                started.elapsed() < deadline,
+                "einmal serve did not listen within {deadline:?}:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
