@@ -135,3 +135,61 @@ fn serve_refuses_to_start_on_an_invalid_configuration() {
         "serve opened a store before checking the configuration"
     );
 }
+
+/// A secret in the wrong place (a string where a list belongs, a query token in a URL)
+/// is reported by its key and line, and neither `config check` nor `serve` prints it.
+#[test]
+fn configuration_errors_never_print_the_secret_they_are_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_type = write(
+        dir.path(),
+        "[[tenant]]\nprovider = \"stripe\"\ntenant = \"shop-1\"\nsecrets = \"whsec_LEAKEDVALUE\"\n",
+    );
+    let out = einmal(&["config", "check", "--config", &wrong_type]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shown.contains(
+            ":4: invalid config at `tenant[0].secrets`: invalid type: string, expected a sequence"
+        ),
+        "{shown}"
+    );
+    let data = dir.path().join("data");
+    let serve = einmal(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--config",
+        &wrong_type,
+    ]);
+    assert_eq!(serve.status.code(), Some(4), "{serve:?}");
+    let url_dir = tempfile::tempdir().unwrap();
+    let token_in_url = write(
+        url_dir.path(),
+        "[[tenant]]\nprovider = \"stripe\"\ntenant = \"shop-1\"\nsecrets = [\"whsec_x\"]\n\n[[destination]]\nname = \"app\"\ntenant = \"shop-1\"\nkind = \"http\"\nevents = [\"*\"]\nsecrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\nurl = \"http://app.example/hook?token=LEAKEDVALUE\"\n",
+    );
+    let url = einmal(&["config", "check", "--config", &token_in_url]);
+    assert_eq!(url.status.code(), Some(1), "{url:?}");
+    let url_shown = String::from_utf8_lossy(&url.stdout).into_owned();
+    assert!(
+        url_shown.contains("not http://app.example/hook…"),
+        "{url_shown}"
+    );
+    for output in [&serve.stdout, &serve.stderr, &url.stdout, &url.stderr] {
+        let text = String::from_utf8_lossy(output);
+        assert!(
+            !text.contains("LEAKEDVALUE"),
+            "a secret was printed: {text}"
+        );
+    }
+    assert!(
+        !shown.contains("LEAKEDVALUE"),
+        "a secret was printed: {shown}"
+    );
+}

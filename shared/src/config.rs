@@ -30,11 +30,14 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    /// Only the position and the parser's message: the offending line may hold a secret.
-    #[error("{origin}:{line}: invalid config: {message}")]
+    /// Only the position, the key and the parser's message without the value: the
+    /// offending value may be a secret.
+    #[error("{origin}:{line}: invalid config{}: {message}", at_key(key))]
     Parse {
         origin: String,
         line: usize,
+        /// The key path of the offending value (`tenant[2].secrets`), when known.
+        key: Option<String>,
         message: String,
     },
     /// Every problem found in a configuration that parsed (never a secret value).
@@ -63,6 +66,113 @@ impl ConfigError {
 pub struct Problem {
     pub line: usize,
     pub message: String,
+}
+
+fn at_key(key: &Option<String>) -> String {
+    key.as_ref()
+        .map(|k| format!(" at `{k}`"))
+        .unwrap_or_default()
+}
+
+/// serde's messages quote the offending value (`invalid type: string "whsec_…",
+/// expected a sequence`), and that value may be a secret: keep its kind, drop the value.
+pub(crate) fn without_values(message: &str) -> String {
+    let kind_only = |unexpected: &str| {
+        unexpected
+            .split(['"', '`', '\''])
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = message.strip_prefix(prefix) {
+            let (unexpected, expected) = rest.split_once(", expected").unwrap_or((rest, ""));
+            let expected = if expected.is_empty() {
+                String::new()
+            } else {
+                format!(", expected{}", drop_quoted(expected))
+            };
+            return format!("{prefix}{}{expected}", kind_only(unexpected));
+        }
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let expected = rest.split_once(", expected").map(|(_, e)| e).unwrap_or("");
+        return format!("unknown variant, expected{expected}");
+    }
+    drop_quoted(message)
+}
+
+/// Any double-quoted literal replaced by `"…"`: a parser may quote the input.
+fn drop_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split('"');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    let rest: Vec<&str> = parts.collect();
+    for (i, part) in rest.iter().enumerate() {
+        // Odd pieces are inside quotes, unless the last quote is unmatched.
+        if i % 2 == 0 && i + 1 < rest.len() {
+            out.push_str("\"…\"");
+        } else if i % 2 == 0 {
+            out.push('"');
+            out.push_str(part);
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// The dotted key path of the value at byte `offset` (`tenant[1].secrets`,
+/// `defaults.tolerance_secs`), from the nearest key and table header above it.
+pub(crate) fn key_path_at(text: &str, offset: usize) -> Option<String> {
+    let end = offset.min(text.len());
+    let before = text.get(..end)?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
+    let mut key = None;
+    let mut header = None;
+    // The value's own line, then the lines above it (a multi-line array).
+    let lines: Vec<&str> = text[..line_end].lines().collect();
+    for line in lines.iter().rev() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[') {
+            let name = name.trim_start_matches('[');
+            let name = name.split(']').next().unwrap_or_default().trim();
+            header = Some(name.to_string());
+            break;
+        }
+        if key.is_none() {
+            if let Some((k, _)) = line.split_once('=') {
+                let k = k.trim();
+                if !k.is_empty() && !k.starts_with('#') && !k.contains('"') {
+                    key = Some(k.to_string());
+                }
+            }
+        }
+    }
+    let header = header.map(|h| {
+        let array = format!("[[{h}]]");
+        let index = lines
+            .iter()
+            .filter(|l| l.trim().starts_with(&array))
+            .count();
+        if index > 0 {
+            format!("{h}[{}]", index - 1)
+        } else {
+            h
+        }
+    });
+    match (header, key) {
+        (Some(h), Some(k)) => Some(format!("{h}.{k}")),
+        (None, Some(k)) => Some(k),
+        (Some(h), None) => Some(h),
+        (None, None) => None,
+    }
 }
 
 fn render_problems(origin: &str, problems: &[Problem]) -> String {
@@ -266,10 +376,14 @@ impl Config {
         origin: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            origin: origin.to_string(),
-            line: line_of(text, e.span().map(|s| s.start).unwrap_or(0)),
-            message: e.message().to_string(),
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| s.start);
+            ConfigError::Parse {
+                origin: origin.to_string(),
+                line: line_of(text, at.unwrap_or(0)),
+                key: at.and_then(|at| key_path_at(text, at)),
+                message: without_values(e.message()),
+            }
         })?;
         let defaults = IngestSettings::default();
         let ingest = IngestSettings {
@@ -481,6 +595,51 @@ mod tests {
         tolerance_secs = 60
         options = { shop_domain = "shop-1.myshopify.com" }
     "#;
+
+    /// A value of the wrong type is reported by its key path and kind, never its text.
+    #[test]
+    fn a_value_of_the_wrong_type_is_named_by_key_without_its_value() {
+        let cases = [
+            (
+                "[[tenant]]\nprovider = \"stripe\"\ntenant = \"a\"\nsecrets = [\"whsec_ok\"]\n\n[[tenant]]\nprovider = \"stripe\"\ntenant = \"b\"\nsecrets = \"whsec_LEAKED\"\n",
+                "x.toml:9: invalid config at `tenant[1].secrets`: invalid type: string, expected a sequence",
+            ),
+            (
+                "[defaults]\ntolerance_secs = \"whsec_LEAKED\"\n",
+                "x.toml:2: invalid config at `defaults.tolerance_secs`: invalid type: string, expected u64",
+            ),
+            (
+                "[[tenant]]\nprovider = \"stripe\"\ntenant = \"a\"\nsecrets = [\"whsec_ok\"]\noptions = { x = 123456789 }\n",
+                "x.toml:5: invalid config at `tenant[0].options`: invalid type: integer, expected a string",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = Config::from_toml_named(text, "x.toml", |_| None).unwrap_err();
+            let shown = err.to_string();
+            assert_eq!(shown, expected);
+            assert!(
+                !shown.contains("LEAKED") && !shown.contains("123456789"),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn serde_messages_lose_their_values() {
+        assert_eq!(
+            without_values("invalid value: string \"sk_live_1\", expected a port"),
+            "invalid value: string, expected a port"
+        );
+        assert_eq!(
+            without_values("unknown variant `sk_live_1`, expected `http` or `sqs`"),
+            "unknown variant, expected `http` or `sqs`"
+        );
+        assert_eq!(
+            without_values("unknown field `secretz`, expected one of `secrets`"),
+            "unknown field `secretz`, expected one of `secrets`"
+        );
+        assert_eq!(without_values("bad \"sk_live_1\" here"), "bad \"…\" here");
+    }
 
     #[test]
     fn parses_tenants_defaults_and_env_secrets() {

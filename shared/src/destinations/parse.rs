@@ -449,7 +449,7 @@ pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
         .map_err(|e| format!("`url` is not a valid URL: {e}"))?;
     let authority = uri
         .authority()
-        .ok_or_else(|| format!("`url` {url} has no host"))?;
+        .ok_or_else(|| format!("`url` {} has no host", shown_url(url)))?;
     if authority.as_str().contains('@') {
         return Err("`url` must not contain credentials (user:password@)".into());
     }
@@ -460,10 +460,16 @@ pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
         Some("http") if loopback => {}
         Some("http") => {
             return Err(format!(
-                "`url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not {url}"
+                "`url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not {}",
+                shown_url(url)
             ))
         }
-        _ => return Err(format!("`url` must be an https:// URL, not {url}")),
+        _ => {
+            return Err(format!(
+                "`url` must be an https:// URL, not {}",
+                shown_url(url)
+            ))
+        }
     }
     let literal = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
@@ -478,12 +484,35 @@ pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// A URL as an error may show it: without credentials, query or fragment, which may
+/// carry tokens (`?key=…`, `user:pass@`).
+pub(crate) fn shown_url(url: &str) -> String {
+    let cut = url.find(['?', '#']).unwrap_or(url.len());
+    let had_tail = cut < url.len();
+    let url = &url[..cut];
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            let hidden = if had_tail || host.len() < authority.len() {
+                "…"
+            } else {
+                ""
+            };
+            format!("{scheme}://{host}{path}{hidden}")
+        }
+        None if had_tail => format!("{url}…"),
+        None => url.to_string(),
+    }
+}
+
 fn parse_sqs(f: &mut Fields) -> Option<DestinationKind> {
     let (line, queue_url) = f.required_string("queue_url")?;
     if !(queue_url.starts_with("https://") || queue_url.starts_with("http://"))
         || queue_url.parse::<http::Uri>().is_err()
     {
-        f.problem(line, format!("`queue_url` must be the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), not `{queue_url}`"));
+        f.problem(line, format!("`queue_url` must be the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), not `{}`", shown_url(&queue_url)));
         return None;
     }
     Some(DestinationKind::Sqs(SqsDestination { queue_url }))
@@ -792,6 +821,27 @@ table = "events"
         );
         let p = problems(&dest("not a url", ""));
         assert!(p[0].contains("not a valid URL"), "{p:?}");
+    }
+
+    /// A URL's query or fragment may carry a token: an error shows the URL without them.
+    #[test]
+    fn url_errors_do_not_echo_query_tokens() {
+        let dest = |url: &str, extra: &str| {
+            format!("[[destination]]\nname = \"a\"\ntenant = \"demo\"\nkind = \"http\"\nevents = [\"*\"]\nsecrets = [\"{SECRET}\"]\nurl = \"{url}\"\n{extra}")
+        };
+        let p = problems(&dest("http://shop.example/h?token=sk_live_LEAKED#frag", ""));
+        assert!(p[0].ends_with("not http://shop.example/h…"), "{p:?}");
+        let p = problems(&dest("ftp://x.example/h?k=LEAKED", ""));
+        assert!(p[0].ends_with("not ftp://x.example/h…"), "{p:?}");
+        let sqs = "[[destination]]\nname = \"q\"\ntenant = \"demo\"\nkind = \"sqs\"\nevents = [\"*\"]\nqueue_url = \"sqs.example/q?X-Amz-Signature=LEAKED\"\n";
+        let p = problems(sqs);
+        assert!(p[0].contains("not `sqs.example/q…`"), "{p:?}");
+        for p in [
+            p,
+            problems(&dest("https://x.example/h?LEAKED", "allow_private = 3\n")),
+        ] {
+            assert!(!p.concat().contains("LEAKED"), "{p:?}");
+        }
     }
 
     #[test]
