@@ -164,6 +164,55 @@ async fn one_delivery_is_one_row_with_every_column_and_a_jsonb_body() {
     assert!(row.get::<_, bool>(4));
 }
 
+/// jsonb cannot hold U+0000 (SQLSTATE 22P05): such a body is written anyway, the
+/// exact bytes in `body_raw` and `body` with U+FFFD in its place; a replay is a
+/// duplicate. A table made before `body_raw` existed gets the column at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_with_u0000_is_written_losslessly() {
+    let Some(server) = PgServer::shared_or_skip() else {
+        return;
+    };
+    let db = server.create_database("nul_body").await;
+    let client = server.client(&db).await;
+    // The table as einmal created it before `body_raw`.
+    client
+        .batch_execute(
+            "CREATE TABLE einmal_events (key text PRIMARY KEY, provider text NOT NULL, \
+             tenant text NOT NULL, event_type text NOT NULL, event_id text NOT NULL, \
+             object_id text, object_version text, occurred_at timestamptz, \
+             body jsonb NOT NULL, received_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    let sink = sink(server, &db, TABLE).await;
+    let body = br#"{"id":"evt_1","note":"gift\u0000wrap"}"#;
+    let nul = message(1, "charge.succeeded", body);
+    assert_eq!(sink.deliver(&nul).await, Ok(applied()));
+    assert_eq!(sink.deliver(&nul).await, Ok(duplicate()));
+    assert_eq!(sink.deliver(&json_message(2)).await, Ok(applied()));
+    let row = client
+        .query_one(
+            "SELECT body->>'id', body->>'note', body_raw FROM einmal_events WHERE event_id = 'evt_1'",
+            &[],
+        )
+        .await
+        .expect("the row with U+0000 was written");
+    assert_eq!(row.get::<_, String>(0), "evt_1");
+    assert_eq!(row.get::<_, String>(1), "gift\u{fffd}wrap");
+    assert_eq!(row.get::<_, Option<Vec<u8>>>(2).as_deref(), Some(&body[..]));
+    let plain = client
+        .query_one(
+            "SELECT body_raw IS NULL FROM einmal_events WHERE event_id = 'evt_2'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        plain.get::<_, bool>(0),
+        "body_raw is only for bodies jsonb cannot hold"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_schema_qualified_table_gets_its_key_table_beside_it() {
     let Some(server) = PgServer::shared_or_skip() else {

@@ -9,7 +9,7 @@
 //!     ON CONFLICT (key) DO NOTHING RETURNING key;
 //! -- only if a row came back (the key is new):
 //! INSERT INTO <table> (key, provider, tenant, event_type, event_id, object_id,
-//!                      object_version, occurred_at, body, received_at) VALUES (…, now());
+//!                      object_version, occurred_at, body, body_raw, received_at) VALUES (…, now());
 //! COMMIT;
 //! ```
 //!
@@ -48,6 +48,7 @@
 //!     object_version text,                      -- its version, where the provider has one
 //!     occurred_at    timestamptz,               -- when the provider says it happened
 //!     body           jsonb NOT NULL,            -- the body; a non-JSON body as a JSON string
+//!     body_raw       bytea,                     -- the exact bytes of a body jsonb cannot hold (U+0000)
 //!     received_at    timestamptz NOT NULL DEFAULT now()  -- when einmal wrote the row
 //! );
 //! ```

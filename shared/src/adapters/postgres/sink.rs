@@ -137,9 +137,9 @@ impl PostgresSink {
             ),
             insert_row: format!(
                 "INSERT INTO {} (key, provider, tenant, event_type, event_id, object_id, \
-                 object_version, occurred_at, body, received_at) VALUES ($1::text, $2::text, \
-                 $3::text, $4::text, $5::text, $6::text, $7::text, to_timestamp($8::bigint), \
-                 $9::text::jsonb, now())",
+                 object_version, occurred_at, body, body_raw, received_at) VALUES ($1::text, \
+                 $2::text, $3::text, $4::text, $5::text, $6::text, $7::text, \
+                 to_timestamp($8::bigint), $9::text::jsonb, $10::bytea, now())",
                 table.quoted()
             ),
             destination: destination.to_owned(),
@@ -217,11 +217,21 @@ impl PostgresSink {
                    object_version text, \
                    occurred_at timestamptz, \
                    body jsonb NOT NULL, \
+                   body_raw bytea, \
                    received_at timestamptz NOT NULL DEFAULT now())"
             );
             tx.batch_execute(&sql)
                 .await
                 .map_err(|e| schema_error(&format!("create {}", self.table), &e))?;
+        } else if !has_column(&tx, &table, "body_raw").await? {
+            // Tables created before `body_raw` existed: the one column einmal adds.
+            let sql = format!("ALTER TABLE {table} ADD COLUMN body_raw bytea");
+            tx.batch_execute(&sql).await.map_err(|e| {
+                schema_error(
+                    &format!("add the column body_raw ({sql}; run it as the table's owner)"),
+                    &e,
+                )
+            })?;
         }
         tx.commit().await.map_err(|e| schema_error("commit", &e))?;
         for sql in [&self.insert_key, &self.insert_row] {
@@ -279,7 +289,7 @@ impl PostgresSink {
             .prepare_cached(&self.insert_row)
             .await
             .map_err(|e| classify("prepare the row insert", &e))?;
-        let body = json_body(&message.body);
+        let (body, body_raw) = stored_body(&message.body);
         tx.execute(
             &insert_row,
             &[
@@ -292,6 +302,7 @@ impl PostgresSink {
                 &message.object_version,
                 &message.occurred_at,
                 &body,
+                &body_raw,
             ],
         )
         .await
@@ -330,6 +341,67 @@ fn json_body(body: &[u8]) -> String {
         }
     }
     serde_json::Value::String(String::from_utf8_lossy(body).into_owned()).to_string()
+}
+
+/// The body for the `body` (jsonb) and `body_raw` (bytea) columns. jsonb cannot hold
+/// U+0000 (SQLSTATE 22P05), so a body containing it is stored with each U+0000 as
+/// U+FFFD in `body` and byte for byte in `body_raw`; every other body leaves
+/// `body_raw` NULL.
+fn stored_body(body: &[u8]) -> (String, Option<Vec<u8>>) {
+    let json = json_body(body);
+    // `\u0000` is the only way JSON text can carry U+0000 (raw control characters are
+    // invalid JSON, and json_body escapes them in a non-JSON body).
+    if !json.contains("\\u0000") {
+        return (json, None);
+    }
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(mut value) => {
+            if !replace_nul(&mut value) {
+                // `\\u0000`: an escaped backslash, not U+0000.
+                return (json, None);
+            }
+            (value.to_string(), Some(body.to_vec()))
+        }
+        Err(_) => (json, None),
+    }
+}
+
+/// Replaces U+0000 in every string and key; whether any was found.
+fn replace_nul(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) if s.contains('\0') => {
+            *s = s.replace('\0', "\u{fffd}");
+            true
+        }
+        Value::Array(items) => items.iter_mut().fold(false, |f, v| replace_nul(v) | f),
+        Value::Object(map) if map.keys().any(|k| k.contains('\0')) => {
+            let entries = std::mem::take(map);
+            for (k, mut v) in entries {
+                replace_nul(&mut v);
+                map.insert(k.replace('\0', "\u{fffd}"), v);
+            }
+            true
+        }
+        Value::Object(map) => map.values_mut().fold(false, |f, v| replace_nul(v) | f),
+        _ => false,
+    }
+}
+
+async fn has_column(
+    tx: &deadpool_postgres::Transaction<'_>,
+    quoted_table: &str,
+    column: &str,
+) -> Result<bool, String> {
+    let row = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1::text) \
+             AND attname = $2::text AND NOT attisdropped)",
+            &[&quoted_table, &column],
+        )
+        .await
+        .map_err(|e| schema_error("look up the columns", &e))?;
+    Ok(row.get(0))
 }
 
 async fn exists(tx: &deadpool_postgres::Transaction<'_>, quoted: &str) -> Result<bool, String> {
@@ -539,6 +611,27 @@ mod tests {
         assert_eq!(json_body(b"\"quoted\""), "\"quoted\"");
         assert_eq!(json_body(b"{not json"), r#""{not json""#);
         assert_eq!(json_body(&[b'a', 0xff]), "\"a\u{fffd}\"");
+    }
+
+    #[test]
+    fn bodies_with_u0000_keep_their_bytes_beside_a_jsonb_safe_body() {
+        let body = br#"{"note":"a\u0000b","k\u0000":[1,"\u0000"]}"#;
+        let (json, raw) = stored_body(body);
+        assert_eq!(raw.as_deref(), Some(&body[..]));
+        assert!(!json.contains("\\u0000"), "{json}");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["note"], "a\u{fffd}b");
+        assert_eq!(value["k\u{fffd}"][1], "\u{fffd}");
+        let (json, raw) = stored_body(b"a=1\0b");
+        assert_eq!(json, "\"a=1\u{fffd}b\"");
+        assert_eq!(raw.as_deref(), Some(&b"a=1\0b"[..]));
+        // An escaped backslash before `u0000` is text, not U+0000.
+        let plain = br#"{"path":"C:\\u0000"}"#;
+        assert_eq!(
+            stored_body(plain),
+            (String::from_utf8(plain.to_vec()).unwrap(), None)
+        );
+        assert_eq!(stored_body(br#"{"a":1}"#), (r#"{"a":1}"#.to_string(), None));
     }
 
     #[test]
