@@ -409,6 +409,62 @@ async fn a_failure_after_the_key_insert_leaves_no_key_and_the_retry_applies_once
     );
 }
 
+/// The guide's grants (docs/destinations-postgres.md, "Privileges") are exactly enough:
+/// a role holding only them starts, delivers once, reports a retry as a duplicate, and
+/// the guide's trigger (`SECURITY DEFINER`, owned by the shop's role) updates a shop
+/// table the sink's role has no right on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_role_with_exactly_the_documented_grants_delivers() {
+    let Some(server) = PgServer::shared_or_skip() else {
+        return;
+    };
+    let db = server.create_database("grants").await;
+    // The tables as einmal creates them, by the database's owner.
+    drop(sink(server, &db, TABLE).await);
+    let client = server.client(&db).await;
+    let role = format!("sink_{db}");
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA public TO {role}; \
+             GRANT SELECT, INSERT ON einmal_applied TO {role}; \
+             GRANT INSERT ON einmal_events TO {role}; \
+             CREATE TABLE orders (payment_intent text PRIMARY KEY, paid boolean NOT NULL); \
+             INSERT INTO orders VALUES ('pi_1', false); \
+             CREATE FUNCTION on_einmal_event() RETURNS trigger LANGUAGE plpgsql \
+               SECURITY DEFINER SET search_path = public AS $$ \
+             BEGIN \
+               IF NEW.event_type = 'payment_intent.succeeded' THEN \
+                 UPDATE orders SET paid = true WHERE payment_intent = NEW.object_id; \
+               END IF; \
+               RETURN NEW; \
+             END $$; \
+             CREATE TRIGGER einmal_event AFTER INSERT ON einmal_events \
+               FOR EACH ROW EXECUTE FUNCTION on_einmal_event();"
+        ))
+        .await
+        .unwrap();
+    let dsn = format!(
+        "host=127.0.0.1 port={} user={role} dbname={db}",
+        server.port
+    );
+    let restricted = PostgresSink::connect("shop-db", &destination(&dsn, TABLE))
+        .await
+        .expect("the documented grants are enough to start");
+    let paid = json_message(1);
+    assert_eq!(restricted.deliver(&paid).await, Ok(applied()));
+    assert_eq!(restricted.deliver(&paid).await, Ok(duplicate()));
+    assert_eq!(
+        count(&client, "SELECT count(*) FROM einmal_events").await,
+        1
+    );
+    let order = client
+        .query_one("SELECT paid FROM orders WHERE payment_intent = 'pi_1'", &[])
+        .await
+        .unwrap();
+    assert!(order.get::<_, bool>(0), "the trigger updated the order");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dropped_table_and_a_missing_privilege_are_permanent() {
     let Some(server) = PgServer::shared_or_skip() else {
