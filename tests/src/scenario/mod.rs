@@ -581,9 +581,15 @@ impl Backend {
     }
 
     pub async fn items(&self) -> Vec<InboxItem> {
+        self.items_up_to(10_000).await
+    }
+
+    /// At most `limit` items: a scenario larger than `items()`'s 10,000 asks for all of
+    /// its own.
+    pub async fn items_up_to(&self, limit: usize) -> Vec<InboxItem> {
         self.inbox
             .list(&InboxFilter {
-                limit: 10_000,
+                limit,
                 ..Default::default()
             })
             .await
