@@ -25,8 +25,27 @@ pub enum ConfigCommand {
     },
 }
 
+/// What one SSM parameter holds (Standard tier; Advanced holds 8,192).
+const SSM_STANDARD_BYTES: u64 = 4096;
+
+/// A configuration larger than one SSM parameter cannot be deployed as one.
+fn size_warning(config: &std::path::Path) -> Option<String> {
+    let bytes = std::fs::metadata(config).ok()?.len();
+    (bytes > SSM_STANDARD_BYTES).then(|| {
+        format!(
+            "warning: {} is {bytes} bytes: one SSM parameter holds 4,096 (Standard) or 8,192 \
+             (Advanced); on AWS split it into parameters below a path (a ConfigParameterName \
+             ending in /, see README \"Tenant configuration\")",
+            config.display()
+        )
+    })
+}
+
 pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
     let ConfigCommand::Check { config, json } = command;
+    if let Some(warning) = size_warning(&config) {
+        eprintln!("{warning}");
+    }
     match Config::load(&config) {
         Ok(loaded) if json => {
             println!(

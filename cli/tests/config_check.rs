@@ -105,6 +105,16 @@ fn config_check_accepts_the_demo_configuration() {
         .expect("einmal runs");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("einmal.toml: valid"));
+    // The demo is larger than one Standard SSM parameter: said, with the way out.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bytes = std::fs::metadata(repo().join("einmal.toml")).unwrap().len();
+    assert!(bytes > 4096);
+    assert!(
+        stderr.contains(&format!(
+            "warning: einmal.toml is {bytes} bytes: one SSM parameter holds 4,096"
+        )) && stderr.contains("below a path"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -68,6 +68,24 @@ pub struct Problem {
     pub message: String,
 }
 
+fn parse_raw(text: &str, origin: &str) -> Result<RawConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| {
+        let at = e.span().map(|s| s.start);
+        ConfigError::Parse {
+            origin: origin.to_string(),
+            line: line_of(text, at.unwrap_or(0)),
+            key: at.and_then(|at| key_path_at(text, at)),
+            message: without_values(e.message()),
+        }
+    })
+}
+
+/// Only the structure of one part of a configuration (TOML syntax, keys and types),
+/// for a configuration assembled from parts: its errors name the part and its lines.
+pub fn check_structure(text: &str, origin: &str) -> Result<(), ConfigError> {
+    parse_raw(text, origin).map(drop)
+}
+
 fn at_key(key: &Option<String>) -> String {
     key.as_ref()
         .map(|k| format!(" at `{k}`"))
@@ -376,15 +394,7 @@ impl Config {
         origin: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let at = e.span().map(|s| s.start);
-            ConfigError::Parse {
-                origin: origin.to_string(),
-                line: line_of(text, at.unwrap_or(0)),
-                key: at.and_then(|at| key_path_at(text, at)),
-                message: without_values(e.message()),
-            }
-        })?;
+        let raw = parse_raw(text, origin)?;
         let defaults = IngestSettings::default();
         let ingest = IngestSettings {
             retention_days: raw

@@ -504,6 +504,101 @@ async fn config_loads_from_ssm_or_inline_env() {
     ));
 }
 
+/// A configuration over 8 KB (more than an Advanced parameter holds) split across
+/// Standard parameters below a path: loaded as one; a problem in one part names that
+/// parameter and its own line; the parts still check across each other (a
+/// destination in one part refers to a tenant in another).
+#[tokio::test]
+async fn a_configuration_over_8_kb_loads_from_parameters_below_a_path() {
+    let sdk = moto::shared().sdk_config().await;
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    let path = format!("/einmal/{}/config/", unique_name("split"));
+    let tenants = |part: usize| -> String {
+        (0..30)
+            .map(|i| {
+                format!(
+                    "[[tenant]]\nprovider = \"stripe\"\ntenant = \"shop-{part}-{i:02}\"\n\
+                     secrets = [\"whsec_{part}_{i:02}_padding_to_make_each_part_near_four_kb\"]\n\n"
+                )
+            })
+            .collect()
+    };
+    let mut total = 0;
+    for part in 0..3 {
+        let value = tenants(part);
+        assert!(value.len() <= 4096, "a Standard parameter: {}", value.len());
+        total += value.len();
+        ssm.put_parameter()
+            .name(format!("{path}tenants-{part}"))
+            .value(value)
+            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .send()
+            .await
+            .unwrap();
+    }
+    let destination = "[[destination]]\nname = \"orders\"\ntenant = \"shop-0-00\"\n\
+                       kind = \"lambda\"\nfunction = \"orders\"\nevents = [\"*\"]\n";
+    ssm.put_parameter()
+        .name(format!("{path}z/destinations"))
+        .value(destination)
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        total > 8192,
+        "over what one Advanced parameter holds: {total}"
+    );
+    let env = |k: &str| (k == CONFIG_PARAMETER_ENV).then(|| path.clone());
+    let cfg = load_config_with(&sdk, env).await.unwrap();
+    assert_eq!(cfg.tenants().count(), 90);
+    assert!(cfg.tenant("stripe", "shop-2-29").is_some());
+    assert_eq!(cfg.destinations().len(), 1);
+
+    // A broken part: its parameter and its own line, no secret.
+    ssm.put_parameter()
+        .name(format!("{path}tenants-1"))
+        .value("[[tenant]]\nprovider = \"stripe\"\ntenant = \"x\"\nsecrets = \"whsec_LEAKED\"\n")
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .overwrite(true)
+        .send()
+        .await
+        .unwrap();
+    let err = load_config_with(&sdk, env).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "SSM parameter {path}tenants-1:4: invalid config at `tenant[0].secrets`"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("LEAKED"), "{err}");
+
+    // A problem across parts (a destination of a tenant no part has): its parameter
+    // and the line there.
+    ssm.put_parameter()
+        .name(format!("{path}tenants-1"))
+        .value(tenants(1))
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .overwrite(true)
+        .send()
+        .await
+        .unwrap();
+    ssm.put_parameter()
+        .name(format!("{path}z/destinations"))
+        .value(destination.replace("shop-0-00", "nobody"))
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .overwrite(true)
+        .send()
+        .await
+        .unwrap();
+    let err = load_config_with(&sdk, env).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("(parameter {path}z/destinations)")),
+        "{err}"
+    );
+    assert!(err.contains("nobody"), "{err}");
+}
+
 #[test]
 fn a_private_moto_stops_on_drop() {
     let moto = moto::Moto::start();

@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use super::error::describe;
 use super::item;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Problem};
 
 /// Inbox table name.
 pub const TABLE_ENV: &str = "EINMAL_INBOX_TABLE";
@@ -80,11 +80,17 @@ impl AwsNames {
     }
 }
 
-/// Read the config TOML from an SSM parameter (decrypted) and parse it.
+/// Read the config TOML from an SSM parameter (decrypted) and parse it. A name ending
+/// in `/` is a path: every parameter below it (recursively, in name order) holds a part
+/// of one configuration, so it is not bounded by one parameter's 4 KB (Standard) or
+/// 8 KB (Advanced).
 pub async fn load_config_from_ssm(
     client: &aws_sdk_ssm::Client,
     name: &str,
 ) -> Result<Config, AwsSetupError> {
+    if name.ends_with('/') {
+        return load_config_from_ssm_path(client, name).await;
+    }
     let out = client
         .get_parameter()
         .name(name)
@@ -110,6 +116,95 @@ pub async fn load_config_from_ssm(
         source,
     })
 }
+
+/// The parts of a configuration split below an SSM path, each a TOML fragment
+/// (`[[tenant]]`, `[[destination]]`, at most one `[defaults]`), joined in name order
+/// and checked as one; a problem names its parameter and its line there.
+async fn load_config_from_ssm_path(
+    client: &aws_sdk_ssm::Client,
+    path: &str,
+) -> Result<Config, AwsSetupError> {
+    let ssm_error = |reason: String| AwsSetupError::Ssm {
+        name: path.to_string(),
+        reason,
+    };
+    let mut parts: Vec<(String, String)> = Vec::new();
+    let mut pages = client
+        .get_parameters_by_path()
+        .path(path)
+        .recursive(true)
+        .with_decryption(true)
+        .into_paginator()
+        .send();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|e| ssm_error(describe("SSM GetParametersByPath", &e)))?;
+        for parameter in page.parameters() {
+            let (Some(name), Some(value)) = (parameter.name(), parameter.value()) else {
+                continue;
+            };
+            parts.push((name.to_string(), value.to_string()));
+        }
+        if parts.len() > MAX_CONFIG_PARTS {
+            return Err(ssm_error(format!(
+                "more than {MAX_CONFIG_PARTS} parameters below the path"
+            )));
+        }
+    }
+    if parts.is_empty() {
+        return Err(ssm_error("no parameter below the path".to_string()));
+    }
+    parts.sort();
+    let config_error = |source| AwsSetupError::Config {
+        origin: format!("SSM path {path}"),
+        source,
+    };
+    for (name, value) in &parts {
+        crate::config::check_structure(value, &format!("SSM parameter {name}"))
+            .map_err(config_error)?;
+    }
+    let mut text = String::new();
+    // (first line of the part in the joined text, its parameter's name)
+    let mut starts: Vec<(usize, &str)> = Vec::with_capacity(parts.len());
+    for (name, value) in &parts {
+        starts.push((text.lines().count() + 1, name));
+        text.push_str(value);
+        if !value.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    let locate = |line: usize| -> (String, usize) {
+        let (start, name) = starts
+            .iter()
+            .rev()
+            .find(|(start, _)| *start <= line)
+            .copied()
+            .unwrap_or((1, path));
+        (name.to_string(), line + 1 - start)
+    };
+    Config::from_toml_named(&text, path, |var| std::env::var(var).ok()).map_err(|source| {
+        // Each part parsed alone above; what is left are problems across the whole.
+        let source = match source {
+            ConfigError::Invalid { problems, .. } => ConfigError::Invalid {
+                origin: format!("SSM parameters below {path}"),
+                problems: problems
+                    .into_iter()
+                    .map(|p| {
+                        let (origin, line) = locate(p.line);
+                        Problem {
+                            line,
+                            message: format!("(parameter {origin}) {}", p.message),
+                        }
+                    })
+                    .collect(),
+            },
+            other => other,
+        };
+        config_error(source)
+    })
+}
+
+/// Bounds what one reload reads (10 parameters per GetParametersByPath page).
+const MAX_CONFIG_PARTS: usize = 200;
 
 /// The config for a Lambda: `EINMAL_CONFIG_PARAMETER` (SSM name) wins over
 /// `EINMAL_CONFIG` (inline TOML); neither set is an error.
