@@ -811,6 +811,8 @@ fn functions_have_least_privilege_and_no_wildcard_actions() {
             "dynamodb:UpdateItem",
             "sqs:SendMessage",
             "ssm:GetParameter",
+            // a configuration split across parameters below a path
+            "ssm:GetParametersByPath",
             // only when the SecureString uses a customer-managed key
             "kms:Decrypt",
         ]),
@@ -838,6 +840,10 @@ fn functions_have_least_privilege_and_no_wildcard_actions() {
                 .iter()
                 .all(|r| r.contains("parameter${ConfigParameterName}")),
         "ssm:GetParameter only on the config parameter: {ssm:?}"
+    );
+    assert_eq!(
+        &granted["ssm:GetParametersByPath"], ssm,
+        "ssm:GetParametersByPath only on the config parameter's path"
     );
     assert_eq!(
         granted["kms:Decrypt"],
