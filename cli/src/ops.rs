@@ -72,10 +72,10 @@ pub struct ReplayArgs {
     /// Bulk: most events read.
     #[arg(long, requires = "bulk", default_value_t = 0)]
     limit: usize,
-    /// Why (recorded in the audit log).
-    #[arg(long)]
-    reason: String,
-    /// Who (recorded in the audit log); defaults to $USER.
+    /// Why (recorded in the audit log; required unless --dry-run).
+    #[arg(long, required_unless_present = "dry_run")]
+    reason: Option<String>,
+    /// Who (recorded in the audit log); defaults to $USER, required when it is unset.
     #[arg(long)]
     actor: Option<String>,
     /// Re-run completed / ignored events too (effects still apply at most once).
@@ -210,22 +210,36 @@ fn report_json(report: &ReplayReport) -> serde_json::Value {
     })
 }
 
-/// Who an audit record names: `--actor`, else $USER, else "unknown".
-pub(crate) fn audit_actor(actor: Option<String>) -> String {
+/// Who an audit record names: `--actor`, else $USER; an audit record never names
+/// "unknown", so with neither it is a usage error.
+pub(crate) fn audit_actor(actor: Option<String>) -> Result<String, CliError> {
     actor
         .or_else(|| std::env::var("USER").ok())
+        .map(|a| a.trim().to_string())
         .filter(|a| !a.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+        .ok_or_else(|| {
+            CliError::Usage(
+                "--actor is required when $USER is unset (the audit log names who)".into(),
+            )
+        })
 }
 
 pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, CliError> {
-    let actor = audit_actor(args.actor.clone());
-    if args.reason.trim().is_empty() {
-        return Err(CliError::Usage("--reason must not be empty".into()));
-    }
-    let operator = Operator {
-        actor,
-        reason: args.reason.clone(),
+    // A dry run changes and audits nothing: it needs neither a reason nor an actor.
+    let operator = if args.dry_run {
+        Operator {
+            actor: audit_actor(args.actor.clone()).unwrap_or_else(|_| "dry-run".into()),
+            reason: args.reason.clone().unwrap_or_else(|| "dry run".into()),
+        }
+    } else {
+        let reason = args.reason.clone().unwrap_or_default();
+        if reason.trim().is_empty() {
+            return Err(CliError::Usage("--reason must not be empty".into()));
+        }
+        Operator {
+            actor: audit_actor(args.actor.clone())?,
+            reason,
+        }
     };
     let stores = args.store.open_ops().await?;
     let report = if args.bulk {

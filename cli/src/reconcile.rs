@@ -53,6 +53,8 @@ pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<Exit
         Some(s) => Some(parse_rfc3339(s).ok_or_else(|| format!("--since: not RFC 3339: {s}"))?),
         None => None,
     };
+    // Before any work: a run whose audit record could not name who ran it.
+    let actor = crate::ops::audit_actor(args.actor.clone())?;
     let config = Arc::new(Config::load(&args.config).map_err(|e| e.to_string())?);
     let store = args.store.open().await?;
     let state = args.store.open_state().await?;
@@ -73,7 +75,6 @@ pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<Exit
         .await
         .map_err(|e| e.to_string())?;
     if let Some(audit) = &audit {
-        let actor = crate::ops::audit_actor(args.actor.clone());
         let record = audit_record(
             &actor,
             &args.reason,

@@ -471,14 +471,35 @@ fn replay_needs_a_reason_and_every_replay_is_audited() {
         "--bulk",
         "--state",
         "dead_letter",
-        "--reason",
-        "look",
         "--dry-run",
         "--data-dir",
         data_dir,
     ]);
-    assert!(dry.status.success());
+    assert!(dry.status.success(), "a dry run needs no reason: {dry:?}");
     assert!(stdout(&dry).contains("dry run"));
+
+    // Without $USER and --actor, a replay would be audited as nobody: refused, exit 2.
+    let nobody = Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args([
+            "replay",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "t1",
+            "--event-id",
+            "evt_1",
+            "--reason",
+            "customer asked",
+            "--data-dir",
+            data_dir,
+        ])
+        .env_remove("USER")
+        .output()
+        .unwrap();
+    assert_eq!(nobody.status.code(), Some(2), "{nobody:?}");
+    assert!(
+        String::from_utf8_lossy(&nobody.stderr).contains("--actor is required when $USER is unset")
+    );
 
     let audit = einmal(&["audit", "list", "--json", "--data-dir", data_dir]);
     assert!(audit.status.success());
