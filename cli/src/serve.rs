@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
@@ -395,8 +395,40 @@ fn bad_path(rejection: &PathRejection) -> Response {
     )
 }
 
+/// The most bytes of a path token segment (`/webhooks/{provider}/{tenant}/{token}`).
+const MAX_TOKEN_SEGMENT: usize = 256;
+
+/// Whether the raw (not decoded) path names a provider and a tenant as configuration
+/// spells them: no percent-encoding (`/webhooks/str%69pe/demo` is no alias of
+/// `stripe`), at most 128 bytes each (`config::is_valid_name`), and a token segment of
+/// at most [`MAX_TOKEN_SEGMENT`] bytes.
+fn literal_names(uri: &Uri) -> bool {
+    let Some(rest) = uri.path().strip_prefix("/webhooks/") else {
+        return false;
+    };
+    let mut segments = rest.split('/');
+    let names = (segments.next(), segments.next());
+    let token_ok = segments
+        .next()
+        .is_none_or(|token| token.len() <= MAX_TOKEN_SEGMENT);
+    matches!(names, (Some(p), Some(t)) if einmal::config::is_valid_name(p) && einmal::config::is_valid_name(t))
+        && token_ok
+        && segments.next().is_none()
+}
+
+/// The answer for a path that is no literal provider/tenant pair: the one 404 of
+/// unknown tenants, nothing read or stored; the log has the path's length, not the path.
+fn not_literal(uri: &Uri) -> Response {
+    tracing::info!(
+        path_bytes = uri.path().len(),
+        "webhook rejected: the path does not name a provider and a tenant literally"
+    );
+    respond(&IngestResponse::not_found())
+}
+
 async fn webhook(
     State(serving): State<Serving>,
+    uri: Uri,
     path: Result<Path<(String, String)>, PathRejection>,
     method: Method,
     headers: HeaderMap,
@@ -407,6 +439,9 @@ async fn webhook(
         Ok(path) => path,
         Err(rejection) => return bad_path(&rejection),
     };
+    if !literal_names(&uri) {
+        return not_literal(&uri);
+    }
     receive(
         serving, provider, tenant, None, method, headers, query, body,
     )
@@ -415,6 +450,7 @@ async fn webhook(
 
 async fn webhook_with_token(
     State(serving): State<Serving>,
+    uri: Uri,
     path: Result<Path<(String, String, String)>, PathRejection>,
     method: Method,
     headers: HeaderMap,
@@ -425,6 +461,9 @@ async fn webhook_with_token(
         Ok(path) => path,
         Err(rejection) => return bad_path(&rejection),
     };
+    if !literal_names(&uri) {
+        return not_literal(&uri);
+    }
     receive(
         serving,
         provider,

@@ -332,3 +332,57 @@ options = { path_token = "tok-1", access_token = "unused", max_hints_per_minute 
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(server.stored().len(), 1, "the refused hint stored nothing");
 }
+
+/// A signed Stripe delivery for the default configuration's `stripe/demo` tenant.
+fn signed_stripe(event_id: &str, path: &str) -> Vec<u8> {
+    let body = format!(
+        r#"{{"id":"{event_id}","object":"event","type":"payment_intent.succeeded","created":1700000000,"data":{{"object":{{"id":"pi_{event_id}","object":"payment_intent"}}}}}}"#
+    );
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let mac = einmal::providers::sig::hmac_sha256(
+        b"whsec_demo_stripe_secret",
+        &[ts.as_bytes(), b".", body.as_bytes()],
+    );
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nStripe-Signature: t={ts},v1={}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        hex::encode(mac),
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[test]
+fn aliased_paths_and_extra_segments_are_refused_and_store_nothing() {
+    let server = Server::start(&[]);
+    // The genuine path is accepted (the deliveries below are signed alike).
+    let (status, body) = exchange(
+        &server,
+        &signed_stripe("evt_alias_ok", "/webhooks/stripe/demo"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let huge = format!("/webhooks/stripe/{}", "d".repeat(20_000));
+    for (n, path) in [
+        "/webhooks/str%69pe/demo",
+        "/webhooks/stripe/d%65mo",
+        "/webhooks/stripe/demo/anything",
+        "/webhooks/stripe/demo/a/b",
+        huge.as_str(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (status, body) = exchange(&server, &signed_stripe(&format!("evt_alias_{n}"), path));
+        assert_eq!(status, 404, "{}: {body}", &path[..path.len().min(40)]);
+        assert_eq!(body["error"], "not_found");
+    }
+    let stored = server.stored();
+    assert_eq!(stored.len(), 1, "only the genuine delivery: {stored:?}");
+    // No log line takes the 20 kB segment whole.
+    let log = std::fs::read_to_string(&server.stderr).unwrap();
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 2_048, "a log line of {longest} bytes");
+}
