@@ -35,7 +35,7 @@ use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{Samples, WorkerTally};
 use einmal::telemetry::IngestCounts;
 
-use crate::serve_http::{self, ClientLimits};
+use crate::serve_http::{self, BodyBudget, ClientLimits};
 
 /// How often the local sweeper runs.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -247,7 +247,8 @@ pub async fn run_with_source(
             })
             .await;
     });
-    let app = router(ingestor, args.limits.body_timeout())
+    let bodies = BodyBudget::new(&args.limits);
+    let app = router(ingestor, args.limits.body_timeout(), bodies)
         .merge(crate::metrics::routes(serve_metrics.clone()));
     let app = match console {
         Some(console) => app.nest(
@@ -342,14 +343,20 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally, relay: &RelayTally) 
     );
 }
 
-/// What the handlers share: the ingest pipeline and the body deadline.
+/// What the handlers share: the ingest pipeline, the body deadline and the memory
+/// budget of bodies in flight.
 #[derive(Clone)]
 pub struct Serving {
     ingestor: Arc<Ingestor>,
     body_timeout: std::time::Duration,
+    bodies: BodyBudget,
 }
 
-pub fn router(ingestor: Arc<Ingestor>, body_timeout: std::time::Duration) -> Router {
+pub fn router(
+    ingestor: Arc<Ingestor>,
+    body_timeout: std::time::Duration,
+    bodies: BodyBudget,
+) -> Router {
     Router::new()
         .route("/webhooks/{provider}/{tenant}", any(webhook))
         .route(
@@ -370,6 +377,7 @@ pub fn router(ingestor: Arc<Ingestor>, body_timeout: std::time::Duration) -> Rou
         .with_state(Serving {
             ingestor,
             body_timeout,
+            bodies,
         })
 }
 
@@ -498,6 +506,24 @@ async fn receive(
     if declared.is_some_and(|n| n > limit as u64) {
         return respond(&ingestor.oversize(limit));
     }
+    // The body's memory is reserved before it is read and held until it is answered;
+    // without a declared length, the most it may take.
+    let Some(_reserved) = serving
+        .bodies
+        .try_reserve(declared.unwrap_or(limit as u64 + 1))
+    else {
+        tracing::warn!("webhook refused: the memory budget of bodies in flight is spent");
+        let mut busy = client_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "too many request bodies in flight; please retry",
+        );
+        busy.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            serve_http::BODY_BUDGET_RETRY_AFTER_SECS.into(),
+        );
+        return busy;
+    };
     // Read one byte past the limit so the ingest path itself reports 413 with the
     // same rules as on Lambda; anything larger is refused without buffering it.
     let read = axum::body::to_bytes(body, limit.saturating_add(1));

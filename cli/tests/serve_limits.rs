@@ -386,3 +386,101 @@ fn aliased_paths_and_extra_segments_are_refused_and_store_nothing() {
     let longest = log.lines().map(str::len).max().unwrap_or(0);
     assert!(longest < 2_048, "a log line of {longest} bytes");
 }
+
+/// A connection to `addr` from the local address `ip` (any of 127.0.0.0/8 is loopback
+/// on Linux), so a test can play a second client.
+fn connect_from(ip: &str, addr: &str) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let s = runtime
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(format!("{ip}:0").parse().unwrap())?;
+            let stream = socket.connect(addr.parse().unwrap()).await?;
+            stream.into_std()
+        })
+        .expect("connect from a second loopback address");
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(GUARD)).unwrap();
+    s
+}
+
+#[test]
+fn a_peer_holding_its_connections_cannot_lock_out_another_peers_deliveries() {
+    let server = Server::start(&["--max-connections-per-peer", "4", "--max-connections", "8"]);
+    // Client A (127.0.0.1) holds as many keep-alive connections as it can get, and more.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..12 {
+        let mut s = server.connect();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut line = [0u8; 12];
+        s.read_exact(&mut line).unwrap();
+        match &line {
+            b"HTTP/1.1 200" => held.push(s),
+            b"HTTP/1.1 503" => refused += 1,
+            other => panic!("{:?}", String::from_utf8_lossy(other)),
+        }
+    }
+    assert!(held.len() <= 4, "A got {} connections", held.len());
+    assert!(refused >= 8, "A was refused {refused} times");
+    // Client B (127.0.0.2): every signed delivery is accepted and stored.
+    let ids: Vec<String> = (0..10).map(|n| format!("evt_peer_b_{n}")).collect();
+    for id in &ids {
+        let mut s = connect_from("127.0.0.2", &server.addr);
+        s.write_all(&signed_stripe(id, "/webhooks/stripe/demo"))
+            .unwrap();
+        let (status, body) = parse(&read_until_closed(&mut s));
+        assert_eq!(status, 200, "{id}: {body}");
+        assert_eq!(body["duplicate"], false, "{id}: {body}");
+    }
+    let stored = server.stored();
+    for id in &ids {
+        let key = format!("stripe#demo#{id}");
+        assert!(stored.iter().any(|e| e["key"] == key), "{key} not stored");
+    }
+    drop(held);
+}
+
+#[test]
+fn slow_large_bodies_beyond_the_memory_budget_get_503_and_the_server_serves_on() {
+    let server = Server::start(&[
+        "--max-body-bytes-in-flight",
+        "2000000",
+        "--body-timeout-ms",
+        "1500",
+    ]);
+    // Eight slow 900 kB bodies at once: two fit the budget (and time out unfinished),
+    // the other six are refused before a byte more is read, with Retry-After.
+    let mut slow: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut s = server.connect();
+            s.write_all(b"POST /webhooks/stripe/demo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 900000\r\n\r\n{\"id\":")
+                .unwrap();
+            s
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for s in &mut slow {
+        let raw = read_until_closed(s);
+        let (status, body) = parse(&raw);
+        if status == 503 {
+            assert_eq!(body["error"], "unavailable", "{body}");
+            let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+            assert!(head.contains("\r\nretry-after: 5\r\n"), "{head}");
+        }
+        statuses.push(status);
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [408, 408, 503, 503, 503, 503, 503, 503]);
+    // The budget is back: a genuine delivery is accepted.
+    let (status, body) = exchange(
+        &server,
+        &signed_stripe("evt_after_budget", "/webhooks/stripe/demo"),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(server.stored().len(), 1);
+}
