@@ -57,6 +57,15 @@ pub struct ServeArgs {
     /// is not loopback (without one the console is off there).
     #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
     pub console_token: Option<String>,
+    /// Serve `/metrics` on this address of its own (with small connection limits)
+    /// instead of on `--addr`; e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// The bearer token every `/metrics` scrape must present (`Authorization: Bearer
+    /// …`); without it and without --metrics-addr, `/metrics` is served on a loopback
+    /// --addr only.
+    #[arg(long, env = "EINMAL_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     #[command(flatten)]
     pub limits: ClientLimits,
     #[command(flatten)]
@@ -107,6 +116,9 @@ pub async fn run_with_source(
     domain: Arc<dyn Domain>,
 ) -> Result<ExitCode, String> {
     einmal::telemetry::init_json_logs();
+    if let Some(token) = &args.metrics_token {
+        crate::metrics::check_token(token).map_err(|e| e.to_string())?;
+    }
     let config = source.snapshot();
     // The log redaction masks the tenants' secrets and API credentials.
     einmal::telemetry::redact::register_config(&config);
@@ -168,6 +180,15 @@ pub async fn run_with_source(
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
     let reloads = tokio::spawn(reload_on_hangup(source, hangups));
+    // Bound before the webhook listener, so `/metrics` answers once `--addr` does.
+    let metrics_listener = match args.metrics_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} (--metrics-addr): {e}"))?,
+        ),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
@@ -248,8 +269,45 @@ pub async fn run_with_source(
             .await;
     });
     let bodies = BodyBudget::new(&args.limits);
-    let app = router(ingestor, args.limits.body_timeout(), bodies)
-        .merge(crate::metrics::routes(serve_metrics.clone()));
+    let mut app = router(ingestor, args.limits.body_timeout(), bodies);
+    // `/metrics`: on its own listener; else on `--addr` with the token, or without one
+    // on loopback only (the console's rule): never open to the network.
+    let (metrics_stop_tx, mut metrics_stop) = tokio::sync::watch::channel(false);
+    let metrics_server = match metrics_listener {
+        Some(metrics_listener) => {
+            let routes = crate::metrics::routes(serve_metrics.clone(), args.metrics_token.clone());
+            let limits = args.limits.side_listener();
+            eprintln!(
+                "einmal: metrics on http://{}/metrics{}",
+                args.metrics_addr.expect("bound above"),
+                if args.metrics_token.is_some() {
+                    " (token required)"
+                } else {
+                    ""
+                }
+            );
+            Some(tokio::spawn(async move {
+                serve_http::serve(metrics_listener, routes, &limits, async move {
+                    let _ = metrics_stop.wait_for(|stopped| *stopped).await;
+                })
+                .await;
+            }))
+        }
+        None => {
+            if args.metrics_token.is_some() || args.addr.ip().is_loopback() {
+                app = app.merge(crate::metrics::routes(
+                    serve_metrics.clone(),
+                    args.metrics_token.clone(),
+                ));
+            } else {
+                eprintln!(
+                    "einmal: /metrics off on {}: give --metrics-token or --metrics-addr",
+                    args.addr
+                );
+            }
+            None
+        }
+    };
     let app = match console {
         Some(console) => app.nest(
             crate::console::BASE,
@@ -259,6 +317,10 @@ pub async fn run_with_source(
     };
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
+    let _ = metrics_stop_tx.send(true);
+    if let Some(metrics_server) = metrics_server {
+        let _ = metrics_server.await;
+    }
     let _ = stop_tx.send(true);
     let processed = worker.await.unwrap_or_default();
     let _ = sweep.await;

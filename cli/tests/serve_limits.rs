@@ -484,3 +484,97 @@ fn slow_large_bodies_beyond_the_memory_budget_get_503_and_the_server_serves_on()
     assert_eq!(status, 200, "{body}");
     assert_eq!(server.stored().len(), 1);
 }
+
+/// `GET /metrics` on `addr` with an optional bearer token: status and body.
+fn scrape(addr: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(GUARD)).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let raw = String::from_utf8_lossy(&read_until_closed(&mut s)).into_owned();
+    let status = raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
+    (status, raw.split_once("\r\n\r\n").unwrap().1.to_owned())
+}
+
+/// The value of the sample `name` (no labels) in an exposition.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn metrics_need_the_token_on_the_webhook_listener() {
+    let token = "metrics-test-token-0123456789";
+    let server = Server::start(&["--metrics-token", token]);
+    let (status, _) = exchange(
+        &server,
+        &signed_stripe("evt_metrics_tok", "/webhooks/stripe/demo"),
+    );
+    assert_eq!(status, 200);
+    let (status, body) = scrape(&server.addr, None);
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("einmal_"), "{body}");
+    let (status, _) = scrape(&server.addr, Some("metrics-test-token-wrong-000"));
+    assert_eq!(status, 401);
+    let (status, text) = scrape(&server.addr, Some(token));
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        sample(&text, "einmal_webhooks_accepted_total"),
+        Some(1.0),
+        "{text}"
+    );
+    // A weak token stops the start.
+    let weak = Command::new(env!("CARGO_BIN_EXE_einmal"))
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--metrics-token",
+            "short",
+            "--data-dir",
+        ])
+        .arg(server.data_dir.path().join("weak"))
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(!weak.status.success());
+    assert!(String::from_utf8_lossy(&weak.stderr).contains("too short"));
+}
+
+#[test]
+fn metrics_on_their_own_listener_are_absent_from_the_webhook_listener() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let server = Server::start(&["--metrics-addr", &metrics_addr]);
+    let (status, _) = exchange(
+        &server,
+        &signed_stripe("evt_metrics_own", "/webhooks/stripe/demo"),
+    );
+    assert_eq!(status, 200);
+    let (status, body) = scrape(&server.addr, None);
+    assert_eq!(status, 404, "{body}");
+    // Several scrapers at once all get the same, correct figures.
+    let scrapers: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = metrics_addr.clone();
+            std::thread::spawn(move || scrape(&addr, None))
+        })
+        .collect();
+    for scraper in scrapers {
+        let (status, text) = scraper.join().unwrap();
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(
+            sample(&text, "einmal_webhooks_accepted_total"),
+            Some(1.0),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE einmal_pending_items gauge"), "{text}");
+    }
+}
