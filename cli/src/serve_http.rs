@@ -13,7 +13,8 @@
 //!   same, counted per peer IP address, so one client cannot take every connection and
 //!   lock the other providers out. Behind a reverse proxy the proxy is the one peer
 //!   (`X-Forwarded-For` is not trusted): raise the limit to what the proxy may open.
-//!   The table holds only peers with a connection open (an entry goes at zero).
+//!   The table holds only peers with a connection open (an entry goes at zero). An
+//!   IPv6 peer is its /64 (one host usually holds a whole /64).
 //! - **Body bytes in flight** ([`ClientLimits::max_body_bytes_in_flight`], 64 MiB):
 //!   a webhook reserves its body's declared length (the body cap without one) from a
 //!   [`BodyBudget`] before reading it and holds it until answered; one that finds the
@@ -121,6 +122,18 @@ impl BodyBudget {
     }
 }
 
+/// The peer a connection counts for: an IPv4 address (also when IPv4-mapped), or the
+/// /64 network of an IPv6 one.
+fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
+
 /// Open connections per peer IP address. Only peers with a connection open have an
 /// entry, so the table is bounded by the connection limit, not by traffic.
 #[derive(Debug)]
@@ -200,7 +213,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         // Per peer first: a peer at its limit never takes a global permit.
-        let Some(slot) = PeerTable::acquire(&peers, peer.ip()) else {
+        let Some(slot) = PeerTable::acquire(&peers, peer_of(peer.ip())) else {
             reject(stream, &rejections);
             continue;
         };
@@ -401,6 +414,15 @@ mod tests {
             table.open.lock().unwrap().is_empty(),
             "no entry left behind"
         );
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_its_slash_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(peer_of(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(peer_of(ip("2001:db8:1:2:bbbb::9")), ip("2001:db8:1:2::"));
+        assert_eq!(peer_of(ip("::ffff:10.0.0.7")), ip("10.0.0.7"));
+        assert_eq!(peer_of(ip("10.0.0.7")), ip("10.0.0.7"));
     }
 
     #[test]
