@@ -18,12 +18,20 @@
 //! `_total` counters; the counters are always exact. Nothing grows with traffic: the
 //! histograms have fixed buckets and the label values are the retry causes, the
 //! providers and the configured destinations.
+//!
+//! A scrape costs little and N scrapers cost one store read: the backlog gauges are
+//! read at most once per [`BACKLOG_TTL`] (one reader at a time, the others get the
+//! figures it read), the delivery backlog without bodies. Access: with a metrics token
+//! every scrape needs `Authorization: Bearer <token>`; see `serve` for where
+//! `/metrics` is served.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use einmal::pipeline::relay::{Relay, RelayTally};
@@ -41,6 +49,10 @@ use prometheus_client::registry::{self, Registry};
 /// Most pending items one scrape reads for `PendingItems` (the sweeper's default
 /// batch): beyond it the gauge is a lower bound, and a scrape stays cheap.
 const PENDING_SCAN_MAX: usize = 100;
+/// How long the backlog gauges read from the store serve scrapes.
+pub const BACKLOG_TTL: Duration = Duration::from_secs(5);
+/// The shortest metrics token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -109,6 +121,9 @@ pub struct ServeMetrics {
     relay: Option<Arc<Relay>>,
     sweep: Arc<dyn InboxSweep>,
     destinations: Vec<String>,
+    /// When the backlog gauges were last read; held across the read, so concurrent
+    /// scrapes wait for one read instead of each doing their own.
+    backlog_read: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// `WebhooksAccepted` → `webhooks_accepted`.
@@ -221,6 +236,7 @@ impl ServeMetrics {
             relay,
             sweep,
             destinations,
+            backlog_read: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -368,7 +384,13 @@ impl ServeMetrics {
     /// The whole exposition, as of `now_ms`.
     pub async fn render(&self, now_ms: i64) -> String {
         drop(self.drain());
-        self.read_backlog(now_ms).await;
+        {
+            let mut last = self.backlog_read.lock().await;
+            if last.is_none_or(|at| at.elapsed() >= BACKLOG_TTL) {
+                self.read_backlog(now_ms).await;
+                *last = Some(Instant::now());
+            }
+        }
         let mut out = String::new();
         if let Err(e) = encode(&mut out, &self.registry) {
             tracing::warn!(error = %e, "metrics: cannot encode");
@@ -420,27 +442,109 @@ fn merge_relay(into: &mut RelayTally, from: RelayTally) {
     add(&mut into.superseded, from.superseded);
 }
 
-/// `GET /metrics`, merged into `einmal serve`'s router.
-pub fn routes(metrics: Arc<ServeMetrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(scrape))
-        .with_state(metrics)
+/// A metrics token that is not fit to guard `/metrics`.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsTokenError {
+    #[error("the metrics token is empty")]
+    Empty,
+    #[error("the metrics token is too short (at least {MIN_TOKEN_LEN} characters)")]
+    TooShort,
 }
 
-async fn scrape(State(metrics): State<Arc<ServeMetrics>>) -> impl IntoResponse {
-    let body = metrics.render(einmal::time::now_millis()).await;
+/// Check a configured metrics token (at start: a weak one stops `einmal serve`).
+pub fn check_token(token: &str) -> Result<(), MetricsTokenError> {
+    if token.trim().is_empty() {
+        Err(MetricsTokenError::Empty)
+    } else if token.len() < MIN_TOKEN_LEN {
+        Err(MetricsTokenError::TooShort)
+    } else {
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+struct Scrape {
+    metrics: Arc<ServeMetrics>,
+    /// `Some`: every scrape presents it as a bearer token.
+    token: Option<Arc<str>>,
+}
+
+/// `GET /metrics`, for `einmal serve`'s router or its own listener.
+pub fn routes(metrics: Arc<ServeMetrics>, token: Option<String>) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(Scrape {
+            metrics,
+            token: token.map(Arc::from),
+        })
+}
+
+/// Whether `headers` carry `Authorization: Bearer <expected>` (constant time).
+fn authorized(headers: &HeaderMap, expected: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| {
+            let given = given.trim();
+            given.len() == expected.len() && bool::from(given.as_bytes().ct_eq(expected.as_bytes()))
+        })
+}
+
+async fn scrape(State(scrape): State<Scrape>, headers: HeaderMap) -> Response {
+    if let Some(token) = &scrape.token {
+        if !authorized(&headers, token) {
+            let body = serde_json::json!({
+                "error": "unauthorized",
+                "message": "/metrics needs Authorization: Bearer <metrics token>",
+            })
+            .to_string();
+            return (
+                StatusCode::UNAUTHORIZED,
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::WWW_AUTHENTICATE, "Bearer"),
+                ],
+                body,
+            )
+                .into_response();
+        }
+    }
+    let body = scrape.metrics.render(einmal::time::now_millis()).await;
     (
         [(
-            axum::http::header::CONTENT_TYPE,
+            header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         body,
     )
+        .into_response()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_bearer_token_is_authorized() {
+        let token = "metrics-token-0123456789";
+        let mut headers = HeaderMap::new();
+        assert!(!authorized(&headers, token));
+        headers.insert(
+            header::AUTHORIZATION,
+            "Bearer metrics-token-0123456780".parse().unwrap(),
+        );
+        assert!(!authorized(&headers, token));
+        headers.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        assert!(authorized(&headers, token));
+        assert!(check_token("short").is_err());
+        assert!(check_token("   ").is_err());
+        assert!(check_token(token).is_ok());
+    }
 
     #[test]
     fn catalogue_names_become_prometheus_names() {

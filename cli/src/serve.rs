@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
@@ -35,7 +35,7 @@ use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{Samples, WorkerTally};
 use einmal::telemetry::IngestCounts;
 
-use crate::serve_http::{self, ClientLimits};
+use crate::serve_http::{self, BodyBudget, ClientLimits};
 
 /// How often the local sweeper runs.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -57,6 +57,15 @@ pub struct ServeArgs {
     /// is not loopback (without one the console is off there).
     #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
     pub console_token: Option<String>,
+    /// Serve `/metrics` on this address of its own (with small connection limits)
+    /// instead of on `--addr`; e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// The bearer token every `/metrics` scrape must present (`Authorization: Bearer
+    /// …`); without it and without --metrics-addr, `/metrics` is served on a loopback
+    /// --addr only.
+    #[arg(long, env = "EINMAL_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     #[command(flatten)]
     pub limits: ClientLimits,
     #[command(flatten)]
@@ -107,6 +116,9 @@ pub async fn run_with_source(
     domain: Arc<dyn Domain>,
 ) -> Result<ExitCode, String> {
     einmal::telemetry::init_json_logs();
+    if let Some(token) = &args.metrics_token {
+        crate::metrics::check_token(token).map_err(|e| e.to_string())?;
+    }
     let config = source.snapshot();
     // The log redaction masks the tenants' secrets and API credentials.
     einmal::telemetry::redact::register_config(&config);
@@ -168,6 +180,15 @@ pub async fn run_with_source(
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
     let reloads = tokio::spawn(reload_on_hangup(source, hangups));
+    // Bound before the webhook listener, so `/metrics` answers once `--addr` does.
+    let metrics_listener = match args.metrics_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr} (--metrics-addr): {e}"))?,
+        ),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
@@ -247,8 +268,46 @@ pub async fn run_with_source(
             })
             .await;
     });
-    let app = router(ingestor, args.limits.body_timeout())
-        .merge(crate::metrics::routes(serve_metrics.clone()));
+    let bodies = BodyBudget::new(&args.limits);
+    let mut app = router(ingestor, args.limits.body_timeout(), bodies);
+    // `/metrics`: on its own listener; else on `--addr` with the token, or without one
+    // on loopback only (the console's rule): never open to the network.
+    let (metrics_stop_tx, mut metrics_stop) = tokio::sync::watch::channel(false);
+    let metrics_server = match metrics_listener {
+        Some(metrics_listener) => {
+            let routes = crate::metrics::routes(serve_metrics.clone(), args.metrics_token.clone());
+            let limits = args.limits.side_listener();
+            eprintln!(
+                "einmal: metrics on http://{}/metrics{}",
+                args.metrics_addr.expect("bound above"),
+                if args.metrics_token.is_some() {
+                    " (token required)"
+                } else {
+                    ""
+                }
+            );
+            Some(tokio::spawn(async move {
+                serve_http::serve(metrics_listener, routes, &limits, async move {
+                    let _ = metrics_stop.wait_for(|stopped| *stopped).await;
+                })
+                .await;
+            }))
+        }
+        None => {
+            if args.metrics_token.is_some() || args.addr.ip().is_loopback() {
+                app = app.merge(crate::metrics::routes(
+                    serve_metrics.clone(),
+                    args.metrics_token.clone(),
+                ));
+            } else {
+                eprintln!(
+                    "einmal: /metrics off on {}: give --metrics-token or --metrics-addr",
+                    args.addr
+                );
+            }
+            None
+        }
+    };
     let app = match console {
         Some(console) => app.nest(
             crate::console::BASE,
@@ -258,6 +317,10 @@ pub async fn run_with_source(
     };
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.
     serve_http::serve(listener, app, &args.limits, serve_http::shutdown_signal()).await;
+    let _ = metrics_stop_tx.send(true);
+    if let Some(metrics_server) = metrics_server {
+        let _ = metrics_server.await;
+    }
     let _ = stop_tx.send(true);
     let processed = worker.await.unwrap_or_default();
     let _ = sweep.await;
@@ -342,14 +405,20 @@ fn log_figures(intake: &IngestCounts, worker: &WorkerTally, relay: &RelayTally) 
     );
 }
 
-/// What the handlers share: the ingest pipeline and the body deadline.
+/// What the handlers share: the ingest pipeline, the body deadline and the memory
+/// budget of bodies in flight.
 #[derive(Clone)]
 pub struct Serving {
     ingestor: Arc<Ingestor>,
     body_timeout: std::time::Duration,
+    bodies: BodyBudget,
 }
 
-pub fn router(ingestor: Arc<Ingestor>, body_timeout: std::time::Duration) -> Router {
+pub fn router(
+    ingestor: Arc<Ingestor>,
+    body_timeout: std::time::Duration,
+    bodies: BodyBudget,
+) -> Router {
     Router::new()
         .route("/webhooks/{provider}/{tenant}", any(webhook))
         .route(
@@ -370,6 +439,7 @@ pub fn router(ingestor: Arc<Ingestor>, body_timeout: std::time::Duration) -> Rou
         .with_state(Serving {
             ingestor,
             body_timeout,
+            bodies,
         })
 }
 
@@ -395,8 +465,40 @@ fn bad_path(rejection: &PathRejection) -> Response {
     )
 }
 
+/// The most bytes of a path token segment (`/webhooks/{provider}/{tenant}/{token}`).
+const MAX_TOKEN_SEGMENT: usize = 256;
+
+/// Whether the raw (not decoded) path names a provider and a tenant as configuration
+/// spells them: no percent-encoding (`/webhooks/str%69pe/demo` is no alias of
+/// `stripe`), at most 128 bytes each (`config::is_valid_name`), and a token segment of
+/// at most [`MAX_TOKEN_SEGMENT`] bytes.
+fn literal_names(uri: &Uri) -> bool {
+    let Some(rest) = uri.path().strip_prefix("/webhooks/") else {
+        return false;
+    };
+    let mut segments = rest.split('/');
+    let names = (segments.next(), segments.next());
+    let token_ok = segments
+        .next()
+        .is_none_or(|token| token.len() <= MAX_TOKEN_SEGMENT);
+    matches!(names, (Some(p), Some(t)) if einmal::config::is_valid_name(p) && einmal::config::is_valid_name(t))
+        && token_ok
+        && segments.next().is_none()
+}
+
+/// The answer for a path that is no literal provider/tenant pair: the one 404 of
+/// unknown tenants, nothing read or stored; the log has the path's length, not the path.
+fn not_literal(uri: &Uri) -> Response {
+    tracing::info!(
+        path_bytes = uri.path().len(),
+        "webhook rejected: the path does not name a provider and a tenant literally"
+    );
+    respond(&IngestResponse::not_found())
+}
+
 async fn webhook(
     State(serving): State<Serving>,
+    uri: Uri,
     path: Result<Path<(String, String)>, PathRejection>,
     method: Method,
     headers: HeaderMap,
@@ -407,6 +509,9 @@ async fn webhook(
         Ok(path) => path,
         Err(rejection) => return bad_path(&rejection),
     };
+    if !literal_names(&uri) {
+        return not_literal(&uri);
+    }
     receive(
         serving, provider, tenant, None, method, headers, query, body,
     )
@@ -415,6 +520,7 @@ async fn webhook(
 
 async fn webhook_with_token(
     State(serving): State<Serving>,
+    uri: Uri,
     path: Result<Path<(String, String, String)>, PathRejection>,
     method: Method,
     headers: HeaderMap,
@@ -425,6 +531,9 @@ async fn webhook_with_token(
         Ok(path) => path,
         Err(rejection) => return bad_path(&rejection),
     };
+    if !literal_names(&uri) {
+        return not_literal(&uri);
+    }
     receive(
         serving,
         provider,
@@ -459,6 +568,24 @@ async fn receive(
     if declared.is_some_and(|n| n > limit as u64) {
         return respond(&ingestor.oversize(limit));
     }
+    // The body's memory is reserved before it is read and held until it is answered;
+    // without a declared length, the most it may take.
+    let Some(_reserved) = serving
+        .bodies
+        .try_reserve(declared.unwrap_or(limit as u64 + 1))
+    else {
+        tracing::warn!("webhook refused: the memory budget of bodies in flight is spent");
+        let mut busy = client_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "too many request bodies in flight; please retry",
+        );
+        busy.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            serve_http::BODY_BUDGET_RETRY_AFTER_SECS.into(),
+        );
+        return busy;
+    };
     // Read one byte past the limit so the ingest path itself reports 413 with the
     // same rules as on Lambda; anything larger is refused without buffering it.
     let read = axum::body::to_bytes(body, limit.saturating_add(1));

@@ -9,15 +9,28 @@
 //!   limit is refused with 413 before a byte of it is read.
 //! - **Connections** ([`ClientLimits::max_connections`], 512): one permit per open
 //!   connection; one over the limit is answered 503 (JSON) and closed.
+//! - **Connections per peer** ([`ClientLimits::max_connections_per_peer`], 32): the
+//!   same, counted per peer IP address, so one client cannot take every connection and
+//!   lock the other providers out. Behind a reverse proxy the proxy is the one peer
+//!   (`X-Forwarded-For` is not trusted): raise the limit to what the proxy may open.
+//!   The table holds only peers with a connection open (an entry goes at zero). An
+//!   IPv6 peer is its /64 (one host usually holds a whole /64).
+//! - **Body bytes in flight** ([`ClientLimits::max_body_bytes_in_flight`], 64 MiB):
+//!   a webhook reserves its body's declared length (the body cap without one) from a
+//!   [`BodyBudget`] before reading it and holds it until answered; one that finds the
+//!   budget spent is answered 503 with `Retry-After`, never a 4xx, so the provider
+//!   retries it. `/console` and `/metrics` take nothing from it.
 //! - **Framing errors**: what hyper answers itself for a request it cannot parse (400,
 //!   414, 431 with an empty body) is rewritten to the JSON error every other answer has.
 //! - **Shutdown**: on SIGTERM or Ctrl-C the listener closes, open connections finish
 //!   their request and close, bounded by [`SHUTDOWN_DRAIN`].
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,7 +41,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long open connections may take to finish after a shutdown signal.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
@@ -50,6 +63,14 @@ pub struct ClientLimits {
     /// Connections open at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub max_connections: u64,
+    /// Connections one peer IP address may hold at once (behind a reverse proxy, the
+    /// proxy is that peer); one more is answered 503 and closed.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_connections_per_peer: u64,
+    /// Bytes of webhook bodies being read and handled at once, over all connections;
+    /// a webhook that finds them spent is answered 503 with Retry-After.
+    #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_body_bytes_in_flight: u32,
 }
 
 impl ClientLimits {
@@ -59,6 +80,105 @@ impl ClientLimits {
 
     pub fn body_timeout(&self) -> Duration {
         Duration::from_millis(self.body_timeout_ms)
+    }
+
+    /// The small bounds of a side listener (`--metrics-addr`): a few scrapers.
+    pub fn side_listener(&self) -> ClientLimits {
+        ClientLimits {
+            max_connections: 16,
+            max_connections_per_peer: 8,
+            max_body_bytes_in_flight: 1 << 16,
+            ..self.clone()
+        }
+    }
+}
+
+/// Seconds a webhook refused for a spent [`BodyBudget`] is asked to wait.
+pub const BODY_BUDGET_RETRY_AFTER_SECS: u64 = 5;
+
+/// Bytes of request bodies held in memory at once (one permit a byte).
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    total: u32,
+}
+
+impl BodyBudget {
+    pub fn new(limits: &ClientLimits) -> Self {
+        BodyBudget {
+            bytes: Arc::new(Semaphore::new(limits.max_body_bytes_in_flight as usize)),
+            total: limits.max_body_bytes_in_flight,
+        }
+    }
+
+    /// Reserve `bytes` (at most the whole budget, so one body always fits an idle
+    /// server), or `None` when they are not free now. Never waits: a waiting request
+    /// would hold its connection and the memory of its head.
+    pub fn try_reserve(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
+        let n = u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total);
+        self.bytes.clone().try_acquire_many_owned(n).ok()
+    }
+}
+
+/// The peer a connection counts for: an IPv4 address (also when IPv4-mapped), or the
+/// /64 network of an IPv6 one.
+fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
+
+/// Open connections per peer IP address. Only peers with a connection open have an
+/// entry, so the table is bounded by the connection limit, not by traffic.
+#[derive(Debug)]
+struct PeerTable {
+    open: Mutex<HashMap<IpAddr, u64>>,
+    limit: u64,
+}
+
+/// One connection of a peer; dropping it gives the slot back.
+struct PeerSlot {
+    table: Arc<PeerTable>,
+    ip: IpAddr,
+}
+
+impl PeerTable {
+    fn new(limit: u64) -> Arc<PeerTable> {
+        Arc::new(PeerTable {
+            open: Mutex::new(HashMap::new()),
+            limit,
+        })
+    }
+
+    fn acquire(table: &Arc<PeerTable>, ip: IpAddr) -> Option<PeerSlot> {
+        let mut open = table.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= table.limit {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            table: table.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -71,6 +191,7 @@ pub async fn serve(
 ) {
     let permits = usize::try_from(limits.max_connections).unwrap_or(usize::MAX);
     let connections = Arc::new(Semaphore::new(permits));
+    let peers = PeerTable::new(limits.max_connections_per_peer);
     let rejections = Arc::new(Semaphore::new(MAX_PENDING_REJECTIONS));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -79,9 +200,9 @@ pub async fn serve(
         .keep_alive(true);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -91,7 +212,13 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Per peer first: a peer at its limit never takes a global permit.
+        let Some(slot) = PeerTable::acquire(&peers, peer_of(peer.ip())) else {
+            reject(stream, &rejections);
+            continue;
+        };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
+            drop(slot);
             reject(stream, &rejections);
             continue;
         };
@@ -103,6 +230,7 @@ pub async fn serve(
             // Client errors (resets, timeouts, bad framing) end only their connection.
             let _ = conn.await;
             drop(permit);
+            drop(slot);
         });
     }
     drop(listener);
@@ -271,6 +399,47 @@ impl AsyncWrite for JsonFramingErrors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_is_bounded_and_its_entry_goes_at_zero() {
+        let table = PeerTable::new(2);
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let b: IpAddr = "127.0.0.2".parse().unwrap();
+        let one = PeerTable::acquire(&table, a).expect("first");
+        let two = PeerTable::acquire(&table, a).expect("second");
+        assert!(PeerTable::acquire(&table, a).is_none(), "over the limit");
+        let other = PeerTable::acquire(&table, b).expect("another peer has room");
+        drop((one, two, other));
+        assert!(
+            table.open.lock().unwrap().is_empty(),
+            "no entry left behind"
+        );
+    }
+
+    #[test]
+    fn an_ipv6_peer_is_its_slash_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(peer_of(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(peer_of(ip("2001:db8:1:2:bbbb::9")), ip("2001:db8:1:2::"));
+        assert_eq!(peer_of(ip("::ffff:10.0.0.7")), ip("10.0.0.7"));
+        assert_eq!(peer_of(ip("10.0.0.7")), ip("10.0.0.7"));
+    }
+
+    #[test]
+    fn the_body_budget_is_shared_and_one_body_always_fits_when_idle() {
+        let limits = ClientLimits {
+            header_read_timeout_ms: 1,
+            body_timeout_ms: 1,
+            max_connections: 1,
+            max_connections_per_peer: 1,
+            max_body_bytes_in_flight: 100,
+        };
+        let budget = BodyBudget::new(&limits);
+        let first = budget.try_reserve(60).expect("free");
+        assert!(budget.try_reserve(60).is_none(), "spent");
+        drop(first);
+        assert!(budget.try_reserve(1_000).is_some(), "clamped to the budget");
+    }
 
     #[test]
     fn only_hypers_empty_error_answers_are_replaced() {

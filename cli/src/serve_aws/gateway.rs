@@ -23,6 +23,8 @@ use lambda_http::aws_lambda_events::apigw::{
 use lambda_http::request::LambdaRequest;
 use receiver::Receiver;
 
+use crate::serve_http::BodyBudget;
+
 /// API Gateway's payload limit.
 const MAX_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
 /// The receiver's Lambda timeout (the template's `Timeout: 10`).
@@ -32,47 +34,45 @@ const FUNCTION_TIMEOUT: Duration = Duration::from_secs(10);
 const ROUTE: &str = "/webhooks/{provider}/{tenant}";
 const ROUTE_WITH_TOKEN: &str = "/webhooks/{provider}/{tenant}/{token}";
 
-pub fn router(receiver: Arc<Receiver>) -> Router {
+/// The receiver and the memory budget of bodies in flight (`--max-body-bytes-in-flight`).
+#[derive(Clone)]
+pub struct Gateway {
+    receiver: Arc<Receiver>,
+    bodies: BodyBudget,
+}
+
+pub fn router(receiver: Arc<Receiver>, bodies: BodyBudget) -> Router {
     Router::new()
         .route(ROUTE, any(invoke))
         .route(ROUTE_WITH_TOKEN, any(invoke_with_token))
         .fallback(|| async { gateway_error(StatusCode::NOT_FOUND, "Not Found") })
-        .with_state(receiver)
+        .with_state(Gateway { receiver, bodies })
 }
 
 async fn invoke(
-    State(receiver): State<Arc<Receiver>>,
+    State(gateway): State<Gateway>,
     path: Option<Path<HashMap<String, String>>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    call(&receiver, ROUTE, path, method, uri, headers, body).await
+    call(&gateway, ROUTE, path, method, uri, headers, body).await
 }
 
 async fn invoke_with_token(
-    State(receiver): State<Arc<Receiver>>,
+    State(gateway): State<Gateway>,
     path: Option<Path<HashMap<String, String>>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    call(
-        &receiver,
-        ROUTE_WITH_TOKEN,
-        path,
-        method,
-        uri,
-        headers,
-        body,
-    )
-    .await
+    call(&gateway, ROUTE_WITH_TOKEN, path, method, uri, headers, body).await
 }
 
 async fn call(
-    receiver: &Receiver,
+    gateway: &Gateway,
     route: &str,
     path: Option<Path<HashMap<String, String>>>,
     method: Method,
@@ -83,6 +83,23 @@ async fn call(
     if method != Method::GET && method != Method::POST {
         return gateway_error(StatusCode::NOT_FOUND, "Not Found");
     }
+    // The body's memory is reserved before it is read (as `einmal serve` does): many
+    // large bodies at once get 503 and a retry, not all of the machine's memory.
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(MAX_PAYLOAD_BYTES as u64)
+        .min(MAX_PAYLOAD_BYTES as u64 + 1);
+    let Some(_reserved) = gateway.bodies.try_reserve(declared) else {
+        let mut busy = gateway_error(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable");
+        busy.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            crate::serve_http::BODY_BUDGET_RETRY_AFTER_SECS.into(),
+        );
+        return busy;
+    };
+    let receiver = &gateway.receiver;
     let Ok(body) = axum::body::to_bytes(body, MAX_PAYLOAD_BYTES).await else {
         return gateway_error(StatusCode::PAYLOAD_TOO_LARGE, "Request Entity Too Large");
     };

@@ -170,7 +170,8 @@ pub async fn run(
         stop_rx.clone(),
     );
 
-    let app = gateway::router(Arc::new(receiver));
+    let bodies = crate::serve_http::BodyBudget::new(&args.limits);
+    let app = gateway::router(Arc::new(receiver), bodies);
     // SIGTERM or Ctrl-C: the listener drains, the pollers stop receiving and finish
     // the batch in hand, a scheduled run in progress completes.
     crate::serve_http::serve(

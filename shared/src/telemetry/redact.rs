@@ -15,6 +15,9 @@
 //! The format is one flat JSON object per line: `ts`, `level`, the event's fields
 //! (`message` first), then the fields of the spans in scope (root first). Our own
 //! lines carry no `target` (bytes are billed); lines of other crates do.
+//!
+//! Every field value is capped at [`MAX_FIELD_BYTES`] (masked first, then cut with a
+//! marker): a value a client chose (a 20 kB path segment) cannot make a line huge.
 
 use std::fmt;
 use std::sync::RwLock;
@@ -31,6 +34,10 @@ use crate::config::Config;
 
 /// What a masked value becomes.
 pub const REDACTED: &str = "[redacted]";
+/// The most bytes of one field value in a line; longer ones are cut with a marker.
+pub const MAX_FIELD_BYTES: usize = 512;
+/// What follows a cut value.
+const CUT_MARKER: &str = "…[truncated]";
 /// Shorter secret values are not masked by value (they would mask innocent text);
 /// field-name masking still applies.
 pub const MIN_SECRET_LEN: usize = 8;
@@ -238,6 +245,26 @@ pub fn mask_secrets(line: &mut String) {
     *line = masked;
 }
 
+/// `value` cut to [`MAX_FIELD_BYTES`] (on a char boundary) with a marker. A long value
+/// is masked before the cut, so a cut never leaves the prefix of a secret behind; a
+/// short one is masked with the whole line.
+pub fn clip(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.len() <= MAX_FIELD_BYTES {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut owned = value.to_string();
+    mask_secrets(&mut owned);
+    if owned.len() > MAX_FIELD_BYTES {
+        let mut end = MAX_FIELD_BYTES;
+        while !owned.is_char_boundary(end) {
+            end -= 1;
+        }
+        owned.truncate(end);
+        owned.push_str(CUT_MARKER);
+    }
+    std::borrow::Cow::Owned(owned)
+}
+
 /// Span fields left out of every line: the Lambda runtime's invocation span carries
 /// the whole X-Ray header (~90 bytes); our ingest and processing lines carry its
 /// `trace_id` (the root) where it matters, and log bytes are billed.
@@ -273,7 +300,7 @@ impl JsonFieldsVisitor<'_> {
 impl Visit for JsonFieldsVisitor<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if self.key(field) {
-            push_json_str(self.out, value);
+            push_json_str(self.out, &clip(value));
         }
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
@@ -302,12 +329,12 @@ impl Visit for JsonFieldsVisitor<'_> {
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
         if self.key(field) {
-            push_json_str(self.out, &value.to_string());
+            push_json_str(self.out, &clip(&value.to_string()));
         }
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         if self.key(field) {
-            push_json_str(self.out, &format!("{value:?}"));
+            push_json_str(self.out, &clip(&format!("{value:?}")));
         }
     }
 }
@@ -406,6 +433,29 @@ mod tests {
     use std::io;
     use std::sync::{Arc, Mutex};
     use tracing_subscriber::fmt::MakeWriter;
+
+    #[test]
+    fn long_values_are_masked_then_cut() {
+        assert_eq!(clip("short"), "short");
+        let secret = "clip-secret-value-0123456789";
+        register_secret(secret);
+        // The secret straddles the cut: masked first, so no prefix of it is left.
+        let value = format!(
+            "{}{secret}{}",
+            "a".repeat(MAX_FIELD_BYTES - 5),
+            "b".repeat(100)
+        );
+        let cut = clip(&value);
+        assert!(
+            cut.len() <= MAX_FIELD_BYTES + CUT_MARKER.len(),
+            "{}",
+            cut.len()
+        );
+        assert!(cut.ends_with(CUT_MARKER));
+        assert!(!cut.contains("clip-"), "{cut}");
+        let wide = "é".repeat(MAX_FIELD_BYTES);
+        assert!(clip(&wide).ends_with(CUT_MARKER), "cut on a char boundary");
+    }
 
     #[test]
     fn secrets_are_masked_in_one_pass_longest_first() {
