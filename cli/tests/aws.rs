@@ -188,7 +188,9 @@ impl Aws {
             .env_remove("AWS_PROFILE")
             .env_remove("AWS_SESSION_TOKEN")
             .env_remove("EINMAL_CONFIG")
-            .env_remove("EINMAL_CONFIG_PARAMETER");
+            .env_remove("EINMAL_CONFIG_PARAMETER")
+            // An operator's shell: audited commands name $USER unless --actor says.
+            .env("USER", "ops-shell");
         for (k, v) in &self.env {
             command.env(k, v);
         }

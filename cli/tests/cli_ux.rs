@@ -204,6 +204,8 @@ async fn each_kind_of_failure_has_its_exit_code_and_json_error() {
         "evt_nope",
         "--reason",
         "check",
+        "--actor",
+        "ops",
         "--data-dir",
         data_dir,
     ]);
