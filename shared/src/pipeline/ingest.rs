@@ -382,9 +382,13 @@ impl Ingestor {
         let tenant = config
             .tenant(provider_name, tenant_name)
             .ok_or(IngestError::NotFound)?;
-        // A third path segment only where the tenant has a path token: otherwise
-        // `/webhooks/stripe/demo/anything` would alias the tenant's endpoint.
-        if request.path_token.is_some() && tenant.option(thin::PATH_TOKEN_OPTION).is_none() {
+        // A third path segment only for a provider that authenticates by one:
+        // otherwise `/webhooks/stripe/demo/anything` would alias the tenant's endpoint.
+        // (A token-URL provider's tenant without a token answers 401 when verified.)
+        if request.path_token.is_some()
+            && !provider.options().contains(&thin::PATH_TOKEN_OPTION)
+            && tenant.option(thin::PATH_TOKEN_OPTION).is_none()
+        {
             return Err(IngestError::NotFound);
         }
         if !provider.accepts_method(&request.method) {
