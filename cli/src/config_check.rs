@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use einmal::config::{Config, ConfigError};
+use einmal::config::ConfigError;
+use einmal_cli::config_file::ConfigFileError;
 
 /// Exit code of `einmal config check` when the configuration has problems (4 means it
 /// could not be read, like every other failure).
@@ -41,12 +42,12 @@ fn size_warning(config: &std::path::Path) -> Option<String> {
     })
 }
 
-pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
+pub async fn run(command: ConfigCommand) -> Result<ExitCode, String> {
     let ConfigCommand::Check { config, json } = command;
     if let Some(warning) = size_warning(&config) {
         eprintln!("{warning}");
     }
-    match Config::load(&config) {
+    match einmal_cli::config_file::load_checked(&config).await {
         Ok(loaded) if json => {
             println!(
                 "{}",
@@ -69,8 +70,9 @@ pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Err(err @ ConfigError::Read { .. }) => Err(err.to_string()),
-        Err(err) if json => {
+        Err(ConfigFileError::Fetch(reason)) => Err(reason),
+        Err(ConfigFileError::Config(err @ ConfigError::Read { .. })) => Err(err.to_string()),
+        Err(ConfigFileError::Config(err)) if json => {
             println!(
                 "{}",
                 serde_json::json!({
@@ -81,7 +83,7 @@ pub fn run(command: ConfigCommand) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::from(EXIT_INVALID))
         }
-        Err(err) => {
+        Err(ConfigFileError::Config(err)) => {
             for line in err.lines() {
                 println!("{line}");
             }

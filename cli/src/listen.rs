@@ -174,7 +174,7 @@ fn destination_toml(d: &DestinationConfig, args: &ListenArgs) -> String {
 
 /// `einmal listen` with `domain` deciding (the stock binary passes the reference domain).
 pub async fn run(args: ListenArgs, domain: std::sync::Arc<dyn Domain>) -> Result<ExitCode, String> {
-    let mut config = Config::load(&args.serve.config).map_err(|e| e.to_string())?;
+    let mut config = einmal_cli::config_file::load(&args.serve.config).await?;
     let secret = signing_secret(&args)?;
     add_destinations(&mut config, &args, secret.clone())?;
     // First, so a script can read it from the first line.
@@ -268,9 +268,26 @@ struct Printing {
 impl Sink for Printing {
     async fn deliver(&self, message: &Message) -> Result<Delivered, SinkError> {
         let started = Instant::now();
-        let outcome = self.inner.deliver(message).await;
+        let outcome = retry_client_errors(self.inner.deliver(message).await);
         println!("{}", attempt_line(message, &outcome, started.elapsed()));
         outcome
+    }
+}
+
+/// While an app is developed a 4xx is usually the bug being fixed, not a verdict: it is
+/// retried (on the destination's backoff) instead of dead-lettered, so the event arrives
+/// once the fix is in. `410 Gone` stays final.
+fn retry_client_errors(outcome: Result<Delivered, SinkError>) -> Result<Delivered, SinkError> {
+    match outcome {
+        Err(SinkError::Permanent {
+            status: Some(status),
+            detail,
+        }) if (400..500).contains(&status) && status != 410 => Err(SinkError::Retry {
+            status: Some(status),
+            retry_after: None,
+            detail: format!("{detail}; listen retries a 4xx, fix the app and it is sent again"),
+        }),
+        other => other,
     }
 }
 
@@ -303,6 +320,38 @@ fn attempt_line(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_error_is_retried_except_gone() {
+        let permanent = |status| {
+            Err(SinkError::Permanent {
+                status: Some(status),
+                detail: "Bad Request".into(),
+            })
+        };
+        assert!(matches!(
+            retry_client_errors(permanent(400)),
+            Err(SinkError::Retry {
+                status: Some(400),
+                ..
+            })
+        ));
+        assert!(matches!(
+            retry_client_errors(permanent(410)),
+            Err(SinkError::Permanent {
+                status: Some(410),
+                ..
+            })
+        ));
+        // Not an answer of the app (a refused address): unchanged.
+        assert!(matches!(
+            retry_client_errors(Err(SinkError::Permanent {
+                status: None,
+                detail: "refused".into()
+            })),
+            Err(SinkError::Permanent { status: None, .. })
+        ));
+    }
 
     #[test]
     fn an_attempt_line_names_the_event_and_the_outcome() {

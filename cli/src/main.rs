@@ -151,7 +151,7 @@ async fn main() -> ExitCode {
         Command::Listen(args) => listen::run(args, Arc::new(ReferenceDomain::new()))
             .await
             .map_err(CliError::from),
-        Command::Config { command } => config_check::run(command).map_err(CliError::from),
+        Command::Config { command } => config_check::run(command).await.map_err(CliError::from),
         // The business's view of its orders: the reference domain's.
         Command::Reconcile(args) => reconcile::run(args, Arc::new(ReferenceDomain)).await,
         Command::Send(args) => send::run(args).await.map_err(CliError::from),

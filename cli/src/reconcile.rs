@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use einmal::config::Config;
 use einmal::config_source::ConfigSource;
 use einmal::domain::payment_view::PaymentView;
 use einmal::https::HttpsClient;
@@ -55,7 +54,7 @@ pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<Exit
     };
     // Before any work: a run whose audit record could not name who ran it.
     let actor = crate::ops::audit_actor(args.actor.clone())?;
-    let config = Arc::new(Config::load(&args.config).map_err(|e| e.to_string())?);
+    let config = Arc::new(einmal_cli::config_file::load(&args.config).await?);
     let store = args.store.open().await?;
     let state = args.store.open_state().await?;
     let ingestor = Arc::new(Ingestor::from_store(

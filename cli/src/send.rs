@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use einmal::config::Config;
 use einmal::providers;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -41,7 +40,7 @@ pub struct SendArgs {
 }
 
 pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
-    let config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    let config = einmal_cli::config_file::load_tenants(&args.config).await?;
     let provider = providers::lookup(&args.provider).ok_or_else(|| {
         let known: Vec<_> = providers::all().iter().map(|p| p.name()).collect();
         format!(

@@ -82,7 +82,7 @@ pub async fn run(args: ServeArgs, domain: Arc<dyn Domain>) -> Result<ExitCode, S
             .await
             .map_err(|e| e.to_string());
     }
-    let config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    let config = crate::config_file::load(&args.config).await?;
     let loader = Arc::new(FileLoader(args.config.clone()));
     run_with_source(args, ConfigSource::on_demand(config, loader), None, domain).await
 }
@@ -93,7 +93,7 @@ struct FileLoader(PathBuf);
 #[async_trait::async_trait]
 impl einmal::config_source::ConfigLoader for FileLoader {
     async fn load(&self) -> Result<Config, String> {
-        Config::load(&self.0).map_err(|e| e.to_string())
+        crate::config_file::load(&self.0).await
     }
 }
 

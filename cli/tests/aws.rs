@@ -1141,3 +1141,73 @@ async fn console_with_backend_aws_lists_events_and_replays_a_dead_letter_audited
         "{page}"
     );
 }
+
+/// `einmal config check` on a file with `{ ssm = … }` references fetches them with the
+/// caller's credentials (here moto's), as the functions do: valid when they exist, a
+/// problem at the reference's line naming the parameter when one does not.
+#[tokio::test]
+async fn config_check_resolves_ssm_secret_references() {
+    let moto = moto::shared();
+    let sdk = moto.sdk_config().await;
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    let base = format!("/einmal/{}", moto::unique_name("check-refs"));
+    ssm.put_parameter()
+        .name(format!("{base}/secrets/shop-db"))
+        .value("host=db.internal user=einmal password=NEVER_PRINTED dbname=shop")
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("einmal.toml");
+    let write = |dsn_parameter: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[[tenant]]\nprovider = \"stripe\"\ntenant = \"demo\"\nsecrets = [\"whsec_check\"]\n\n\
+                 [[destination]]\nname = \"shop-db\"\ntenant = \"demo\"\nkind = \"postgres\"\n\
+                 events = [\"*\"]\ndsn = {{ ssm = \"{base}/secrets/{dsn_parameter}\" }}\ntable = \"events\"\ntls = false\n"
+            ),
+        )
+        .unwrap();
+    };
+    let check = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
+        command
+            .args(["config", "check", "--config"])
+            .arg(&config)
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN");
+        for (k, v) in Aws::env_for(&moto.endpoint, "unused") {
+            command.env(k, v);
+        }
+        command.output().expect("einmal runs")
+    };
+    write("shop-db");
+    let valid = check();
+    assert!(
+        valid.status.success(),
+        "{}{}",
+        stdout(&valid),
+        stderr(&valid)
+    );
+    assert!(
+        stdout(&valid).contains("valid (1 tenants, 1 destinations)"),
+        "{}",
+        stdout(&valid)
+    );
+
+    write("missing");
+    let invalid = check();
+    assert!(!invalid.status.success());
+    assert!(
+        stdout(&invalid).contains(&format!(
+            ":11: destination demo/shop-db: `dsn` refers to SSM parameter {base}/secrets/missing, which was not found"
+        )),
+        "{}",
+        stdout(&invalid)
+    );
+    assert!(
+        !stdout(&invalid).contains("NEVER_PRINTED") && !stderr(&invalid).contains("NEVER_PRINTED")
+    );
+}

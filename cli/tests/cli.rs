@@ -263,6 +263,60 @@ fn bad_http_input_gets_json_errors_and_nothing_is_stored() {
     assert!(items.is_empty());
 }
 
+/// `einmal send` signs with the tenant's secret only: destinations whose DSN and
+/// signing secrets are not set where the sender runs do not stop it.
+#[test]
+fn send_needs_only_the_tenants_secret_not_the_destinations() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("einmal.toml");
+    let demo = std::fs::read_to_string(repo().join("einmal.toml")).unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "{demo}\n[[destination]]\nname = \"db-for-send\"\ntenant = \"demo\"\nkind = \"postgres\"\n\
+             events = [\"*\"]\ndsn = {{ env = \"EINMAL_TEST_UNSET_DSN\" }}\ntable = \"events\"\ntls = false\n\n\
+             [[destination]]\nname = \"app-for-send\"\ntenant = \"demo\"\nkind = \"http\"\n\
+             url = \"https://app.example/hooks\"\nevents = [\"*\"]\n\
+             secrets = [{{ env = \"EINMAL_TEST_UNSET_HOOK_SECRET\" }}]\n"
+        ),
+    )
+    .unwrap();
+    // The whole configuration is refused where it would be served...
+    let check = einmal(&["config", "check", "--config", config.to_str().unwrap()]);
+    assert!(!check.status.success(), "{}", stdout(&check));
+    assert!(
+        stdout(&check).contains("EINMAL_TEST_UNSET_DSN"),
+        "{}",
+        stdout(&check)
+    );
+    // ...and signs and sends as the provider would.
+    let sent = einmal(&[
+        "send",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "demo",
+        "--event-id",
+        "evt_send_without_destination_secrets",
+        "--config",
+        config.to_str().unwrap(),
+        "--url",
+        &server.url,
+    ]);
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(stdout(&sent).starts_with("200 "), "{}", stdout(&sent));
+    assert!(
+        stdout(&sent).contains("\"duplicate\":false"),
+        "{}",
+        stdout(&sent)
+    );
+}
+
 #[test]
 fn bad_cli_input_is_a_message_and_a_non_zero_exit() {
     let dir = tempfile::tempdir().unwrap();

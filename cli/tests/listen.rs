@@ -44,32 +44,18 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
-    // The local app.
-    let received: Received = Arc::default();
-    let app = Router::new()
-        .route(
-            "/webhooks",
-            post(
-                |State(seen): State<Received>, headers: HeaderMap, body: Bytes| async move {
-                    seen.lock().unwrap().push((headers, body));
-                    "ok"
-                },
-            ),
-        )
-        .with_state(received.clone());
-    let app_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app_port = app_listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(app_listener, app).await.unwrap() });
-
+/// `einmal listen` forwarding `payment_intent.*` to the app on `app_port`: the process,
+/// its stdout lines after the first, the secret that first line printed, its address.
+async fn start_listen(
+    app_port: u16,
+    data_dir: &tempfile::TempDir,
+) -> (Listening, mpsc::Receiver<String>, String, String) {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let data_dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_einmal"))
         .args(["listen", "--forward-to"])
         .arg(format!("http://localhost:{app_port}/webhooks"))
@@ -88,7 +74,7 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
         .spawn()
         .expect("listen starts");
     let stdout = child.stdout.take().unwrap();
-    let _listening = Listening(child);
+    let listening = Listening(child);
     let (lines_tx, lines) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -110,10 +96,34 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
         std::net::TcpStream::connect(&addr).ok()
     })
     .await;
+    (listening, lines, secret, addr)
+}
 
+/// The local app: records every request and answers with `answer(n)` for the n-th.
+async fn start_app(answer: fn(usize) -> u16) -> (u16, Received) {
+    let received: Received = Arc::default();
+    let app = Router::new()
+        .route(
+            "/webhooks",
+            post(
+                move |State(seen): State<Received>, headers: HeaderMap, body: Bytes| async move {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push((headers, body));
+                    axum::http::StatusCode::from_u16(answer(seen.len())).unwrap()
+                },
+            ),
+        )
+        .with_state(received.clone());
+    let app_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_port = app_listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(app_listener, app).await.unwrap() });
+    (app_port, received)
+}
+
+fn send(addr: &str, event_id: &str) {
     let sent = Command::new(env!("CARGO_BIN_EXE_einmal"))
         .args(["send", "--provider", "stripe", "--tenant", "demo"])
-        .args(["--event-id", "evt_listen_1", "--url"])
+        .args(["--event-id", event_id, "--url"])
         .arg(format!("http://{addr}"))
         .current_dir(repo())
         .output()
@@ -123,6 +133,14 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
         "{}",
         String::from_utf8_lossy(&sent.stderr)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
+    let (app_port, received) = start_app(|_| 200).await;
+    let data_dir = tempfile::tempdir().unwrap();
+    let (_listening, lines, secret, addr) = start_listen(app_port, &data_dir).await;
+    send(&addr, "evt_listen_1");
 
     let (headers, body) = wait_for("the app to receive the event", || {
         received.lock().unwrap().first().cloned()
@@ -145,4 +163,27 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
         line.contains("stripe/demo  payment_intent.succeeded  evt_listen_1  --> [200]"),
         "{line}"
     );
+}
+
+/// An app that answers 400 (the handler being fixed) gets the event again instead of
+/// the event being dead-lettered: the second attempt's 200 delivers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_retries_an_event_the_app_answered_400() {
+    let (app_port, received) = start_app(|n| if n == 1 { 400 } else { 200 }).await;
+    let data_dir = tempfile::tempdir().unwrap();
+    let (_listening, lines, _secret, addr) = start_listen(app_port, &data_dir).await;
+    send(&addr, "evt_listen_400");
+    let mut seen = Vec::new();
+    let delivered = wait_for("the retried delivery's 200", || {
+        seen.extend(lines.try_iter().filter(|l| l.contains("evt_listen_400")));
+        seen.iter().find(|l| l.contains("--> [200]")).cloned()
+    })
+    .await;
+    assert!(
+        seen[0].contains("--> [retryable (status 400)"),
+        "the first attempt is retryable: {seen:?}"
+    );
+    assert!(delivered.contains("evt_listen_400"));
+    let bodies = received.lock().unwrap().len();
+    assert!(bodies >= 2, "the app got it again after its 400: {bodies}");
 }

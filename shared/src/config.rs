@@ -3,8 +3,10 @@
 //! One TOML structure serves both modes. Locally it is a file (`einmal serve --config`);
 //! on AWS the functions read the same TOML from an SSM SecureString parameter
 //! (`EINMAL_CONFIG_PARAMETER`) or, for tests and small setups, from `EINMAL_CONFIG`.
-//! A secret is either inline or a reference to an environment variable, so the file
-//! itself can be committed without secrets.
+//! A secret is inline, a reference to an environment variable (`{ env = "VAR" }`), or a
+//! reference to an SSM SecureString (`{ ssm = "/einmal/secrets/NAME" }`, which whoever
+//! loads the configuration fetches first: the functions and the CLI), so the file itself
+//! can be committed without secrets.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -275,6 +277,78 @@ impl fmt::Debug for Secret {
 pub(crate) enum SecretSpec {
     Inline(String),
     Env { env: String },
+    Ssm { ssm: String },
+}
+
+/// A secret's reference, resolved by whoever loads the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretRef<'a> {
+    /// `{ env = "VAR" }`: the process environment.
+    Env(&'a str),
+    /// `{ ssm = "/name" }`: an SSM parameter (SecureString), fetched before parsing.
+    Ssm(&'a str),
+}
+
+/// Resolves secret references while a configuration is parsed.
+pub type SecretLookup<'a> = &'a dyn Fn(SecretRef<'_>) -> Option<String>;
+
+impl SecretSpec {
+    /// The secret's value, or the problem (never containing a value) when its
+    /// reference does not resolve.
+    pub(crate) fn resolve(&self, lookup: SecretLookup<'_>) -> Result<String, String> {
+        match self {
+            SecretSpec::Inline(v) => Ok(v.clone()),
+            SecretSpec::Env { env: var } => lookup(SecretRef::Env(var))
+                .ok_or_else(|| format!("refers to environment variable {var}, which is not set")),
+            SecretSpec::Ssm { ssm: name } => lookup(SecretRef::Ssm(name))
+                .ok_or_else(|| format!("refers to SSM parameter {name}, which was not found")),
+        }
+    }
+}
+
+/// Most SSM secret references one configuration may hold (each is fetched at every
+/// reload; GetParameters takes 10 names a call).
+pub const MAX_SSM_REFERENCES: usize = 100;
+
+/// The SSM parameter names a configuration's `{ ssm = "…" }` references name, sorted and
+/// unique, so a loader can fetch them before [`Config::from_toml_resolved`]. Text that
+/// is not TOML has none (its parse reports the error).
+pub fn ssm_references(text: &str) -> Vec<String> {
+    fn walk(value: &toml::Value, out: &mut std::collections::BTreeSet<String>) {
+        match value {
+            toml::Value::Table(table) => {
+                if let (1, Some(toml::Value::String(name))) = (table.len(), table.get("ssm")) {
+                    out.insert(name.clone());
+                }
+                table.values().for_each(|v| walk(v, out));
+            }
+            toml::Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    if let Ok(value) = text.parse::<toml::Table>() {
+        walk(&toml::Value::Table(value), &mut out);
+    }
+    out.into_iter().collect()
+}
+
+/// The process environment, and the SSM values a loader fetched (by name).
+pub fn env_and_fetched(
+    ssm: &BTreeMap<String, String>,
+) -> impl Fn(SecretRef<'_>) -> Option<String> + '_ {
+    move |reference| match reference {
+        SecretRef::Env(var) => std::env::var(var).ok(),
+        SecretRef::Ssm(name) => ssm.get(name).cloned(),
+    }
+}
+
+/// The process environment, and no SSM values (the loader had none to fetch).
+fn env_only(env: &dyn Fn(&str) -> Option<String>) -> impl Fn(SecretRef<'_>) -> Option<String> + '_ {
+    move |reference| match reference {
+        SecretRef::Env(var) => env(var),
+        SecretRef::Ssm(_) => None,
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -350,6 +424,13 @@ impl TenantConfig {
     }
 }
 
+/// How much of a configuration a command reads.
+#[derive(Debug, Clone, Copy)]
+enum Scope {
+    Whole,
+    TenantsOnly,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub ingest: IngestSettings,
@@ -393,6 +474,35 @@ impl Config {
         text: &str,
         origin: &str,
         env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::from_toml_resolved(text, origin, &env_only(&env))
+    }
+
+    /// [`Config::from_toml_named`] with every kind of secret reference resolved by
+    /// `lookup` (the SSM values fetched beforehand, see [`ssm_references`]).
+    pub fn from_toml_resolved(
+        text: &str,
+        origin: &str,
+        lookup: SecretLookup<'_>,
+    ) -> Result<Self, ConfigError> {
+        Self::parse(text, origin, lookup, Scope::Whole)
+    }
+
+    /// Only the tenants, for a command that signs as a provider (`einmal send`): the
+    /// destinations are not read, so their secrets need not be set here.
+    pub fn tenants_from_toml_resolved(
+        text: &str,
+        origin: &str,
+        lookup: SecretLookup<'_>,
+    ) -> Result<Self, ConfigError> {
+        Self::parse(text, origin, lookup, Scope::TenantsOnly)
+    }
+
+    fn parse(
+        text: &str,
+        origin: &str,
+        lookup: SecretLookup<'_>,
+        scope: Scope,
     ) -> Result<Self, ConfigError> {
         let raw = parse_raw(text, origin)?;
         let defaults = IngestSettings::default();
@@ -447,16 +557,11 @@ impl Config {
             };
             let mut secrets = Vec::with_capacity(t.secrets.len());
             for spec in &t.secrets {
-                let value = match spec {
-                    SecretSpec::Inline(v) => Some(v.clone()),
-                    SecretSpec::Env { env: var } => {
-                        let value = env(var);
-                        if value.is_none() {
-                            problem(format!(
-                                "secret refers to environment variable {var}, which is not set"
-                            ));
-                        }
-                        value
+                let value = match spec.resolve(lookup) {
+                    Ok(value) => Some(value),
+                    Err(reason) => {
+                        problem(format!("secret {reason}"));
+                        None
                     }
                 };
                 match value {
@@ -513,13 +618,16 @@ impl Config {
             }
             tenants.insert(key, tenant);
         }
-        let destinations = crate::destinations::parse::parse_destinations(
-            text,
-            raw.destinations,
-            &written,
-            &env,
-            &mut problems,
-        );
+        let destinations = match scope {
+            Scope::Whole => crate::destinations::parse::parse_destinations(
+                text,
+                raw.destinations,
+                &written,
+                lookup,
+                &mut problems,
+            ),
+            Scope::TenantsOnly => Vec::new(),
+        };
         if !problems.is_empty() {
             problems.sort_by_key(|p| p.line);
             return Err(ConfigError::Invalid {
@@ -677,6 +785,82 @@ mod tests {
     fn missing_env_secret_is_an_error_naming_the_variable() {
         let err = Config::from_toml_with_env(SAMPLE, |_| None).unwrap_err();
         assert!(err.to_string().contains("OLD_SECRET"), "{err}");
+    }
+
+    const WITH_SSM: &str = r#"
+[[tenant]]
+provider = "stripe"
+tenant = "demo"
+secrets = [{ ssm = "/einmal/secrets/stripe" }, "whsec_inline"]
+
+[[destination]]
+name = "db"
+tenant = "demo"
+kind = "postgres"
+events = ["*"]
+dsn = { ssm = "/einmal/secrets/db" }
+table = "events"
+tls = false
+"#;
+
+    #[test]
+    fn ssm_references_are_listed_once_and_resolved_by_the_lookup() {
+        assert_eq!(
+            ssm_references(WITH_SSM),
+            ["/einmal/secrets/db", "/einmal/secrets/stripe"]
+        );
+        assert!(ssm_references("not toml [").is_empty());
+        let fetched = BTreeMap::from([
+            (
+                "/einmal/secrets/stripe".to_string(),
+                "whsec_fetched".to_string(),
+            ),
+            (
+                "/einmal/secrets/db".to_string(),
+                "host=db user=u".to_string(),
+            ),
+        ]);
+        let cfg = Config::from_toml_resolved(WITH_SSM, "c", &env_and_fetched(&fetched)).unwrap();
+        let secrets: Vec<&str> = cfg
+            .tenant("stripe", "demo")
+            .unwrap()
+            .secrets
+            .iter()
+            .map(Secret::expose)
+            .collect();
+        assert_eq!(secrets, ["whsec_fetched", "whsec_inline"]);
+        match &cfg.destinations()[0].kind {
+            crate::destinations::DestinationKind::Postgres(p) => {
+                assert_eq!(p.dsn.expose(), "host=db user=u")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unresolved_ssm_reference_is_a_problem_at_its_line() {
+        let err = Config::from_toml_named(WITH_SSM, "c.toml", |_| None).unwrap_err();
+        assert_eq!(
+            err.lines(),
+            [
+                "c.toml:3: tenant stripe/demo: secret refers to SSM parameter /einmal/secrets/stripe, which was not found",
+                "c.toml:12: destination demo/db: `dsn` refers to SSM parameter /einmal/secrets/db, which was not found",
+            ]
+        );
+    }
+
+    #[test]
+    fn tenants_only_ignores_destinations_and_their_unset_secrets() {
+        let fetched = BTreeMap::from([(
+            "/einmal/secrets/stripe".to_string(),
+            "whsec_fetched".to_string(),
+        )]);
+        let cfg =
+            Config::tenants_from_toml_resolved(WITH_SSM, "c", &env_and_fetched(&fetched)).unwrap();
+        assert!(cfg.destinations().is_empty());
+        assert!(cfg.tenant("stripe", "demo").is_some());
+        // The whole configuration still refuses the unresolved DSN.
+        assert!(Config::from_toml_resolved(WITH_SSM, "c", &env_and_fetched(&fetched)).is_err());
     }
 
     #[test]

@@ -815,3 +815,82 @@ async fn a_duplicate_stores_a_body_its_first_request_never_wrote() {
         PutOutcome::Duplicate(_)
     ));
 }
+
+/// A secret referenced as `{ ssm = "…" }` (a DSN, a tenant's signing secret) is fetched
+/// at every load, so an overwrite rotates it at the next reload; a reference SSM does
+/// not have is a problem at its line naming the parameter, never a value.
+#[tokio::test]
+async fn ssm_secret_references_resolve_at_each_load() {
+    use einmal::destinations::DestinationKind;
+    let sdk = moto::shared().sdk_config().await;
+    let ssm = aws_sdk_ssm::Client::new(&sdk);
+    let base = format!("/einmal/{}", unique_name("refs"));
+    let put = |name: String, value: &'static str| {
+        let ssm = ssm.clone();
+        async move {
+            ssm.put_parameter()
+                .name(name)
+                .value(value)
+                .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+                .overwrite(true)
+                .send()
+                .await
+                .unwrap();
+        }
+    };
+    put(format!("{base}/secrets/stripe"), "whsec_from_ssm_one").await;
+    put(
+        format!("{base}/secrets/shop-db"),
+        "host=db.internal user=einmal password=SSM_ONLY dbname=shop",
+    )
+    .await;
+    let config = format!(
+        "[[tenant]]\nprovider = \"stripe\"\ntenant = \"demo\"\n\
+         secrets = [{{ ssm = \"{base}/secrets/stripe\" }}]\n\n\
+         [[destination]]\nname = \"shop-db\"\ntenant = \"demo\"\nkind = \"postgres\"\n\
+         events = [\"*\"]\ndsn = {{ ssm = \"{base}/secrets/shop-db\" }}\ntable = \"events\"\ntls = false\n"
+    );
+    let parameter = format!("{base}/tenants");
+    ssm.put_parameter()
+        .name(&parameter)
+        .value(&config)
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .unwrap();
+    let env = |k: &str| (k == CONFIG_PARAMETER_ENV).then(|| parameter.clone());
+    let dsn = |cfg: &einmal::config::Config| match &cfg.destinations()[0].kind {
+        DestinationKind::Postgres(p) => p.dsn.expose().to_string(),
+        other => panic!("not postgres: {other:?}"),
+    };
+    let cfg = load_config_with(&sdk, env).await.unwrap();
+    let tenant = cfg.tenant("stripe", "demo").unwrap();
+    assert_eq!(tenant.secrets[0].expose(), "whsec_from_ssm_one");
+    assert!(dsn(&cfg).contains("password=SSM_ONLY"));
+
+    // Rotated in SSM: the next load has the new value.
+    put(format!("{base}/secrets/stripe"), "whsec_from_ssm_two").await;
+    let cfg = load_config_with(&sdk, env).await.unwrap();
+    assert_eq!(
+        cfg.tenant("stripe", "demo").unwrap().secrets[0].expose(),
+        "whsec_from_ssm_two"
+    );
+
+    // A reference to a parameter that does not exist: its line and name, no value.
+    ssm.put_parameter()
+        .name(&parameter)
+        .value(config.replace("/secrets/shop-db", "/secrets/missing"))
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .overwrite(true)
+        .send()
+        .await
+        .unwrap();
+    let err = load_config_with(&sdk, env).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            ":11: destination demo/shop-db: `dsn` refers to SSM parameter {base}/secrets/missing, which was not found"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("whsec_from_ssm"), "{err}");
+}

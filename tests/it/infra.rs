@@ -813,6 +813,8 @@ fn functions_have_least_privilege_and_no_wildcard_actions() {
             "ssm:GetParameter",
             // a configuration split across parameters below a path
             "ssm:GetParametersByPath",
+            // the configuration's { ssm = "…" } secret references
+            "ssm:GetParameters",
             // only when the SecureString uses a customer-managed key
             "kms:Decrypt",
         ]),
@@ -848,6 +850,70 @@ fn functions_have_least_privilege_and_no_wildcard_actions() {
     assert_eq!(
         granted["kms:Decrypt"],
         BTreeSet::from(["Ref:ConfigKmsKeyArn".to_string()])
+    );
+    // Every function loads the configuration, so each may read the secret references,
+    // below SecretParameterPath only.
+    for (name, function) in resources_of(&t, "AWS::Serverless::Function") {
+        let (inline, _) = statements(function);
+        let resources: BTreeSet<String> = inline
+            .iter()
+            .filter(|s| {
+                list(get(s, "Action"))
+                    .iter()
+                    .any(|a| a.as_str() == Some("ssm:GetParameters"))
+            })
+            .flat_map(|s| {
+                list(get(s, "Resource"))
+                    .iter()
+                    .map(describe_value)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(
+            resources.len() == 1
+                && resources
+                    .iter()
+                    .all(|r| r.contains("parameter${SecretParameterPath}*")),
+            "{name}: ssm:GetParameters only below SecretParameterPath: {resources:?}"
+        );
+    }
+}
+
+#[test]
+fn only_the_delivering_functions_join_a_vpc_and_only_when_subnets_are_given() {
+    let t = template();
+    for (name, function) in resources_of(&t, "AWS::Serverless::Function") {
+        let vpc = get(props(function), "VpcConfig");
+        if !["ProcessorFunction", "SweeperFunction"].contains(&name.as_str()) {
+            assert!(
+                vpc.is_none(),
+                "{name} must not join the VPC (intake stays outside)"
+            );
+            continue;
+        }
+        let vpc = vpc.unwrap_or_else(|| panic!("{name} has no VpcConfig"));
+        let Some((f, Value::Sequence(args))) = intrinsic(vpc) else {
+            panic!("{name}: VpcConfig is not conditional: {vpc:?}");
+        };
+        assert_eq!(f, "Fn::If", "{name}");
+        assert_eq!(args[0].as_str(), Some("InVpc"), "{name}");
+        assert_eq!(
+            describe_value(get(&args[1], "SubnetIds").expect("SubnetIds")),
+            "Ref:VpcSubnetIds"
+        );
+        assert_eq!(
+            describe_value(get(&args[1], "SecurityGroupIds").expect("SecurityGroupIds")),
+            "Ref:VpcSecurityGroupIds"
+        );
+        assert!(
+            matches!(intrinsic(&args[2]), Some((f, Value::String(v))) if f == "Ref" && v == "AWS::NoValue"),
+            "{name}: without subnets no VpcConfig"
+        );
+    }
+    let condition = get(get(&t, "Conditions").expect("Conditions"), "InVpc").expect("InVpc");
+    assert!(
+        format!("{condition:?}").contains("VpcSubnetIds"),
+        "InVpc is about VpcSubnetIds: {condition:?}"
     );
 }
 

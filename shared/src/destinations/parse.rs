@@ -14,7 +14,9 @@ use super::config::*;
 use super::filter::validate_pattern;
 use super::signing::decode_secret;
 use crate::adapters::postgres;
-use crate::config::{did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretSpec};
+use crate::config::{
+    did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretLookup, SecretSpec,
+};
 use crate::providers;
 
 /// A `[[destination]]` table with each key's position.
@@ -141,30 +143,26 @@ impl Fields {
         name: &str,
         line: usize,
         value: Value,
-        env: &dyn Fn(&str) -> Option<String>,
+        lookup: SecretLookup<'_>,
     ) -> Option<Secret> {
         let spec: SecretSpec = match value.try_into() {
             Ok(spec) => spec,
             Err(_) => {
                 self.problem(
                     line,
-                    format!("`{name}` must be a string or {{ env = \"VARIABLE\" }}"),
+                    format!(
+                        "`{name}` must be a string, {{ env = \"VARIABLE\" }} or {{ ssm = \"/parameter\" }}"
+                    ),
                 );
                 return None;
             }
         };
-        let value = match spec {
-            SecretSpec::Inline(v) => v,
-            SecretSpec::Env { env: var } => match env(&var) {
-                Some(v) => v,
-                None => {
-                    self.problem(
-                        line,
-                        format!("`{name}` refers to environment variable {var}, which is not set"),
-                    );
-                    return None;
-                }
-            },
+        let value = match spec.resolve(lookup) {
+            Ok(value) => value,
+            Err(reason) => {
+                self.problem(line, format!("`{name}` {reason}"));
+                return None;
+            }
         };
         if value.is_empty() {
             self.problem(line, format!("`{name}` is empty"));
@@ -181,7 +179,7 @@ pub(crate) fn parse_destinations(
     text: &str,
     raws: Vec<RawDestination>,
     tenants: &BTreeSet<(String, String)>,
-    env: &dyn Fn(&str) -> Option<String>,
+    lookup: SecretLookup<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<DestinationConfig> {
     let mut out: Vec<DestinationConfig> = Vec::new();
@@ -204,7 +202,7 @@ pub(crate) fn parse_destinations(
             label: format!("destination #{}", index + 1),
             problems: Vec::new(),
         };
-        if let Some(destination) = parse_one(&mut f, tenants, env) {
+        if let Some(destination) = parse_one(&mut f, tenants, lookup) {
             if out
                 .iter()
                 .any(|d| d.tenant == destination.tenant && d.name == destination.name)
@@ -239,7 +237,7 @@ pub(crate) fn parse_destinations(
 fn parse_one(
     f: &mut Fields,
     tenants: &BTreeSet<(String, String)>,
-    env: &dyn Fn(&str) -> Option<String>,
+    lookup: SecretLookup<'_>,
 ) -> Option<DestinationConfig> {
     let line = f.line;
     let name = f.required_string("name");
@@ -323,11 +321,11 @@ fn parse_one(
         return None;
     };
     let kind = match kind_name.as_str() {
-        "http" => parse_http(f, env),
+        "http" => parse_http(f, lookup),
         "sqs" => parse_sqs(f),
         "eventbridge" => parse_eventbridge(f),
         "lambda" => parse_lambda(f),
-        _ => parse_postgres(f, env),
+        _ => parse_postgres(f, lookup),
     };
     // What is left is not a field of this kind.
     let unknown: Vec<(String, usize)> = std::mem::take(&mut f.fields)
@@ -370,7 +368,7 @@ fn parse_one(
     })
 }
 
-fn parse_http(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Option<DestinationKind> {
+fn parse_http(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<DestinationKind> {
     let url = f.required_string("url");
     let allow_private = f.bool("allow_private", false);
     let mut ok = true;
@@ -389,7 +387,7 @@ fn parse_http(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Option<De
         }
         Some((line, Value::Array(items))) if !items.is_empty() => {
             for item in items {
-                match f.secret("secrets", line, item, env) {
+                match f.secret("secrets", line, item, lookup) {
                     Some(secret) => match decode_secret(secret.expose()) {
                         Ok(_) => secrets.push(secret),
                         Err(reason) => {
@@ -404,7 +402,7 @@ fn parse_http(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Option<De
         Some((line, _)) => {
             f.problem(
                 line,
-                "`secrets` must be a non-empty list of secrets (strings or { env = \"VARIABLE\" })",
+                "`secrets` must be a non-empty list of secrets (strings, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })",
             );
             ok = false;
         }
@@ -542,15 +540,15 @@ fn parse_lambda(f: &mut Fields) -> Option<DestinationKind> {
     Some(DestinationKind::Lambda(LambdaDestination { function }))
 }
 
-fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Option<DestinationKind> {
+fn parse_postgres(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<DestinationKind> {
     let mut ok = true;
     let dsn = match f.take("dsn") {
         None => {
             let line = f.line;
-            f.problem(line, "missing `dsn` (a connection string, inline or { env = \"VARIABLE\" })");
+            f.problem(line, "missing `dsn` (a connection string, inline, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })");
             None
         }
-        Some((line, value)) => f.secret("dsn", line, value, env).and_then(|dsn| {
+        Some((line, value)) => f.secret("dsn", line, value, lookup).and_then(|dsn| {
             match postgres::dsn_is_local(dsn.expose()) {
                 Some(local) => Some((line, dsn, local)),
                 // The parser's message may quote the string, which may hold a password.
@@ -572,10 +570,12 @@ fn parse_postgres(f: &mut Fields, env: &dyn Fn(&str) -> Option<String>) -> Optio
         },
         None => None,
     };
-    let (_, dsn, local) = dsn?;
-    // TLS unless the server is on this machine (loopback or a Unix socket).
+    // TLS unless the server is on this machine (loopback or a Unix socket). Both are
+    // read even when the DSN did not resolve, so they are not reported as unknown.
+    let local = dsn.as_ref().is_some_and(|(_, _, local)| *local);
     let tls = f.bool("tls", !local);
     let pool_size = f.number("pool_size", DEFAULT_POOL_SIZE as u64, 1, MAX_POOL_SIZE) as usize;
+    let (_, dsn, _) = dsn?;
     let table = table?;
     ok.then_some(DestinationKind::Postgres(PostgresDestination {
         dsn,
@@ -773,7 +773,7 @@ table = "events"
         );
         assert_eq!(
             problems(&format!("{base}secrets = []\n"))[0],
-            "destination demo/a: `secrets` must be a non-empty list of secrets (strings or { env = \"VARIABLE\" })"
+            "destination demo/a: `secrets` must be a non-empty list of secrets (strings, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })"
         );
         let p = problems(&format!(
             "{base}secrets = [\"topsecretvalue\", \"whsec_AAAAAAAAAAAAAAAA\", \"whsec_!!\", {{ env = \"UNSET_VAR\" }}]\n"
@@ -912,7 +912,7 @@ table = "events"
     fn postgres_needs_a_dsn_and_a_plain_table_name() {
         let base = "[[destination]]\nname = \"db\"\ntenant = \"demo\"\nkind = \"postgres\"\nevents = [\"*\"]\n";
         let p = problems(&format!("{base}table = \"t\"\n"));
-        assert_eq!(p, ["destination demo/db: missing `dsn` (a connection string, inline or { env = \"VARIABLE\" })"]);
+        assert_eq!(p, ["destination demo/db: missing `dsn` (a connection string, inline, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })"]);
         let p = problems(&format!(
             "{base}dsn = {{ env = \"PG_DSN\" }}\ntable = \"events; drop table x\"\n"
         ));
@@ -921,6 +921,15 @@ table = "events"
             "{base}dsn = \"postgresql://u:hunter2@h:notaport/db\"\ntable = \"t\"\n"
         ));
         assert_eq!(p, ["destination demo/db: `dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)"]);
+    }
+
+    #[test]
+    fn an_unset_dsn_is_the_only_problem_not_its_tls_and_pool_size() {
+        let p = problems("[[destination]]\nname = \"db\"\ntenant = \"demo\"\nkind = \"postgres\"\nevents = [\"*\"]\ndsn = { env = \"UNSET_PG_DSN\" }\ntable = \"t\"\ntls = true\npool_size = 2\n");
+        assert_eq!(
+            p,
+            ["destination demo/db: `dsn` refers to environment variable UNSET_PG_DSN, which is not set"]
+        );
     }
 
     #[test]

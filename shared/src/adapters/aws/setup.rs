@@ -18,7 +18,9 @@ use thiserror::Error;
 
 use super::error::describe;
 use super::item;
-use crate::config::{Config, ConfigError, Problem};
+use crate::config::{
+    env_and_fetched, ssm_references, Config, ConfigError, Problem, MAX_SSM_REFERENCES,
+};
 
 /// Inbox table name.
 pub const TABLE_ENV: &str = "EINMAL_INBOX_TABLE";
@@ -111,10 +113,60 @@ pub async fn load_config_from_ssm(
             name: name.to_string(),
             reason: "parameter has no value".to_string(),
         })?;
-    Config::from_toml(text).map_err(|source| AwsSetupError::Config {
-        origin: format!("SSM parameter {name}"),
+    parse_resolving(client, text, &format!("SSM parameter {name}")).await
+}
+
+/// Parse a configuration with its `{ ssm = "…" }` secret references fetched first
+/// (decrypted, 10 names a GetParameters call; at most [`MAX_SSM_REFERENCES`]). A name SSM
+/// does not have is reported by the parse at its line; any other SSM failure is an error
+/// of the whole load (a reload keeps the previous configuration).
+pub async fn parse_resolving(
+    client: &aws_sdk_ssm::Client,
+    text: &str,
+    origin: &str,
+) -> Result<Config, AwsSetupError> {
+    let values = fetch_ssm_references(client, text).await?;
+    let lookup = env_and_fetched(&values);
+    Config::from_toml_resolved(text, origin, &lookup).map_err(|source| AwsSetupError::Config {
+        origin: origin.to_string(),
         source,
     })
+}
+
+/// The values of the `{ ssm = "…" }` references in `text`, by parameter name.
+pub async fn fetch_ssm_references(
+    client: &aws_sdk_ssm::Client,
+    text: &str,
+) -> Result<std::collections::BTreeMap<String, String>, AwsSetupError> {
+    let names = ssm_references(text);
+    let mut values = std::collections::BTreeMap::new();
+    if names.len() > MAX_SSM_REFERENCES {
+        return Err(AwsSetupError::Ssm {
+            name: names[0].clone(),
+            reason: format!(
+                "{} secret references, at most {MAX_SSM_REFERENCES} are allowed",
+                names.len()
+            ),
+        });
+    }
+    for chunk in names.chunks(10) {
+        let out = client
+            .get_parameters()
+            .set_names(Some(chunk.to_vec()))
+            .with_decryption(true)
+            .send()
+            .await
+            .map_err(|e| AwsSetupError::Ssm {
+                name: chunk.join(", "),
+                reason: describe("SSM GetParameters", &e),
+            })?;
+        for parameter in out.parameters() {
+            if let (Some(name), Some(value)) = (parameter.name(), parameter.value()) {
+                values.insert(name.to_string(), value.to_string());
+            }
+        }
+    }
+    Ok(values)
 }
 
 /// The parts of a configuration split below an SSM path, each a TOML fragment
@@ -181,7 +233,9 @@ async fn load_config_from_ssm_path(
             .unwrap_or((1, path));
         (name.to_string(), line + 1 - start)
     };
-    Config::from_toml_named(&text, path, |var| std::env::var(var).ok()).map_err(|source| {
+    let values = fetch_ssm_references(client, &text).await?;
+    let lookup = env_and_fetched(&values);
+    Config::from_toml_resolved(&text, path, &lookup).map_err(|source| {
         // Each part parsed alone above; what is left are problems across the whole.
         let source = match source {
             ConfigError::Invalid { problems, .. } => ConfigError::Invalid {
@@ -275,10 +329,8 @@ pub async fn load_config_with(
         return load_config_from_ssm(&ssm, parameter.trim()).await;
     }
     if let Some(text) = get(CONFIG_ENV) {
-        return Config::from_toml(&text).map_err(|source| AwsSetupError::Config {
-            origin: CONFIG_ENV.to_string(),
-            source,
-        });
+        let ssm = aws_sdk_ssm::Client::new(sdk_config);
+        return parse_resolving(&ssm, &text, CONFIG_ENV).await;
     }
     Err(AwsSetupError::NoConfigSource)
 }
