@@ -22,6 +22,8 @@
 //!   retries it. `/console` and `/metrics` take nothing from it.
 //! - **Framing errors**: what hyper answers itself for a request it cannot parse (400,
 //!   414, 431 with an empty body) is rewritten to the JSON error every other answer has.
+//! - **Peer**: every request carries its peer address as `ConnectInfo<SocketAddr>`
+//!   (the console's login throttle counts by it).
 //! - **Shutdown**: on SIGTERM or Ctrl-C the listener closes, open connections finish
 //!   their request and close, bounded by [`SHUTDOWN_DRAIN`].
 
