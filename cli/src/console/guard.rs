@@ -255,6 +255,22 @@ pub(super) async fn guard(
             return harden(refuse(headers, StatusCode::FORBIDDEN, "cross_site", why));
         }
     }
+    let too_large = || {
+        harden(refuse(
+            headers,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the form is too large",
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if writes && declared.is_some_and(|n| n > MAX_FORM_BYTES as u64) {
+        // Refused before a byte of it is read.
+        return too_large();
+    }
     let request = if writes {
         let (parts, body) = request.into_parts();
         match tokio::time::timeout(
