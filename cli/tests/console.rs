@@ -927,10 +927,28 @@ fn a_configured_host_name_is_answered_and_others_are_not() {
         "console.example.com",
         "--console-host",
         "proxy.internal:8443",
+        "--body-timeout-ms",
+        "300",
         "--data-dir",
         data_dir,
     ]);
     wait_for_port(&addr, "einmal console");
+    // A form that never arrives whole: 408, and the connection is given back.
+    let stalled = {
+        use std::io::{Read, Write};
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(
+            format!(
+                "POST /console/login HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 40\r\n\r\ntoken="
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut line = [0u8; 12];
+        s.read_exact(&mut line).unwrap();
+        String::from_utf8_lossy(&line).into_owned()
+    };
+    assert_eq!(stalled, "HTTP/1.1 408");
     for (host, status) in [
         ("console.example.com", 200),
         ("Console.Example.com:443", 200),
