@@ -99,16 +99,86 @@ struct ConsoleArgs {
     /// The console's token (at least 16 characters): asked for by every page.
     #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A host name the console answers to besides the bound address (127.0.0.1,
+    /// localhost, [::1] on its port): the name a reverse proxy forwards as `Host`,
+    /// optionally with :port. Repeatable; any other Host is refused (421).
+    #[arg(long = "host", visible_alias = "console-host", value_name = "NAME")]
+    hosts: Vec<String>,
+    /// Mark the session cookie `Secure` (the console is behind a TLS proxy; a login
+    /// from an https origin sets it anyway).
+    #[arg(long, visible_alias = "console-secure-cookie")]
+    secure_cookie: bool,
+    /// Tenant configuration (TOML): its secrets are masked in the bodies shown. The
+    /// default file may be missing (said on stderr); a given one must load.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    limits: ConsoleLimits,
     #[command(flatten)]
     store: store::StoreArgs,
 }
 
-/// `einmal console`: the token rule first, then the stores, then serve.
+/// `einmal console`'s HTTP bounds (as `einmal serve`'s, sized for a few operators).
+#[derive(clap::Args)]
+struct ConsoleLimits {
+    /// Milliseconds a client has to send a complete request head; also how long an
+    /// idle keep-alive connection stays open.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_ms: u64,
+    /// Milliseconds a client has to send a whole form.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_ms: u64,
+    /// Connections open at once; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: u64,
+    /// Connections one peer IP address may hold at once; one more is answered 503
+    /// and closed.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections_per_peer: u64,
+}
+
+impl ConsoleLimits {
+    fn client_limits(&self) -> einmal_cli::serve_http::ClientLimits {
+        einmal_cli::serve_http::ClientLimits {
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            body_timeout_ms: self.body_timeout_ms,
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            // No webhook bodies here: the console bounds its forms itself.
+            max_body_bytes_in_flight: 1 << 20,
+        }
+    }
+}
+
+/// The tenant configuration's secrets, registered for masking (the bodies and
+/// headers the console shows); a missing default file is said, a bad one refused.
+fn mask_configured_secrets(config: Option<&std::path::Path>) -> Result<(), CliError> {
+    let (path, given) = match config {
+        Some(path) => (path.to_owned(), true),
+        None => (default_config_path(), false),
+    };
+    if !given && !path.exists() {
+        eprintln!(
+            "einmal: no {} here: only credential-like fields are masked in bodies (give --config)",
+            path.display()
+        );
+        return Ok(());
+    }
+    let config = einmal::config::Config::load(&path).map_err(|e| e.to_string())?;
+    einmal::telemetry::redact::register_config(&config);
+    Ok(())
+}
+
+/// `einmal console`: the token rule first, then the configuration and the stores,
+/// then serve.
 async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
     use einmal_cli::console;
-    // A missing or short token is a usage error (exit 2), before anything is opened.
+    // A missing or short token, a bad host name: usage errors (exit 2), before
+    // anything is opened.
     console::check_access(&args.addr, args.token.as_deref())
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    console::check_host_names(&args.hosts).map_err(|e| CliError::Usage(e.to_string()))?;
+    mask_configured_secrets(args.config.as_deref())?;
     let ops = args.store.open_ops().await?;
     let backend = match args.store.backend {
         store::Backend::Embedded => format!("embedded, {}", args.store.data_dir.display()),
@@ -121,7 +191,14 @@ async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
         figures: None,
         backend,
     };
-    console::serve(stores, args.addr, args.token).await?;
+    let limits = args.limits.client_limits();
+    let options = console::ConsoleOptions {
+        token: args.token,
+        hosts: args.hosts,
+        secure_cookie: args.secure_cookie,
+        body_timeout: limits.body_timeout(),
+    };
+    console::serve(stores, args.addr, options, &limits).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -57,6 +57,15 @@ pub struct ServeArgs {
     /// is not loopback (without one the console is off there).
     #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
     pub console_token: Option<String>,
+    /// A host name the console at /console answers to besides the bound address
+    /// (127.0.0.1, localhost, [::1] on its port): the name a reverse proxy forwards
+    /// as `Host`, optionally with :port. Repeatable; any other Host is refused (421).
+    #[arg(long = "console-host", value_name = "NAME")]
+    pub console_hosts: Vec<String>,
+    /// Mark the console's session cookie `Secure` (the console is behind a TLS proxy;
+    /// a login from an https origin sets it anyway).
+    #[arg(long)]
+    pub console_secure_cookie: bool,
     /// Serve `/metrics` on this address of its own (with small connection limits)
     /// instead of on `--addr`; e.g. 127.0.0.1:9464.
     #[arg(long)]
@@ -172,7 +181,12 @@ pub async fn run_with_source(
         store.clone(),
         &args.data_dir,
         &args.addr,
-        args.console_token.clone(),
+        crate::console::ConsoleOptions {
+            token: args.console_token.clone(),
+            hosts: args.console_hosts.clone(),
+            secure_cookie: args.console_secure_cookie,
+            body_timeout: args.limits.body_timeout(),
+        },
     )?;
     let ingestor = Arc::new(Ingestor::from_store(source.clone(), store));
     // Registered before the first request, so a SIGHUP never finds the default action
@@ -308,11 +322,12 @@ pub async fn run_with_source(
             None
         }
     };
+    // The console answers to the address actually bound (`--addr` may say port 0).
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
     let app = match console {
-        Some(console) => app.nest(
-            crate::console::BASE,
-            console.with_figures(serve_metrics).router(),
-        ),
+        Some(console) => app.merge(console.with_figures(serve_metrics).app(bound)),
         None => app,
     };
     // SIGTERM (systemd, containers) stops like Ctrl-C: drain, then the final figures.

@@ -22,6 +22,8 @@
 //!   retries it. `/console` and `/metrics` take nothing from it.
 //! - **Framing errors**: what hyper answers itself for a request it cannot parse (400,
 //!   414, 431 with an empty body) is rewritten to the JSON error every other answer has.
+//! - **Peer**: every request carries its peer address as `ConnectInfo<SocketAddr>`
+//!   (the console's login throttle counts by it).
 //! - **Shutdown**: on SIGTERM or Ctrl-C the listener closes, open connections finish
 //!   their request and close, bounded by [`SHUTDOWN_DRAIN`].
 
@@ -34,14 +36,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use axum::Router;
 use clap::Args;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower_service::Service as _;
 
 /// How long open connections may take to finish after a shutdown signal.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
@@ -124,7 +127,7 @@ impl BodyBudget {
 
 /// The peer a connection counts for: an IPv4 address (also when IPv4-mapped), or the
 /// /64 network of an IPv6 one.
-fn peer_of(ip: IpAddr) -> IpAddr {
+pub(crate) fn peer_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -224,7 +227,15 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(JsonFramingErrors::new(stream));
-        let conn = http.serve_connection(io, TowerToHyperService::new(app.clone()));
+        // Each request carries its peer (`ConnectInfo`): the console's login throttle.
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                let mut app = app.clone();
+                app.call(request)
+            });
+        let conn = http.serve_connection(io, service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             // Client errors (resets, timeouts, bad framing) end only their connection.

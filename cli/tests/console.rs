@@ -56,6 +56,63 @@ fn spawn_einmal(args: &[&str]) -> Proc {
     )
 }
 
+/// A response header's value (the first of that name).
+fn header(r: &Reply, name: &str) -> Option<String> {
+    r.head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_owned())
+    })
+}
+
+/// `einmal_console=<id>` from a login's `Set-Cookie`.
+fn session_cookie(login: &Reply) -> String {
+    header(login, "set-cookie")
+        .expect("a cookie is set")
+        .split(';')
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// One HTTP/1.1 request with the `Host` header given (the shared helper sends the
+/// address).
+fn http_host(
+    method: &str,
+    addr: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(addr).expect("the server answers");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method == "POST" {
+        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Reply {
+        status: head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not HTTP: {head}")),
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
 fn json(r: &Reply) -> serde_json::Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", r.body))
 }
@@ -142,13 +199,9 @@ fn a_non_loopback_console_needs_a_token_and_bad_input_is_a_4xx_with_the_reason()
         &format!("token={TOKEN}"),
     );
     assert_eq!(login.status, 303, "{}", login.head);
-    let cookie_line = login
-        .head
-        .lines()
-        .find(|l| l.to_lowercase().starts_with("set-cookie:"))
-        .expect("a cookie is set");
+    let cookie_line = header(&login, "set-cookie").expect("a cookie is set");
     assert!(cookie_line.contains("HttpOnly") && cookie_line.contains("SameSite=Strict"));
-    let cookie = format!("einmal_console={TOKEN}");
+    let cookie = session_cookie(&login);
     assert_eq!(
         http("GET", &addr, "/console", &[("Cookie", &cookie)], "").status,
         200
@@ -374,6 +427,15 @@ async fn in_chromium_search_finds_the_event_and_a_dead_letter_is_replayed_once_a
     // Overview, then a search by object id finds the event.
     client.goto(&base).await.unwrap();
     assert!(client.source().await.unwrap().contains("Events by state"));
+    // The CSP lets the inline style sheet apply (by its hash): the header is dark.
+    let header_color = client
+        .execute(
+            "return getComputedStyle(document.querySelector('header')).backgroundColor",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(header_color, serde_json::json!("rgb(31, 41, 55)"));
     shoot("overview.png").await;
     client.goto(&format!("{base}/events")).await.unwrap();
     client
@@ -614,4 +676,593 @@ fn serve_overview_shows_intake_and_payment_within_slo_and_metrics_keep_every_cou
     // And the console again: since start, not since the last read.
     let again = http("GET", &addr, "/console", &[], "").body;
     assert!(again.contains("0.0% (0 of 1 payment events"), "{again}");
+}
+
+/// The CSRF token a console page's form carries.
+fn csrf_of(page: &Reply) -> String {
+    page.body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no CSRF token in the page: {}", page.body))
+        .to_owned()
+}
+
+fn audit_records(data_dir: &str) -> Vec<serde_json::Value> {
+    let out = einmal(&["audit", "list", "--json", "--data-dir", data_dir]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+/// A page rebound to 127.0.0.1 (Host: attacker.example) reads and changes nothing;
+/// a cross-site form post changes nothing; the console's own form still replays.
+#[test]
+fn a_foreign_host_or_a_cross_site_post_is_refused_and_nothing_is_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap().to_owned();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _serve = spawn_einmal(&["serve", "--addr", &addr, "--data-dir", &data_dir]);
+    wait_for_port(&addr, "einmal serve");
+    // A dead letter to replay: an order for SKUs without stock records.
+    let sent = einmal(&[
+        "send",
+        "--provider",
+        "shopify",
+        "--tenant",
+        "demo",
+        "--topic",
+        "orders/create",
+        "--event",
+        "events/samples/domain/shopify-orders-create.json",
+        "--event-id",
+        "ev-console-host",
+        "--url",
+        &format!("http://{addr}"),
+    ]);
+    assert!(stdout(&sent).starts_with("200 "), "{}", stdout(&sent));
+    let key = "shopify#demo#demo.myshopify.com:orders/create:ev-console-host";
+    wait_until("the order to be dead-lettered", || {
+        events_in("dead_letter", &data_dir)
+            .iter()
+            .any(|e| e["key"] == key)
+    });
+    let port = addr.rsplit(':').next().unwrap().to_owned();
+    let rebound = format!("attacker.example:{port}");
+
+    // Reading through a foreign name: refused, nothing of the store in the answer.
+    for path in [
+        "/console",
+        "/console/dead-letters",
+        "/console/login",
+        "/console/",
+    ] {
+        let r = http_host("GET", &addr, &rebound, path, &[], "");
+        assert_eq!(r.status, 421, "{path}: {}", r.head);
+        assert_eq!(json(&r)["error"], "unknown_host");
+        assert!(!r.body.contains("ev-console-host") && !r.body.contains("csrf"));
+        assert_eq!(header(&r, "cache-control").as_deref(), Some("no-store"));
+    }
+    let page = http("GET", &addr, "/console/dead-letters", &[], "");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("ev-console-host"), "{}", page.body);
+    let csrf = csrf_of(&page);
+    let form = format!(
+        "id={}&reason=attack&operator=mallory&csrf={csrf}",
+        key.replace('#', "%23")
+            .replace(':', "%3A")
+            .replace('/', "%2F")
+    );
+    let bulk = format!("reason=attack&operator=mallory&csrf={csrf}&action=replay");
+    // Even with the right CSRF token: a foreign Host, a foreign Origin, a cross-site
+    // or same-site fetch, an opaque origin without same-origin fetch metadata.
+    let same_origin = format!("http://{addr}");
+    for (host, headers, status) in [
+        (rebound.as_str(), vec![], 421),
+        (
+            rebound.as_str(),
+            vec![("Origin", same_origin.as_str())],
+            421,
+        ),
+        (
+            addr.as_str(),
+            vec![("Origin", "http://attacker.example")],
+            403,
+        ),
+        (addr.as_str(), vec![("Sec-Fetch-Site", "cross-site")], 403),
+        (addr.as_str(), vec![("Sec-Fetch-Site", "same-site")], 403),
+        (addr.as_str(), vec![("Origin", "null")], 403),
+        (
+            addr.as_str(),
+            vec![
+                ("Origin", same_origin.as_str()),
+                ("Sec-Fetch-Site", "cross-site"),
+            ],
+            403,
+        ),
+    ] {
+        for (path, body) in [("/console/replay", &form), ("/console/replay-bulk", &bulk)] {
+            let r = http_host("POST", &addr, host, path, &headers, body);
+            assert_eq!(r.status, status, "{host} {headers:?} {path}: {}", r.body);
+            assert!(!r.body.contains("Replayed"), "{}", r.body);
+        }
+    }
+    assert!(audit_records(&data_dir).is_empty(), "nothing audited");
+    assert!(
+        events_in("dead_letter", &data_dir)
+            .iter()
+            .any(|e| e["key"] == key),
+        "still a dead letter"
+    );
+
+    // The console's own form (what a browser sends for it): replayed, audited once.
+    let mine = http(
+        "POST",
+        &addr,
+        "/console/replay",
+        &[
+            ("Origin", "null"),
+            ("Sec-Fetch-Site", "same-origin"),
+            ("Accept", "text/html"),
+        ],
+        &form,
+    );
+    assert_eq!(mine.status, 200, "{}", mine.body);
+    assert!(mine.body.contains("Replayed 1 of 1"), "{}", mine.body);
+    let records = audit_records(&data_dir);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["actor"], "mallory");
+    // A same-origin `Origin` passes too (a preview: nothing changes).
+    let origin = http(
+        "POST",
+        &addr,
+        "/console/replay-bulk",
+        &[
+            ("Origin", same_origin.as_str()),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+        &bulk.replace("action=replay", "action=preview"),
+    );
+    assert_eq!(origin.status, 200, "{}", origin.body);
+    assert!(origin.body.contains("replay-summary"), "{}", origin.body);
+
+    // `/console/` is the console too.
+    let slash = http("GET", &addr, "/console/", &[], "");
+    assert_eq!(slash.status, 303, "{}", slash.head);
+    assert_eq!(header(&slash, "location").as_deref(), Some("/console"));
+}
+
+/// Every console answer carries the CSP (the inline style sheet by its hash), no
+/// framing, nosniff, no referrer and no caching, also refusals and the login form.
+#[test]
+fn every_console_answer_carries_the_security_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _console = spawn_einmal(&[
+        "console",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "--data-dir",
+        data_dir,
+    ]);
+    wait_for_port(&addr, "einmal console");
+    let bearer = format!("Bearer {TOKEN}");
+    for r in [
+        http("GET", &addr, "/console", &[("Authorization", &bearer)], ""),
+        http("GET", &addr, "/console/events", &[], ""),
+        http("GET", &addr, "/console/login", &[], ""),
+        http("GET", &addr, "/console/nope", &[], ""),
+        http_host("GET", &addr, "evil.example", "/console", &[], ""),
+    ] {
+        let csp =
+            header(&r, "content-security-policy").unwrap_or_else(|| panic!("no CSP: {}", r.head));
+        for part in [
+            "default-src 'none'",
+            "style-src 'sha256-",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+            "base-uri 'none'",
+        ] {
+            assert!(csp.contains(part), "{part}: {csp}");
+        }
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+        assert_eq!(header(&r, "x-frame-options").as_deref(), Some("DENY"));
+        assert_eq!(
+            header(&r, "x-content-type-options").as_deref(),
+            Some("nosniff")
+        );
+        assert_eq!(
+            header(&r, "referrer-policy").as_deref(),
+            Some("no-referrer")
+        );
+        assert_eq!(header(&r, "cache-control").as_deref(), Some("no-store"));
+    }
+    // A form declared beyond 64 KiB is refused before a byte of it is read.
+    let big = {
+        use std::io::{Read, Write};
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(
+            format!(
+                "POST /console/login HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 70000\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut line = [0u8; 12];
+        s.read_exact(&mut line).unwrap();
+        String::from_utf8_lossy(&line).into_owned()
+    };
+    assert_eq!(big, "HTTP/1.1 413");
+}
+
+/// `--host NAME` (a reverse proxy's name) is answered; an invalid one is a usage
+/// error; other names stay refused.
+#[test]
+fn a_configured_host_name_is_answered_and_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let bad = einmal(&[
+        "console",
+        "--addr",
+        "127.0.0.1:0",
+        "--host",
+        "https://console.example.com/",
+        "--data-dir",
+        data_dir,
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--console-host"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _console = spawn_einmal(&[
+        "console",
+        "--addr",
+        &addr,
+        "--host",
+        "console.example.com",
+        "--console-host",
+        "proxy.internal:8443",
+        "--body-timeout-ms",
+        "300",
+        "--data-dir",
+        data_dir,
+    ]);
+    wait_for_port(&addr, "einmal console");
+    // A form that never arrives whole: 408, and the connection is given back.
+    let stalled = {
+        use std::io::{Read, Write};
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(
+            format!(
+                "POST /console/login HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 40\r\n\r\ntoken="
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut line = [0u8; 12];
+        s.read_exact(&mut line).unwrap();
+        String::from_utf8_lossy(&line).into_owned()
+    };
+    assert_eq!(stalled, "HTTP/1.1 408");
+    for (host, status) in [
+        ("console.example.com", 200),
+        ("Console.Example.com:443", 200),
+        ("proxy.internal:8443", 200),
+        ("proxy.internal:9000", 421),
+        ("localhost", 421),
+        ("example.com", 421),
+    ] {
+        let r = http_host("GET", &addr, host, "/console/events", &[], "");
+        assert_eq!(r.status, status, "{host}: {}", r.body);
+    }
+    // Behind the proxy on https: the proxy's origin is this console's.
+    let form = "reason=r&operator=o&csrf=stale&action=preview";
+    let through_proxy = http_host(
+        "POST",
+        &addr,
+        "console.example.com",
+        "/console/replay-bulk",
+        &[("Origin", "https://console.example.com")],
+        form,
+    );
+    assert_eq!(
+        through_proxy.status, 403,
+        "the stale CSRF token, not the origin"
+    );
+    assert_eq!(json(&through_proxy)["error"], "csrf");
+}
+
+/// The cookie holds a session id, not the token; a forged or logged-out session is
+/// refused; the store's detail shows only after the login; wrong tokens are
+/// throttled per peer.
+#[test]
+fn the_session_is_not_the_token_the_login_page_hides_the_store_and_is_throttled() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _console = spawn_einmal(&[
+        "console",
+        "--addr",
+        &addr,
+        "--token",
+        TOKEN,
+        "--data-dir",
+        data_dir,
+    ]);
+    wait_for_port(&addr, "einmal console");
+    let html = [("Accept", "text/html")];
+
+    // Before the login: nothing about the store.
+    for path in [
+        "/console/login",
+        "/console",
+        "/console/events",
+        "/console/nope",
+    ] {
+        let r = http("GET", &addr, path, &html, "");
+        assert!(!r.body.contains(data_dir), "{path}: {}", r.body);
+        assert!(!r.body.contains("embedded"), "{path}: {}", r.body);
+    }
+    let login = http(
+        "POST",
+        &addr,
+        "/console/login",
+        &[],
+        &format!("token={TOKEN}"),
+    );
+    assert_eq!(login.status, 303, "{}", login.head);
+    let set = header(&login, "set-cookie").unwrap();
+    let cookie = session_cookie(&login);
+    let id = cookie.strip_prefix("einmal_console=").expect("the cookie");
+    assert_ne!(id, TOKEN);
+    assert!(!set.contains(TOKEN), "{set}");
+    assert_eq!(id.len(), 64, "32 random bytes, hex: {id}");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(set.contains(attribute), "{attribute}: {set}");
+    }
+    assert!(!set.contains("Secure"), "plain http on loopback: {set}");
+    let overview = http(
+        "GET",
+        &addr,
+        "/console",
+        &[("Cookie", &cookie), html[0]],
+        "",
+    );
+    assert_eq!(overview.status, 200);
+    assert!(
+        overview.body.contains(data_dir),
+        "after the login: the store"
+    );
+    // A second login gets another session.
+    let again = http(
+        "POST",
+        &addr,
+        "/console/login",
+        &[],
+        &format!("token={TOKEN}"),
+    );
+    assert_ne!(session_cookie(&again), cookie);
+    // The token itself as a cookie, or a made-up id: no session.
+    for forged in [
+        format!("einmal_console={TOKEN}"),
+        format!("einmal_console={}", "ab".repeat(32)),
+    ] {
+        let r = http("GET", &addr, "/console", &[("Cookie", &forged)], "");
+        assert_eq!(r.status, 401, "{forged}");
+    }
+    // `/console/` with the session.
+    let slash = http("GET", &addr, "/console/", &[("Cookie", &cookie)], "");
+    assert_eq!(slash.status, 303, "{}", slash.head);
+    assert_eq!(header(&slash, "location").as_deref(), Some("/console"));
+
+    // Logout ends the session: the same cookie is refused after it.
+    let logout = http("POST", &addr, "/console/logout", &[("Cookie", &cookie)], "");
+    assert_eq!(logout.status, 303, "{}", logout.head);
+    assert!(header(&logout, "set-cookie").unwrap().contains("Max-Age=0"));
+    let after = http("GET", &addr, "/console", &[("Cookie", &cookie)], "");
+    assert_eq!(after.status, 401);
+    assert_eq!(
+        json(&after)["message"],
+        "the session expired or is unknown: log in"
+    );
+
+    // A login from an https origin (a TLS proxy in front) gets a Secure cookie.
+    let over_tls = http(
+        "POST",
+        &addr,
+        "/console/login",
+        &[("Origin", &format!("https://{addr}"))],
+        &format!("token={TOKEN}"),
+    );
+    assert_eq!(over_tls.status, 303, "{}", over_tls.body);
+    assert!(header(&over_tls, "set-cookie")
+        .unwrap()
+        .contains("; Secure"));
+
+    // Five wrong tokens from this peer, then even the right one waits.
+    for _ in 0..5 {
+        let r = http(
+            "POST",
+            &addr,
+            "/console/login",
+            &[],
+            "token=wrong-token-0123456789",
+        );
+        assert_eq!(r.status, 401);
+    }
+    let throttled = http(
+        "POST",
+        &addr,
+        "/console/login",
+        &[],
+        &format!("token={TOKEN}"),
+    );
+    assert_eq!(throttled.status, 429, "{}", throttled.body);
+    assert_eq!(json(&throttled)["error"], "throttled");
+    let wait: u64 = header(&throttled, "retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert!(header(&throttled, "set-cookie").is_none(), "no session");
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(
+        http("GET", &addr, "/console", &[("Authorization", &bearer)], "").status,
+        429,
+        "the bearer header is throttled too"
+    );
+}
+
+fn sigterm(child: &mut Child) -> std::process::ExitStatus {
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the process did not exit on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Standalone `einmal console`: `--config`'s secrets are masked in a shown body; a
+/// peer beyond its connections is refused; SIGTERM ends it with idle connections
+/// open (their idle timeout here is ten minutes).
+#[test]
+fn standalone_console_masks_configured_secrets_bounds_connections_and_stops_on_sigterm() {
+    use std::io::{Read, Write};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let data_dir = data_dir.to_str().unwrap().to_owned();
+    let secret = "whsec_console_mask_0123456789abcdef";
+    let config = dir.path().join("tenants.toml");
+    std::fs::write(
+        &config,
+        format!("[[tenant]]\nprovider = \"stripe\"\ntenant = \"demo\"\nsecrets = [\"{secret}\"]\n"),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    // An event whose body carries the secret in a field of no credential-like name.
+    let sample = std::fs::read_to_string(repo().join("events/samples/stripe.json")).unwrap();
+    assert!(sample.contains("Order order-1001"));
+    let event = dir.path().join("event.json");
+    std::fs::write(&event, sample.replace("Order order-1001", secret)).unwrap();
+    {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let _serve = spawn_einmal(&[
+            "serve",
+            "--addr",
+            &addr,
+            "--data-dir",
+            &data_dir,
+            "--config",
+            &config,
+        ]);
+        wait_for_port(&addr, "einmal serve");
+        let sent = einmal(&[
+            "send",
+            "--provider",
+            "stripe",
+            "--tenant",
+            "demo",
+            "--config",
+            &config,
+            "--event",
+            event.to_str().unwrap(),
+            "--event-id",
+            "evt_console_mask",
+            "--url",
+            &format!("http://{addr}"),
+        ]);
+        assert!(stdout(&sent).starts_with("200 "), "{}", stdout(&sent));
+    }
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut console = spawn_einmal(&[
+        "console",
+        "--addr",
+        &addr,
+        "--data-dir",
+        &data_dir,
+        "--config",
+        &config,
+        "--max-connections-per-peer",
+        "3",
+        "--header-read-timeout-ms",
+        "600000",
+    ]);
+    wait_for_port(&addr, "einmal console");
+    let shown = http(
+        "GET",
+        &addr,
+        "/console/event?id=stripe%23demo%23evt_console_mask",
+        &[],
+        "",
+    );
+    assert_eq!(shown.status, 200, "{}", shown.body);
+    assert!(
+        shown.body.contains("pi_demo_1"),
+        "the body is shown: {}",
+        shown.body
+    );
+    assert!(!shown.body.contains(secret), "{}", shown.body);
+    assert!(shown.body.contains("[REDACTED]") || shown.body.contains("[redacted]"));
+    let slash = http("GET", &addr, "/console/", &[], "");
+    assert_eq!(slash.status, 303, "{}", slash.head);
+    assert_eq!(header(&slash, "location").as_deref(), Some("/console"));
+
+    // Three connections held open after a request each (keep-alive, idle); the
+    // readiness probe's and the finished ones may count until the server sees them
+    // close: take a place until one is granted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| loop {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(format!("GET /console/login HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .unwrap();
+            let mut line = [0u8; 17];
+            s.read_exact(&mut line).unwrap();
+            if &line == b"HTTP/1.1 200 OK\r\n" {
+                // The rest of the answer, so the connection is idle again.
+                s.set_read_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
+                let mut rest = [0u8; 65536];
+                let _ = s.read(&mut rest);
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no place: {line:?}");
+            drop(s);
+            std::thread::sleep(Duration::from_millis(20));
+        })
+        .collect();
+    let over = http("GET", &addr, "/console/login", &[], "");
+    assert_eq!(over.status, 503, "{}", over.head);
+    assert_eq!(json(&over)["error"], "too_many_connections");
+
+    // SIGTERM with the idle connections open: the console exits, and closes them.
+    let exit = sigterm(&mut console.0);
+    assert!(exit.success(), "{exit:?}");
+    for mut s in held {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 1024];
+        let closed = match s.read(&mut buf) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        };
+        assert!(closed, "a held connection is closed");
+    }
 }

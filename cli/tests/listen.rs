@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::repo;
+use common::{http, repo};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 
@@ -163,6 +163,32 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
         line.contains("stripe/demo  payment_intent.succeeded  evt_listen_1  --> [200]"),
         "{line}"
     );
+
+    // `listen`'s console: `/console/` leads to it, a foreign Host name is refused.
+    let slash = http("GET", &addr, "/console/", &[], "");
+    assert_eq!(slash.status, 303, "{}", slash.head);
+    assert!(
+        slash
+            .head
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case("location: /console")),
+        "{}",
+        slash.head
+    );
+    assert_eq!(http("GET", &addr, "/console", &[], "").status, 200);
+    let rebound = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(
+            format!("GET /console HTTP/1.1\r\nHost: attacker.example:{port}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    assert!(rebound.starts_with("HTTP/1.1 421 "), "{rebound}");
 }
 
 /// An app that answers 400 (the handler being fixed) gets the event again instead of

@@ -9,11 +9,14 @@
 //! fetched from a CDN; the binary holds the whole console. Replays go through the
 //! same audited [`Replayer`] as `einmal replay`.
 //!
-//! Access ([`auth`]): loopback binds need nothing; any other bind needs a token
-//! (header `Authorization: Bearer …` or the cookie the login form sets, compared in
-//! constant time). Every POST carries the per-process CSRF token.
+//! Access ([`auth`]): loopback binds need no token; any other bind needs one
+//! (header `Authorization: Bearer …`, or the session the login form opens, its id in
+//! a cookie). Every POST carries the per-process CSRF token. Before any of it, the
+//! [`guard`] refuses unknown Host names (DNS rebinding) and cross-site writes, and
+//! sets the security headers on every answer.
 
 mod auth;
+mod guard;
 mod pages;
 mod view;
 
@@ -30,6 +33,7 @@ use einmal::ports::InboxStore;
 use crate::metrics::ServeMetrics;
 
 pub use auth::TokenError;
+pub use guard::{check_host_names, HostNameError};
 
 /// Samples of the terminal count kept for the drain rate (one per overview view,
 /// at least [`SAMPLE_EVERY_MS`] apart): a fixed bound, whatever the traffic.
@@ -49,10 +53,28 @@ pub struct ConsoleStores {
     pub backend: String,
 }
 
+/// How the console is reached: its token, the host names it answers to behind a
+/// proxy, the cookie's `Secure`, the form body's deadline.
+#[derive(Debug, Clone)]
+pub struct ConsoleOptions {
+    /// `None`: no token asked for (a loopback bind without one).
+    pub token: Option<String>,
+    /// `--console-host`: names beyond the bound address (checked with
+    /// [`check_host_names`]).
+    pub hosts: Vec<String>,
+    /// `--console-secure-cookie`: the session cookie is `Secure` (the console is
+    /// behind a TLS proxy).
+    pub secure_cookie: bool,
+    pub body_timeout: std::time::Duration,
+}
+
 pub(crate) struct Console {
     stores: ConsoleStores,
     /// `None`: no token asked for (a loopback bind without one).
     token: Option<String>,
+    sessions: auth::Sessions,
+    throttle: auth::Throttle,
+    secure_cookie: bool,
     /// The per-process CSRF token every form carries.
     csrf: String,
     /// (at_ms, events in a terminal state): the drain rate's samples.
@@ -62,11 +84,15 @@ pub(crate) struct Console {
 /// Where the console is mounted.
 pub const BASE: &str = "/console";
 
-/// The console's routes (to nest at [`BASE`]). `token`: see [`check_access`].
-pub fn router(stores: ConsoleStores, token: Option<String>) -> Router {
+/// The console's routes at [`BASE`] (and `BASE/`), behind the [`guard`], for a
+/// console listening on `bound`: merge them into the server's router.
+pub fn app(stores: ConsoleStores, options: ConsoleOptions, bound: SocketAddr) -> Router {
     let console = Arc::new(Console {
         stores,
-        token,
+        token: options.token,
+        sessions: auth::Sessions::new(auth::SESSION_TTL, auth::MAX_SESSIONS),
+        throttle: auth::Throttle::new(auth::THROTTLE_WINDOW),
+        secure_cookie: options.secure_cookie,
         csrf: auth::random_token(),
         samples: Mutex::new(VecDeque::with_capacity(MAX_SAMPLES)),
     });
@@ -83,18 +109,31 @@ pub fn router(stores: ConsoleStores, token: Option<String>) -> Router {
             console.clone(),
             auth::require_token,
         ));
-    Router::new()
+    let inner = Router::new()
         .merge(protected)
         .route("/login", get(auth::login_form).post(auth::login))
+        .route("/logout", post(auth::logout))
         .fallback(pages::not_found)
-        .with_state(console)
+        .with_state(console);
+    let guard = Arc::new(guard::Guard {
+        hosts: guard::Hosts::new(bound, &options.hosts),
+        body_timeout: options.body_timeout,
+    });
+    Router::new()
+        .nest(BASE, inner)
+        // `/console/` is the overview too (issue 24).
+        .route(
+            "/console/",
+            get(|| async { axum::response::Redirect::to(BASE) }),
+        )
+        .layer(axum::middleware::from_fn_with_state(guard, guard::guard))
 }
 
 /// The console of `einmal serve`, before it is mounted (the figures come from the
 /// receiver and processor built after it).
 pub struct ServeConsole {
     stores: ConsoleStores,
-    token: Option<String>,
+    options: ConsoleOptions,
 }
 
 impl ServeConsole {
@@ -103,8 +142,9 @@ impl ServeConsole {
         self
     }
 
-    pub fn router(self) -> Router {
-        router(self.stores, self.token)
+    /// The console's routes for `einmal serve` listening on `bound` (see [`app`]).
+    pub fn app(self, bound: SocketAddr) -> Router {
+        app(self.stores, self.options, bound)
     }
 }
 
@@ -114,9 +154,10 @@ pub fn for_serve(
     store: Arc<einmal::adapters::embedded::EmbeddedStore>,
     data_dir: &std::path::Path,
     addr: &SocketAddr,
-    token: Option<String>,
+    options: ConsoleOptions,
 ) -> Result<Option<ServeConsole>, String> {
-    match check_access(addr, token.as_deref()) {
+    check_host_names(&options.hosts).map_err(|e| e.to_string())?;
+    match check_access(addr, options.token.as_deref()) {
         Ok(()) => {}
         Err(e @ TokenError::Required(_)) => {
             eprintln!("einmal: console off: {e}");
@@ -137,7 +178,7 @@ pub fn for_serve(
             figures: None,
             backend: format!("embedded, {}", data_dir.display()),
         },
-        token,
+        options,
     }))
 }
 
@@ -153,37 +194,35 @@ pub fn check_access(addr: &SocketAddr, token: Option<&str>) -> Result<(), TokenE
     }
 }
 
-/// `einmal console` on its own: serve the console at `addr` until Ctrl-C / SIGTERM.
+/// `einmal console` on its own: serve the console at `addr` with `limits` (the
+/// bounds of `einmal serve`: header timeout, connections in all and per peer) until
+/// Ctrl-C / SIGTERM, then drain (bounded by [`crate::serve_http::SHUTDOWN_DRAIN`]).
 pub async fn serve(
     stores: ConsoleStores,
     addr: SocketAddr,
-    token: Option<String>,
+    options: ConsoleOptions,
+    limits: &crate::serve_http::ClientLimits,
 ) -> Result<(), String> {
-    check_access(&addr, token.as_deref()).map_err(|e| e.to_string())?;
+    check_access(&addr, options.token.as_deref()).map_err(|e| e.to_string())?;
+    check_host_names(&options.hosts).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    // The store's detail is for the terminal; the pages show it after the login.
     eprintln!(
         "einmal: console on http://{local}{BASE} ({}{})",
         stores.backend,
-        if token.is_some() {
+        if options.token.is_some() {
             ", token required"
         } else {
             ""
         }
     );
-    let app = Router::new()
-        .nest(BASE, router(stores, token))
-        .route("/", get(|| async { axum::response::Redirect::to(BASE) }))
-        .route(
-            "/console/",
-            get(|| async { axum::response::Redirect::to(BASE) }),
-        );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(crate::serve_http::shutdown_signal())
-        .await
-        .map_err(|e| format!("console server: {e}"))
+    let app = app(stores, options, local)
+        .route("/", get(|| async { axum::response::Redirect::to(BASE) }));
+    crate::serve_http::serve(listener, app, limits, crate::serve_http::shutdown_signal()).await;
+    Ok(())
 }

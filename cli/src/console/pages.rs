@@ -27,8 +27,19 @@ fn render(console: &Console, headers: &HeaderMap, page: Page) -> Response {
     }
 }
 
-pub(super) async fn not_found(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
-    ConsoleError::NotFound("no such console page".into()).respond(&console, &headers)
+/// Outside the access rule: the answer says nothing about the store.
+pub(super) async fn not_found(headers: HeaderMap) -> Response {
+    let message = "no such console page";
+    if view::wants_html(&headers) {
+        let body = html! { p.error { (message) } };
+        (
+            axum::http::StatusCode::NOT_FOUND,
+            view::public_page("Not Found", body),
+        )
+            .into_response()
+    } else {
+        view::json_error(axum::http::StatusCode::NOT_FOUND, "not_found", message)
+    }
 }
 
 /// Most pending items read for the backlog figures (the sweeper's own bound).

@@ -10,17 +10,28 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 use super::{Console, BASE};
 use einmal::telemetry::redact;
 
-/// The console's whole style sheet, inline: no request leaves for a CDN.
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
+/// The console's whole style sheet, inline: no request leaves for a CDN (the CSP
+/// allows it by its hash).
+pub(super) const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0;color:#222}\
 header{background:#1f2937;color:#fff;padding:.6em 1em}header a{color:#fff;margin-right:1em}\
 main{padding:1em}table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;\
 padding:.3em .5em;text-align:left;font-size:.9em;vertical-align:top}pre{background:#f6f8fa;\
 padding:.8em;overflow:auto}.error{color:#b91c1c;font-weight:bold}.ok{color:#15803d}\
 form.inline{display:inline}fieldset{margin:.5em 0}input[type=text]{width:14em}\
-.muted{color:#666}.state{font-family:monospace}";
+.muted{color:#666}.state{font-family:monospace}form.logout{display:inline;float:right}";
 
-/// A whole page: header with the navigation, then `body`.
+/// A whole page for a request that passed the access rule: the header with the
+/// store's detail and the navigation, then `body`.
 pub(super) fn page(console: &Console, title: &str, body: Markup) -> Markup {
+    layout(Some(console), title, body)
+}
+
+/// A page before the access rule (the login form, refusals): nothing about the store.
+pub(super) fn public_page(title: &str, body: Markup) -> Markup {
+    layout(None, title, body)
+}
+
+fn layout(console: Option<&Console>, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -32,12 +43,19 @@ pub(super) fn page(console: &Console, title: &str, body: Markup) -> Markup {
             body {
                 header {
                     strong { "einmal console" } " "
-                    span.muted { "(" (console.stores.backend) ") " }
+                    @if let Some(console) = console {
+                        span.muted { "(" (console.stores.backend) ") " }
+                    }
                     a href=(BASE) { "Overview" }
                     a href={ (BASE) "/events" } { "Events" }
                     a href={ (BASE) "/dead-letters" } { "Dead letters" }
                     a href={ (BASE) "/audit" } { "Audit log" }
                     a href={ (BASE) "/reconcile" } { "Reconciliation" }
+                    @if console.is_some_and(|c| c.token.is_some()) {
+                        form.logout method="post" action={ (BASE) "/logout" } {
+                            button type="submit" id="logout" { "Log out" }
+                        }
+                    }
                 }
                 main {
                     h1 { (title) }
