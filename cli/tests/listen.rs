@@ -176,6 +176,7 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
         slash.head
     );
     assert_eq!(http("GET", &addr, "/console", &[], "").status, 200);
+    let port = addr.rsplit(':').next().unwrap();
     let rebound = {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
