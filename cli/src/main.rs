@@ -152,7 +152,7 @@ impl ConsoleLimits {
 
 /// The tenant configuration's secrets, registered for masking (the bodies and
 /// headers the console shows); a missing default file is said, a bad one refused.
-fn mask_configured_secrets(config: Option<&std::path::Path>) -> Result<(), CliError> {
+async fn mask_configured_secrets(config: Option<&std::path::Path>) -> Result<(), CliError> {
     let (path, given) = match config {
         Some(path) => (path.to_owned(), true),
         None => (default_config_path(), false),
@@ -164,7 +164,7 @@ fn mask_configured_secrets(config: Option<&std::path::Path>) -> Result<(), CliEr
         );
         return Ok(());
     }
-    let config = einmal::config::Config::load(&path).map_err(|e| e.to_string())?;
+    let config = einmal_cli::config_file::load(&path).await?;
     einmal::telemetry::redact::register_config(&config);
     Ok(())
 }
@@ -178,7 +178,7 @@ async fn run_console(args: ConsoleArgs) -> Result<ExitCode, CliError> {
     console::check_access(&args.addr, args.token.as_deref())
         .map_err(|e| CliError::Usage(e.to_string()))?;
     console::check_host_names(&args.hosts).map_err(|e| CliError::Usage(e.to_string()))?;
-    mask_configured_secrets(args.config.as_deref())?;
+    mask_configured_secrets(args.config.as_deref()).await?;
     let ops = args.store.open_ops().await?;
     let backend = match args.store.backend {
         store::Backend::Embedded => format!("embedded, {}", args.store.data_dir.display()),
