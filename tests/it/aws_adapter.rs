@@ -888,7 +888,7 @@ async fn ssm_secret_references_resolve_at_each_load() {
     let err = load_config_with(&sdk, env).await.unwrap_err().to_string();
     assert!(
         err.contains(&format!(
-            ":11: destination demo/shop-db: `dsn` refers to SSM parameter {base}/secrets/missing, which was not found"
+            "line 11: destination demo/shop-db: `dsn` refers to SSM parameter {base}/secrets/missing, which was not found"
         )),
         "{err}"
     );
