@@ -159,6 +159,19 @@ pub trait Provider: Send + Sync {
         None
     }
 
+    /// After [`Provider::verify_and_extract`] accepted a request and before its events
+    /// are stored: keep what the verification established beyond the process
+    /// (PayPal: a certificate that verified for the first time goes to the store, so
+    /// a restart need not fetch it). Bounded, and it never fails: what goes wrong is
+    /// logged and tried again after a later verification. `None` (the default):
+    /// nothing to keep.
+    fn verified<'a>(
+        &'a self,
+        _tenant: &'a TenantConfig,
+    ) -> Option<futures::future::BoxFuture<'a, ()>> {
+        None
+    }
+
     /// Verify the request for `tenant` (its secrets, tolerance, options) at `now_secs`,
     /// then extract the envelope(s). Must not parse the body before the signature holds.
     fn verify_and_extract(

@@ -79,7 +79,17 @@
 //! - **pinning**: a certificate whose key verified a signature is kept apart from the
 //!   cache (up to [`PINNED_CERTS`], replaced only by another one that verified a
 //!   signature, dropped when its chain no longer validates), so no flood of attacker
-//!   URLs can evict it or make it wait for a fetch.
+//!   URLs can evict it or make it wait for a fetch;
+//! - **persisted**: with a [`CertificateCache`] (the store: `einmal serve`'s SQLite
+//!   file, the receiver's DynamoDB table), a newly pinned certificate is also written
+//!   there, once, before the delivery it verified is answered (PEM chain, keyed by
+//!   URL, expiring with the chain's earliest notAfter), and a URL neither pinned nor
+//!   cached is looked up there (one read) before any fetch. A restart, a new Lambda
+//!   instance or an outage of PayPal's host then costs no fetch for a certificate that
+//!   verified a delivery before. Only verification writes: unauthenticated requests
+//!   read at most one missing entry each and never write, so the entries are as many
+//!   as the certificates PayPal signs with, whatever the traffic. A stored chain is
+//!   checked like a fetched one on every request (anchors, validity, common name).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -105,6 +115,7 @@ use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::https::HttpsClient;
+use crate::ports::CertificateCache;
 use crate::request::WebhookRequest;
 
 pub struct PayPal;
@@ -374,6 +385,10 @@ struct FetchState {
     reserve_running: Arc<Semaphore>,
     /// Host → when a fetch to it last failed as unreachable.
     unreachable: Mutex<HashMap<String, i64>>,
+    /// Where verified certificates are kept beyond the process, if anywhere.
+    store: OnceLock<Arc<dyn CertificateCache>>,
+    /// Verified certificates not yet written there: URL → (PEM chain, expires at).
+    unsaved: Mutex<HashMap<String, (Vec<u8>, i64)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -406,8 +421,23 @@ impl PayPalVerifier {
                 tenants: Mutex::new(HashMap::new()),
                 reserve_running: Arc::new(Semaphore::new(limits.max_concurrent)),
                 unreachable: Mutex::new(HashMap::new()),
+                store: OnceLock::new(),
+                unsaved: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Keep the certificates that verify deliveries in `cache` as well, and look
+    /// there before fetching (module docs). Once per verifier: `false` if it already
+    /// had one (which it keeps).
+    pub fn persist_to(&self, cache: Arc<dyn CertificateCache>) -> bool {
+        self.shared.store.set(cache).is_ok()
+    }
+
+    /// [`PayPalVerifier::persist_to`] while building.
+    pub fn with_certificate_cache(self, cache: Arc<dyn CertificateCache>) -> Self {
+        self.persist_to(cache);
+        self
     }
 
     /// HTTPS fetching over `client` (a clone of the process's one client) and the
@@ -442,6 +472,9 @@ impl PayPalVerifier {
             return;
         };
         if sig::decode_base64(SIG, h.sig).is_err() || !is_allowed_cert_url(h.cert_url) {
+            return;
+        }
+        if self.shared.knows(h.cert_url, now_secs) || self.load(h.cert_url, now_secs).await {
             return;
         }
         if let Some(flight) = self
@@ -479,6 +512,66 @@ impl PayPalVerifier {
                 Err(ProviderError::CannotVerifyNow { retry_after_secs })
             }
         }
+    }
+
+    /// `url`'s chain from the store, pinned if it is there: it verified a delivery when
+    /// it was stored, and it is checked again like any chain. `false`: no store, not
+    /// there, or the store failed (then the fetch path decides).
+    async fn load(&self, url: &str, now: i64) -> bool {
+        let Some(store) = self.shared.store.get() else {
+            return false;
+        };
+        match store.get_certificate(url, now).await {
+            Ok(Some(pem)) => match parse_chain(&pem) {
+                Ok(chain) => {
+                    self.pin(url, chain, now);
+                    true
+                }
+                Err(reason) => {
+                    tracing::warn!(cert_url = url, reason = %reason, "paypal: stored certificate unusable");
+                    false
+                }
+            },
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(cert_url = url, error = %e, "paypal: cannot read the stored certificates");
+                false
+            }
+        }
+    }
+
+    /// Write the certificates that verified a delivery and are not in the store yet
+    /// (one per certificate and process; a failed write is tried again after the next
+    /// verification). `None`: nothing to write, or no store.
+    pub fn save_verified(&self) -> Option<BoxFuture<'_, ()>> {
+        let store = self.shared.store.get()?.clone();
+        let pending: Vec<(String, (Vec<u8>, i64))> = {
+            let mut unsaved = lock(&self.shared.unsaved);
+            if unsaved.is_empty() {
+                return None;
+            }
+            unsaved.drain().collect()
+        };
+        Some(
+            async move {
+                for (url, (pem, expires_at)) in pending {
+                    match store.put_certificate(&url, &pem, expires_at).await {
+                        Ok(()) => tracing::info!(
+                            cert_url = %url,
+                            expires_at,
+                            "paypal: verified certificate kept in the store"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(cert_url = %url, error = %e, "paypal: cannot keep the verified certificate");
+                            lock(&self.shared.unsaved)
+                                .entry(url)
+                                .or_insert((pem, expires_at));
+                        }
+                    }
+                }
+            }
+            .boxed(),
+        )
     }
 
     /// Keep the chain of a certificate that verified a signature.
@@ -548,6 +641,7 @@ impl PayPalVerifier {
         .map_err(|_| ProviderError::SignatureMismatch)?;
         if !pinned {
             self.pin(cert_url, chain.clone(), now_secs);
+            self.shared.keep(cert_url, &chain, now_secs);
         }
         self.shared.learn(cert_url, &tenant.tenant, now_secs);
         let envelope = extract(body, tenant, h.id)?;
@@ -556,6 +650,23 @@ impl PayPalVerifier {
 }
 
 impl FetchState {
+    /// Pinned, or cached (a chain or a failure).
+    fn knows(&self, url: &str, now: i64) -> bool {
+        lock(&self.pinned).contains_key(url) || self.cached(url, now).is_some()
+    }
+
+    /// Queue a newly verified chain for the store (when there is one).
+    fn keep(&self, url: &str, chain: &[CertificateDer<'static>], now: i64) {
+        if self.store.get().is_none() {
+            return;
+        }
+        let expires_at = not_after(chain).unwrap_or(now + CERT_TTL_SECS);
+        let mut unsaved = lock(&self.unsaved);
+        if unsaved.len() < PINNED_CERTS || unsaved.contains_key(url) {
+            unsaved.insert(url.to_owned(), (to_pem(chain), expires_at));
+        }
+    }
+
     fn cached(&self, url: &str, now: i64) -> Option<Result<Arc<Vec<CertificateDer<'static>>>, ()>> {
         let cache = lock(&self.cache);
         let entry = cache.get(url).filter(|e| e.fresh(now))?;
@@ -760,6 +871,36 @@ impl FetchState {
     }
 }
 
+/// The earliest notAfter of the chain (Unix seconds): when it stops validating.
+fn not_after(chain: &[CertificateDer<'_>]) -> Option<i64> {
+    chain
+        .iter()
+        .map(|der| {
+            x509_parser::parse_x509_certificate(der)
+                .ok()
+                .map(|(_, c)| c.validity().not_after.timestamp())
+        })
+        .collect::<Option<Vec<i64>>>()?
+        .into_iter()
+        .min()
+}
+
+/// The chain as PEM, leaf first (what a certificate host serves).
+fn to_pem(chain: &[CertificateDer<'_>]) -> Vec<u8> {
+    use base64::Engine;
+    let mut pem = String::new();
+    for der in chain {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem.into_bytes()
+}
+
 /// The shape of an allow-listed certificate URL: all but the last group of its name
 /// (`https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594`). PayPal's
 /// certificate names seen so far differ in the last group only.
@@ -778,15 +919,38 @@ fn cert_host(url: &str) -> &str {
 /// The process-wide verifier used by [`PayPal`]: [`install`]ed, or else
 /// [`PayPalVerifier::production`] with a client of its own on first use.
 pub fn verifier() -> &'static PayPalVerifier {
-    VERIFIER.get_or_init(|| PayPalVerifier::production(HttpsClient::new()))
+    VERIFIER.get_or_init(|| {
+        let v = PayPalVerifier::production(HttpsClient::new());
+        if let Some(cache) = PROCESS_CACHE.get() {
+            v.persist_to(cache.clone());
+        }
+        v
+    })
 }
 
 static VERIFIER: OnceLock<PayPalVerifier> = OnceLock::new();
+/// Where the process-wide verifier keeps verified certificates ([`persist_verified_to`]).
+static PROCESS_CACHE: OnceLock<Arc<dyn CertificateCache>> = OnceLock::new();
 
 /// Replace the process-wide verifier (e.g. a fixture source for an end-to-end test).
 /// Only possible before its first use; otherwise the argument is handed back.
 pub fn install(v: PayPalVerifier) -> Result<(), PayPalVerifier> {
+    if let Some(cache) = PROCESS_CACHE.get() {
+        v.persist_to(cache.clone());
+    }
     VERIFIER.set(v)
+}
+
+/// The process-wide verifier keeps the certificates that verify deliveries in `cache`
+/// (the composition root's store) and looks there before fetching: set once, before
+/// or after the verifier's first use, without building it (a receiver with no PayPal
+/// tenant never does). `false` if it already keeps them elsewhere.
+pub fn persist_verified_to(cache: Arc<dyn CertificateCache>) -> bool {
+    let set = PROCESS_CACHE.set(cache).is_ok();
+    match (VERIFIER.get(), PROCESS_CACHE.get()) {
+        (Some(v), Some(cache)) => v.persist_to(cache.clone()) || set,
+        _ => set,
+    }
 }
 
 /// Anchors from a PEM file, read once per path per process.
@@ -1068,6 +1232,10 @@ impl Provider for PayPal {
         verifier().verify_and_extract(request, tenant, now_secs)
     }
 
+    fn verified<'a>(&'a self, _tenant: &'a TenantConfig) -> Option<BoxFuture<'a, ()>> {
+        verifier().save_verified()
+    }
+
     /// For tests and `einmal send` only: signs with the tenant's first secret, an RSA
     /// private key in PEM (PKCS#8 or PKCS#1), and names option `cert_url`, which must
     /// serve the matching certificate. Real PayPal signs with its own key.
@@ -1127,6 +1295,67 @@ impl Provider for PayPal {
             "application/json",
         )?;
         Ok(headers)
+    }
+}
+
+/// [`PayPal`] on a verifier of its own instead of the process-wide one: for a test
+/// that restarts the verifier (a new process or Lambda instance over the same store),
+/// given to the ingestor with `Ingestor::with_provider`.
+pub struct PayPalOn(Arc<PayPalVerifier>);
+
+impl PayPalOn {
+    pub fn new(verifier: Arc<PayPalVerifier>) -> Self {
+        PayPalOn(verifier)
+    }
+}
+
+impl Provider for PayPalOn {
+    fn name(&self) -> &'static str {
+        PayPal.name()
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        request: &'a WebhookRequest,
+        tenant: &'a TenantConfig,
+        now_secs: i64,
+    ) -> Option<BoxFuture<'a, ()>> {
+        Some(self.0.prepare(request, tenant, now_secs).boxed())
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        PayPal.options()
+    }
+
+    fn retry_window_days(&self) -> u32 {
+        PayPal.retry_window_days()
+    }
+
+    fn needs_secret(&self, tenant: &TenantConfig) -> bool {
+        PayPal.needs_secret(tenant)
+    }
+
+    fn verify_and_extract(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        self.0.verify_and_extract(request, tenant, now_secs)
+    }
+
+    fn verified<'a>(&'a self, _tenant: &'a TenantConfig) -> Option<BoxFuture<'a, ()>> {
+        self.0.save_verified()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<http::HeaderMap, ProviderError> {
+        PayPal.sign(body, tenant, event_id, now_secs)
     }
 }
 
@@ -1860,6 +2089,121 @@ mod tests {
         assert_eq!(cert_shape(GOOD), cert_shape(ROTATED));
         assert_ne!(cert_shape(GOOD), cert_shape(SANDBOX));
         assert_ne!(cert_shape(GOOD), cert_shape(&url_numbered(1)));
+    }
+
+    /// Certificates kept in memory, as a store keeps them; counts the writes.
+    #[derive(Default)]
+    struct MemoryCerts {
+        kept: Mutex<HashMap<String, (Vec<u8>, i64)>>,
+        puts: Mutex<usize>,
+    }
+
+    #[async_trait::async_trait]
+    impl CertificateCache for MemoryCerts {
+        async fn get_certificate(
+            &self,
+            url: &str,
+            now_secs: i64,
+        ) -> Result<Option<Vec<u8>>, crate::ports::StoreError> {
+            Ok(self
+                .kept
+                .lock()
+                .unwrap()
+                .get(url)
+                .filter(|(_, expires_at)| *expires_at > now_secs)
+                .map(|(pem, _)| pem.clone()))
+        }
+
+        async fn put_certificate(
+            &self,
+            url: &str,
+            pem: &[u8],
+            expires_at: i64,
+        ) -> Result<(), crate::ports::StoreError> {
+            *self.puts.lock().unwrap() += 1;
+            self.kept
+                .lock()
+                .unwrap()
+                .insert(url.to_owned(), (pem.to_vec(), expires_at));
+            Ok(())
+        }
+    }
+
+    /// PayPal's host is down: every fetch fails at once as unreachable.
+    struct DownSource(Mutex<usize>);
+
+    impl CertSource for DownSource {
+        fn fetch(&self, _url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>> {
+            *self.0.lock().unwrap() += 1;
+            futures::future::ready(Err(FetchError::Unreachable("connection refused".into())))
+                .boxed()
+        }
+    }
+
+    #[test]
+    fn a_verified_certificate_is_kept_and_used_after_a_restart_with_the_host_down() {
+        let store = Arc::new(MemoryCerts::default());
+        let (v, _) = verifier_and_source();
+        let v = v.with_certificate_cache(store.clone());
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        assert!(deliver(&v, GOOD, &t, NOW).is_ok());
+        runtime().block_on(v.save_verified().expect("a certificate to keep"));
+        assert!(v.save_verified().is_none(), "kept once");
+        {
+            let kept = store.kept.lock().unwrap();
+            assert_eq!(kept.len(), 1);
+            let (pem, expires_at) = &kept[GOOD];
+            // The leaf's notAfter (2024-12-31), the earliest in the chain.
+            assert_eq!(*expires_at, 1_735_603_200);
+            assert_eq!(
+                parse_chain(pem).unwrap(),
+                parse_chain(fixture().served[GOOD].as_bytes()).unwrap()
+            );
+        }
+        // A restart: a new verifier over the same store, PayPal's host down, and a
+        // flood of random names first (default limits).
+        let down = Arc::new(DownSource(Mutex::new(0)));
+        let anchors = Anchors::from_pem(fixture().root_pem.as_bytes()).unwrap();
+        let v = PayPalVerifier::new(down.clone(), anchors).with_certificate_cache(store.clone());
+        for i in 0..20 {
+            probe(&v, &url_numbered(i), &t, NOW);
+        }
+        let fetches = *down.0.lock().unwrap();
+        assert!(!v.is_pinned(GOOD));
+        assert!(deliver(&v, GOOD, &t, NOW + 1).is_ok());
+        assert!(v.is_pinned(GOOD));
+        assert_eq!(*down.0.lock().unwrap(), fetches, "no fetch for GOOD");
+        assert!(
+            v.save_verified().is_none(),
+            "what came from the store is not written again"
+        );
+        assert_eq!(*store.puts.lock().unwrap(), 1);
+        // Past its expiry the stored chain is not used (and would not verify).
+        let (v, _) = verifier_and_source();
+        let v = v.with_certificate_cache(store.clone());
+        let in_2025 = 1_740_000_000;
+        assert!(deliver(&v, GOOD, &t, in_2025).is_err());
+    }
+
+    #[test]
+    fn unauthenticated_requests_never_write_the_store() {
+        let store = Arc::new(MemoryCerts::default());
+        let (v, source) = verifier_and_source();
+        let v = v.with_certificate_cache(store.clone());
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        for i in 0..20 {
+            probe(&v, &url_numbered(i), &t, NOW);
+        }
+        // Fetched and served, but the chain or the signature does not hold.
+        for url in [EVIL_CN, FOREIGN, EXPIRED, LEAF_ONLY, GARBAGE, GOOD] {
+            let mut h = headers(BODY, url, NOW);
+            h.insert(SIG, HeaderValue::from_static("AAAA"));
+            assert!(verify_at(&v, h, BODY, &t, NOW).is_err(), "{url}");
+        }
+        assert!(source.calls() > 20);
+        assert!(v.save_verified().is_none());
+        assert_eq!(*store.puts.lock().unwrap(), 0);
+        assert!(store.kept.lock().unwrap().is_empty());
     }
 
     #[test]
