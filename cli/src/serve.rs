@@ -160,6 +160,11 @@ pub async fn run_with_source(
     if paypal::install(PayPalVerifier::production(https.clone())).is_err() {
         tracing::debug!("the PayPal verifier was already in use: it keeps its own client");
     }
+    // PayPal's certificates that verified a delivery are kept in the store: a restart
+    // needs no fetch for them (and no fetch budget).
+    if !paypal::persist_verified_to(store.clone()) {
+        tracing::debug!("the PayPal verifier already keeps its certificates elsewhere");
+    }
     // Every destination's sink is tried before anything is served: a misconfigured
     // one stops the start with its name; one that cannot be reached now (a database
     // that is down) is logged and retried, and never holds back intake.

@@ -896,6 +896,30 @@ pub trait DeadLetterQueue: Send + Sync {
     async fn release_dead_letter(&self, receipt: &str) -> Result<(), QueueError>;
 }
 
+/// PayPal's certificates that verified a genuine delivery, kept in the store so that a
+/// restart, a new Lambda instance or an outage of PayPal's host does not need a fetch
+/// (`providers::paypal`). Keyed by the certificate URL. Only the verifier writes, and
+/// only a chain whose key verified a signature: unauthenticated requests never write,
+/// so the entries are as many as the certificates PayPal signs with. Each expires at
+/// `expires_at` (Unix seconds; the chain's earliest notAfter), after which it is never
+/// returned and the store deletes it (DynamoDB TTL; SQLite on the next put).
+#[async_trait]
+pub trait CertificateCache: Send + Sync {
+    /// The PEM chain kept for `url`, unless it expired at `now_secs`.
+    async fn get_certificate(
+        &self,
+        url: &str,
+        now_secs: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Keep (or replace) `url`'s PEM chain until `expires_at`.
+    async fn put_certificate(
+        &self,
+        url: &str,
+        pem: &[u8],
+        expires_at: i64,
+    ) -> Result<(), StoreError>;
+}
+
 /// Every inbox port at once: what one backend's store (DynamoDB + SQS, or SQLite)
 /// implements, so wiring passes one store instead of the same one once per port. The
 /// fine-grained ports stay for code (and fault-injecting tests) that needs only one.

@@ -27,6 +27,7 @@ mod layout;
 mod log_redaction;
 mod lost_bodies;
 mod outage;
+mod paypal_certs;
 mod processing;
 mod reconcile;
 mod reconcile_thin;

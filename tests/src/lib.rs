@@ -6,6 +6,7 @@ pub mod fake_thin_api;
 pub mod fault_proxy;
 pub mod fixtures;
 pub mod moto;
+pub mod paypal;
 pub mod postgres;
 pub mod scenario;
 

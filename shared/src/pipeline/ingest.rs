@@ -50,6 +50,11 @@ pub enum IngestError {
     Unauthenticated(ProviderError),
     #[error("{0}")]
     Malformed(ProviderError),
+    /// The signature could not be checked now (PayPal's certificate not fetched: fetch
+    /// budget, host unreachable): 503 with `Retry-After`, so the provider retries;
+    /// never 401, which would tell it the delivery was forged.
+    #[error("signature cannot be checked now; retry after {retry_after_secs} s")]
+    CannotVerifyNow { retry_after_secs: u64 },
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -68,7 +73,10 @@ impl IngestError {
             IngestError::Unauthenticated(_) => 401,
             IngestError::Malformed(_) => 400,
             // Retryable on our side: 503 makes the provider deliver again.
-            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => 503,
+            IngestError::Store(_)
+            | IngestError::Queue(_)
+            | IngestError::Body(_)
+            | IngestError::CannotVerifyNow { .. } => 503,
         }
     }
 
@@ -84,6 +92,7 @@ impl IngestError {
             IngestError::Unauthenticated(_) => "invalid_signature",
             IngestError::Malformed(_) => "malformed_request",
             IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => "unavailable",
+            IngestError::CannotVerifyNow { .. } => "verification_unavailable",
         }
     }
 
@@ -106,9 +115,10 @@ impl IngestError {
             }
             IngestError::Unauthenticated(_) => &metrics.signature_failures,
             IngestError::Malformed(_) => &metrics.malformed,
-            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
-                &metrics.unavailable
-            }
+            IngestError::Store(_)
+            | IngestError::Queue(_)
+            | IngestError::Body(_)
+            | IngestError::CannotVerifyNow { .. } => &metrics.unavailable,
         };
         IngestMetrics::incr(counter);
     }
@@ -117,9 +127,10 @@ impl IngestError {
     fn intake_result(&self) -> IntakeResult {
         match self {
             IngestError::Unauthenticated(_) => IntakeResult::SignatureFailure,
-            IngestError::Store(_) | IngestError::Queue(_) | IngestError::Body(_) => {
-                IntakeResult::Unavailable
-            }
+            IngestError::Store(_)
+            | IngestError::Queue(_)
+            | IngestError::Body(_)
+            | IngestError::CannotVerifyNow { .. } => IntakeResult::Unavailable,
             _ => IntakeResult::Rejected,
         }
     }
@@ -150,7 +161,8 @@ pub struct IngestResponse {
     /// A plain-text body some providers expect on success instead of JSON (Adyen's
     /// `[accepted]`); `body` keeps the JSON details for logs and tests.
     pub plain: Option<&'static str>,
-    /// Seconds for a `Retry-After` header (429).
+    /// Seconds for a `Retry-After` header (429, and the 503 of a signature that could
+    /// not be checked now).
     pub retry_after_secs: Option<u64>,
 }
 
@@ -174,7 +186,8 @@ impl IngestResponse {
             status: err.status(),
             body: json!({ "error": err.code(), "message": err.public_message() }),
             retry_after_secs: match err {
-                IngestError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
+                IngestError::RateLimited { retry_after_secs }
+                | IngestError::CannotVerifyNow { retry_after_secs } => Some(*retry_after_secs),
                 _ => None,
             },
         }
@@ -217,6 +230,8 @@ pub struct Ingestor {
     redacted: std::sync::Mutex<Option<Arc<Config>>>,
     /// Per-tenant intake limit of thin hints (per process: see `hint_limit`).
     hints: HintLimiter,
+    /// Providers used instead of the registered ones of the same name.
+    providers: Vec<Arc<dyn Provider>>,
 }
 
 impl Ingestor {
@@ -242,6 +257,23 @@ impl Ingestor {
             redacting: AtomicUsize::new(0),
             redacted: std::sync::Mutex::new(None),
             hints: HintLimiter::default(),
+            providers: Vec::new(),
+        }
+    }
+
+    /// Use `provider` instead of the registered provider of its name (tests: PayPal on
+    /// a verifier of their own, restarted over the same store).
+    pub fn with_provider(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.providers.retain(|p| p.name() != provider.name());
+        self.providers.push(provider);
+        self
+    }
+
+    /// The provider named `name`: an override, else the registered one.
+    fn provider(&self, name: &str) -> Option<&dyn Provider> {
+        match self.providers.iter().find(|p| p.name() == name) {
+            Some(p) => Some(&**p),
+            None => providers::lookup(name),
         }
     }
 
@@ -293,7 +325,7 @@ impl Ingestor {
         trace: Option<&TraceHeader>,
     ) -> (IngestResponse, IntakeRecord) {
         let started = Instant::now();
-        let known = providers::lookup(provider);
+        let known = self.provider(provider);
         let trace_id = trace.and_then(TraceHeader::root);
         let (response, result) = match self
             .try_ingest_traced(provider, tenant, request, trace)
@@ -376,7 +408,7 @@ impl Ingestor {
         request: &WebhookRequest,
         trace: Option<&TraceHeader>,
     ) -> Result<Intake, IngestError> {
-        let provider = providers::lookup(provider_name).ok_or(IngestError::NotFound)?;
+        let provider = self.provider(provider_name).ok_or(IngestError::NotFound)?;
         let config = self.config.current().await;
         self.redact_secrets_of(&config);
         let tenant = config
@@ -410,6 +442,11 @@ impl Ingestor {
             prepared.await;
         }
         let events = verify(provider, request, tenant, now_ms / 1000)?;
+        // What the verification established that outlives the process (PayPal's
+        // certificate), kept before the answer: a Lambda may be frozen right after it.
+        if let Some(kept) = provider.verified(tenant) {
+            kept.await;
+        }
         let items = events
             .into_iter()
             .map(|event| inbox_item(&config.ingest, event, now_ms))
@@ -577,9 +614,12 @@ impl Ingestor {
     }
 }
 
-/// 401 for what could not be authenticated, 400 for authentic but malformed requests.
+/// 401 for what could not be authenticated, 400 for authentic but malformed requests,
+/// 503 for what could not be checked now.
 fn classify(err: ProviderError) -> IngestError {
-    if err.is_authentication_failure() {
+    if let ProviderError::CannotVerifyNow { retry_after_secs } = err {
+        IngestError::CannotVerifyNow { retry_after_secs }
+    } else if err.is_authentication_failure() {
         IngestError::Unauthenticated(err)
     } else {
         IngestError::Malformed(err)
@@ -642,4 +682,26 @@ fn inbox_item(
         deliveries: Vec::new(),
         relay_due_ms: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_that_cannot_be_checked_now_is_503_with_retry_after_never_401() {
+        let err = classify(ProviderError::CannotVerifyNow {
+            retry_after_secs: 6,
+        });
+        assert_eq!(err.status(), 503);
+        assert_eq!(err.code(), "verification_unavailable");
+        assert_eq!(err.intake_result(), IntakeResult::Unavailable);
+        let response = IngestResponse::from_error(&err);
+        assert_eq!(response.retry_after_secs, Some(6));
+        assert_eq!(response.body["error"], "verification_unavailable");
+        // What was checked and failed stays 401.
+        let forged = classify(ProviderError::SignatureMismatch);
+        assert_eq!(forged.status(), 401);
+        assert_eq!(IngestResponse::from_error(&forged).retry_after_secs, None);
+    }
 }

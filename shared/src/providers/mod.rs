@@ -56,11 +56,17 @@ pub enum ProviderError {
     /// Authentic, but the payload lacks what we need (event id, type) or is not valid JSON.
     #[error("malformed payload: {0}")]
     MalformedPayload(String),
+    /// The request could not be checked now for a reason on our side (PayPal: its
+    /// certificate could not be fetched within the fetch budget, or PayPal's host did
+    /// not answer): neither authentic nor forged as far as we know. HTTP 503 with
+    /// `Retry-After`, nothing stored; the provider's retry gets another chance.
+    #[error("the signature cannot be checked now; retry after {retry_after_secs} s")]
+    CannotVerifyNow { retry_after_secs: u64 },
 }
 
 impl ProviderError {
     /// True when the request could not be authenticated (HTTP 401); false when it was
-    /// authentic but malformed (HTTP 400).
+    /// authentic but malformed (HTTP 400), or could not be checked now (HTTP 503).
     pub fn is_authentication_failure(&self) -> bool {
         matches!(
             self,
@@ -149,6 +155,19 @@ pub trait Provider: Send + Sync {
         _request: &'a WebhookRequest,
         _tenant: &'a TenantConfig,
         _now_secs: i64,
+    ) -> Option<futures::future::BoxFuture<'a, ()>> {
+        None
+    }
+
+    /// After [`Provider::verify_and_extract`] accepted a request and before its events
+    /// are stored: keep what the verification established beyond the process
+    /// (PayPal: a certificate that verified for the first time goes to the store, so
+    /// a restart need not fetch it). Bounded, and it never fails: what goes wrong is
+    /// logged and tried again after a later verification. `None` (the default):
+    /// nothing to keep.
+    fn verified<'a>(
+        &'a self,
+        _tenant: &'a TenantConfig,
     ) -> Option<futures::future::BoxFuture<'a, ()>> {
         None
     }

@@ -49,18 +49,47 @@
 //! - **single-flight per URL**: concurrent requests naming one URL await one fetch;
 //! - **bounded**: at most [`FetchLimits::max_concurrent`] fetches run at once (4) and
 //!   at most [`FetchLimits::burst`] new fetches start at once, refilled at
-//!   [`FetchLimits::per_minute`] (4, then 10 a minute), process-wide; a request over
-//!   these bounds does not wait, it is refused (401; PayPal retries deliveries for
-//!   3 days);
+//!   [`FetchLimits::per_minute`] (4, then 10 a minute), process-wide: the shared
+//!   budget. A request over these bounds does not wait, and is not called forged: it
+//!   is answered 503 with `Retry-After` ([`ProviderError::CannotVerifyNow`]; PayPal
+//!   retries deliveries for 3 days). Only a certificate that was fetched and does not
+//!   verify makes a 401;
+//! - **reserved per tenant**: the URL a tenant last verified a delivery with has a
+//!   bucket of its own per tenant ([`FetchLimits::per_tenant`], 2, refilled 2 a
+//!   minute, and fetch slots of its own), so a flood of other names never holds back
+//!   the fetch a tenant's genuine deliveries need (its pinned certificate was dropped,
+//!   or evicted by other tenants' certificates);
+//! - **shaped**: once a certificate has verified a delivery, the shared budget pays
+//!   only for names of a shape seen verifying (host and the name without its last
+//!   group, `…/CERT-360caa42-fca2a594-`); other names draw from a small bucket
+//!   ([`FetchLimits::other_shapes`], 2 a minute) so a PayPal certificate of a new shape
+//!   still gets fetched. Random `CERT-…` names then cost the shared budget nothing.
+//!   We chose the shape over rationing per source address: behind API Gateway or a
+//!   proxy the address is the edge's unless forwarded headers are trusted, an attacker
+//!   with many addresses gets a ration each, and PayPal delivers from many addresses
+//!   too; the shape needs nothing but what a verified delivery showed. An attacker
+//!   who copies the real shape still spends the shared budget, which is why the
+//!   tenant's reserve and the pinned (and persisted) certificate do not depend on it;
 //! - **short**: each fetch has [`FETCH_TIMEOUT`] (3 s) in total (DNS, connect, TLS,
 //!   response; no redirects, 64 KiB cap), in a spawned task that no lock is held across;
 //! - **negative caching per host**: a host that could not be reached (timeout,
-//!   connection or DNS failure) gets no new fetch for [`HOST_FAILURE_TTL_SECS`], and a
-//!   URL that failed none for [`CERT_FAILURE_TTL_SECS`];
+//!   connection or DNS failure) gets no new fetch for [`HOST_FAILURE_TTL_SECS`] (its
+//!   requests are answered 503: PayPal's outage is not a forgery), and a URL its host
+//!   refused (not a certificate, HTTP 404) none for [`CERT_FAILURE_TTL_SECS`];
 //! - **pinning**: a certificate whose key verified a signature is kept apart from the
 //!   cache (up to [`PINNED_CERTS`], replaced only by another one that verified a
 //!   signature, dropped when its chain no longer validates), so no flood of attacker
-//!   URLs can evict it or make it wait for a fetch.
+//!   URLs can evict it or make it wait for a fetch;
+//! - **persisted**: with a [`CertificateCache`] (the store: `einmal serve`'s SQLite
+//!   file, the receiver's DynamoDB table), a newly pinned certificate is also written
+//!   there, once, before the delivery it verified is answered (PEM chain, keyed by
+//!   URL, expiring with the chain's earliest notAfter), and a URL neither pinned nor
+//!   cached is looked up there (one read) before any fetch. A restart, a new Lambda
+//!   instance or an outage of PayPal's host then costs no fetch for a certificate that
+//!   verified a delivery before. Only verification writes: unauthenticated requests
+//!   read at most one missing entry each and never write, so the entries are as many
+//!   as the certificates PayPal signs with, whatever the traffic. A stored chain is
+//!   checked like a fetched one on every request (anchors, validity, common name).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -70,7 +99,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
@@ -86,6 +115,7 @@ use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::https::HttpsClient;
+use crate::ports::CertificateCache;
 use crate::request::WebhookRequest;
 
 pub struct PayPal;
@@ -165,12 +195,20 @@ pub trait CertSource: Send + Sync {
 /// Bounds on certificate fetches, process-wide (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FetchLimits {
-    /// Fetches running at once.
+    /// Fetches running at once (the shared budget's; the tenants' reserved fetches
+    /// have as many again of their own).
     pub max_concurrent: usize,
-    /// New fetches that may start at once (the bucket's size).
+    /// New fetches that may start at once (the shared bucket's size).
     pub burst: u32,
-    /// New fetches a minute once the burst is spent (the bucket's refill).
+    /// New fetches a minute once the burst is spent (the shared bucket's refill).
     pub per_minute: u32,
+    /// Each tenant's own bucket (size, and refill a minute) for the certificate URL it
+    /// last verified a delivery with: that fetch never waits on the shared bucket.
+    pub per_tenant: u32,
+    /// Once a certificate has verified a delivery, names of another shape (host and
+    /// name without its last group) draw from this small bucket (size, and refill a
+    /// minute) instead of the shared one.
+    pub other_shapes: u32,
 }
 
 impl Default for FetchLimits {
@@ -179,13 +217,44 @@ impl Default for FetchLimits {
             max_concurrent: 4,
             burst: 4,
             per_minute: 10,
+            per_tenant: 2,
+            other_shapes: 2,
         }
     }
 }
 
-/// A token bucket over the request clock (seconds): `burst` tokens, `per_minute`
-/// refilled a minute.
-#[derive(Debug)]
+impl FetchLimits {
+    fn shared(&self) -> Rate {
+        Rate {
+            burst: self.burst,
+            per_minute: self.per_minute,
+        }
+    }
+
+    fn tenant(&self) -> Rate {
+        Rate {
+            burst: self.per_tenant,
+            per_minute: self.per_tenant,
+        }
+    }
+
+    fn other_shapes(&self) -> Rate {
+        Rate {
+            burst: self.other_shapes,
+            per_minute: self.other_shapes,
+        }
+    }
+}
+
+/// A bucket's size and refill a minute.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    burst: u32,
+    per_minute: u32,
+}
+
+/// A token bucket over the request clock (seconds).
+#[derive(Debug, Clone, Copy)]
 struct FetchBudget {
     /// Tokens, in sixtieths (one token = 60), so a per-second refill stays exact.
     sixtieths: u64,
@@ -193,12 +262,23 @@ struct FetchBudget {
 }
 
 impl FetchBudget {
-    fn take(&mut self, limits: &FetchLimits, now: i64) -> bool {
-        let cap = u64::from(limits.burst) * 60;
+    fn full(rate: Rate) -> Self {
+        FetchBudget {
+            sixtieths: u64::from(rate.burst) * 60,
+            at: i64::MIN / 2,
+        }
+    }
+
+    fn refill(&mut self, rate: Rate, now: i64) {
+        let cap = u64::from(rate.burst) * 60;
         let elapsed = u64::try_from(now - self.at).unwrap_or(0);
-        let refill = elapsed.saturating_mul(u64::from(limits.per_minute));
+        let refill = elapsed.saturating_mul(u64::from(rate.per_minute));
         self.sixtieths = cap.min(self.sixtieths.saturating_add(refill));
         self.at = self.at.max(now);
+    }
+
+    fn take(&mut self, rate: Rate, now: i64) -> bool {
+        self.refill(rate, now);
         if self.sixtieths >= 60 {
             self.sixtieths -= 60;
             true
@@ -206,7 +286,31 @@ impl FetchBudget {
             false
         }
     }
+
+    /// Seconds until a token is there (0: one is there now).
+    fn wait_secs(&self, rate: Rate, now: i64) -> u64 {
+        let mut b = *self;
+        b.refill(rate, now);
+        match b.sixtieths {
+            60.. => 0,
+            _ if rate.per_minute == 0 => 60,
+            s => (60 - s).div_ceil(u64::from(rate.per_minute)),
+        }
+    }
 }
+
+/// A tenant's last verified certificate URL and the bucket reserved for it.
+struct TenantReserve {
+    url: String,
+    budget: FetchBudget,
+    at: i64,
+}
+
+/// Tenants with a reserve at most (configured tenants, not traffic, make entries; the
+/// least recently verified makes room).
+const MAX_TENANT_RESERVES: usize = 4096;
+/// Shapes of verified certificate names kept at most (the oldest makes room).
+const MAX_SHAPES: usize = 16;
 
 /// A set of trust anchors for the certificate chain.
 pub struct Anchors(Vec<TrustAnchor<'static>>);
@@ -269,9 +373,22 @@ struct FetchState {
     /// URL → the fetch in flight (single-flight).
     inflight: Mutex<HashMap<String, Shared<BoxFuture<'static, ()>>>>,
     running: Arc<Semaphore>,
+    /// The shared bucket.
     budget: Mutex<FetchBudget>,
+    /// The bucket of names of a shape no verified certificate had.
+    other_shapes: Mutex<FetchBudget>,
+    /// Shapes ([`cert_shape`]) of the certificates that verified a delivery.
+    shapes: Mutex<Vec<String>>,
+    /// Tenant → the URL it last verified a delivery with, and that URL's own bucket.
+    tenants: Mutex<HashMap<String, TenantReserve>>,
+    /// Fetches from the tenants' reserves running at once.
+    reserve_running: Arc<Semaphore>,
     /// Host → when a fetch to it last failed as unreachable.
     unreachable: Mutex<HashMap<String, i64>>,
+    /// Where verified certificates are kept beyond the process, if anywhere.
+    store: OnceLock<Arc<dyn CertificateCache>>,
+    /// Verified certificates not yet written there: URL → (PEM chain, expires at).
+    unsaved: Mutex<HashMap<String, (Vec<u8>, i64)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -298,13 +415,29 @@ impl PayPalVerifier {
                 pinned: Mutex::new(HashMap::new()),
                 inflight: Mutex::new(HashMap::new()),
                 running: Arc::new(Semaphore::new(limits.max_concurrent)),
-                budget: Mutex::new(FetchBudget {
-                    sixtieths: u64::from(limits.burst) * 60,
-                    at: i64::MIN / 2,
-                }),
+                budget: Mutex::new(FetchBudget::full(limits.shared())),
+                other_shapes: Mutex::new(FetchBudget::full(limits.other_shapes())),
+                shapes: Mutex::new(Vec::new()),
+                tenants: Mutex::new(HashMap::new()),
+                reserve_running: Arc::new(Semaphore::new(limits.max_concurrent)),
                 unreachable: Mutex::new(HashMap::new()),
+                store: OnceLock::new(),
+                unsaved: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Keep the certificates that verify deliveries in `cache` as well, and look
+    /// there before fetching (module docs). Once per verifier: `false` if it already
+    /// had one (which it keeps).
+    pub fn persist_to(&self, cache: Arc<dyn CertificateCache>) -> bool {
+        self.shared.store.set(cache).is_ok()
+    }
+
+    /// [`PayPalVerifier::persist_to`] while building.
+    pub fn with_certificate_cache(self, cache: Arc<dyn CertificateCache>) -> Self {
+        self.persist_to(cache);
+        self
     }
 
     /// HTTPS fetching over `client` (a clone of the process's one client) and the
@@ -341,16 +474,26 @@ impl PayPalVerifier {
         if sig::decode_base64(SIG, h.sig).is_err() || !is_allowed_cert_url(h.cert_url) {
             return;
         }
-        if let Some(flight) = self.shared.start_fetch(h.cert_url, now_secs) {
+        if self.shared.knows(h.cert_url, now_secs) || self.load(h.cert_url, now_secs).await {
+            return;
+        }
+        if let Some(flight) = self
+            .shared
+            .start_fetch(h.cert_url, &tenant.tenant, now_secs)
+        {
             flight.await;
         }
     }
 
     /// The certificate chain served at `url`, from the pinned set or the cache. A
     /// certificate not fetched (yet) is a mismatch: nothing is fetched here.
+    /// A certificate not fetched for a reason of ours (the fetch bounds, its host did
+    /// not answer) is [`ProviderError::CannotVerifyNow`] (503: PayPal retries), never
+    /// a mismatch: only what PayPal's host answered can make a request forged.
     fn chain(
         &self,
         url: &str,
+        tenant: &str,
         now: i64,
     ) -> Result<(Arc<Vec<CertificateDer<'static>>>, bool), ProviderError> {
         if let Some((chain, _)) = lock(&self.shared.pinned).get(url) {
@@ -360,13 +503,75 @@ impl PayPalVerifier {
             Some(Ok(chain)) => Ok((chain, false)),
             Some(Err(())) => Err(ProviderError::SignatureMismatch),
             None => {
+                let retry_after_secs = self.shared.retry_after_secs(url, tenant, now);
                 tracing::info!(
                     cert_url = url,
+                    retry_after_secs,
                     "paypal: certificate not fetched (fetch bounds, or its host is unreachable)"
                 );
-                Err(ProviderError::SignatureMismatch)
+                Err(ProviderError::CannotVerifyNow { retry_after_secs })
             }
         }
+    }
+
+    /// `url`'s chain from the store, pinned if it is there: it verified a delivery when
+    /// it was stored, and it is checked again like any chain. `false`: no store, not
+    /// there, or the store failed (then the fetch path decides).
+    async fn load(&self, url: &str, now: i64) -> bool {
+        let Some(store) = self.shared.store.get() else {
+            return false;
+        };
+        match store.get_certificate(url, now).await {
+            Ok(Some(pem)) => match parse_chain(&pem) {
+                Ok(chain) => {
+                    self.pin(url, chain, now);
+                    true
+                }
+                Err(reason) => {
+                    tracing::warn!(cert_url = url, reason = %reason, "paypal: stored certificate unusable");
+                    false
+                }
+            },
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(cert_url = url, error = %e, "paypal: cannot read the stored certificates");
+                false
+            }
+        }
+    }
+
+    /// Write the certificates that verified a delivery and are not in the store yet
+    /// (one per certificate and process; a failed write is tried again after the next
+    /// verification). `None`: nothing to write, or no store.
+    pub fn save_verified(&self) -> Option<BoxFuture<'_, ()>> {
+        let store = self.shared.store.get()?.clone();
+        let pending: Vec<(String, (Vec<u8>, i64))> = {
+            let mut unsaved = lock(&self.shared.unsaved);
+            if unsaved.is_empty() {
+                return None;
+            }
+            unsaved.drain().collect()
+        };
+        Some(
+            async move {
+                for (url, (pem, expires_at)) in pending {
+                    match store.put_certificate(&url, &pem, expires_at).await {
+                        Ok(()) => tracing::info!(
+                            cert_url = %url,
+                            expires_at,
+                            "paypal: verified certificate kept in the store"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(cert_url = %url, error = %e, "paypal: cannot keep the verified certificate");
+                            lock(&self.shared.unsaved)
+                                .entry(url)
+                                .or_insert((pem, expires_at));
+                        }
+                    }
+                }
+            }
+            .boxed(),
+        )
     }
 
     /// Keep the chain of a certificate that verified a signature.
@@ -417,7 +622,7 @@ impl PayPalVerifier {
             ));
         }
         let anchors = self.anchors(tenant)?;
-        let (chain, pinned) = self.chain(cert_url, now_secs)?;
+        let (chain, pinned) = self.chain(cert_url, &tenant.tenant, now_secs)?;
         let leaf = check_chain(&chain, &anchors.0, now_secs).map_err(|reason| {
             tracing::warn!(cert_url, reason = %reason, "paypal: certificate rejected");
             if pinned {
@@ -436,13 +641,32 @@ impl PayPalVerifier {
         .map_err(|_| ProviderError::SignatureMismatch)?;
         if !pinned {
             self.pin(cert_url, chain.clone(), now_secs);
+            self.shared.keep(cert_url, &chain, now_secs);
         }
+        self.shared.learn(cert_url, &tenant.tenant, now_secs);
         let envelope = extract(body, tenant, h.id)?;
         Ok(VerifiedEvent::whole(envelope, request))
     }
 }
 
 impl FetchState {
+    /// Pinned, or cached (a chain or a failure).
+    fn knows(&self, url: &str, now: i64) -> bool {
+        lock(&self.pinned).contains_key(url) || self.cached(url, now).is_some()
+    }
+
+    /// Queue a newly verified chain for the store (when there is one).
+    fn keep(&self, url: &str, chain: &[CertificateDer<'static>], now: i64) {
+        if self.store.get().is_none() {
+            return;
+        }
+        let expires_at = not_after(chain).unwrap_or(now + CERT_TTL_SECS);
+        let mut unsaved = lock(&self.unsaved);
+        if unsaved.len() < PINNED_CERTS || unsaved.contains_key(url) {
+            unsaved.insert(url.to_owned(), (to_pem(chain), expires_at));
+        }
+    }
+
     fn cached(&self, url: &str, now: i64) -> Option<Result<Arc<Vec<CertificateDer<'static>>>, ()>> {
         let cache = lock(&self.cache);
         let entry = cache.get(url).filter(|e| e.fresh(now))?;
@@ -453,11 +677,12 @@ impl FetchState {
     }
 
     /// The fetch of `url` to await: the one in flight, or a new one if the URL is not
-    /// known, its host is not marked unreachable and the bounds allow it. `None`: no
-    /// fetch (cached, or refused).
+    /// known, its host is not marked unreachable and a budget allows it (module docs).
+    /// `None`: no fetch (cached, or refused).
     fn start_fetch(
         self: &Arc<Self>,
         url: &str,
+        tenant: &str,
         now: i64,
     ) -> Option<Shared<BoxFuture<'static, ()>>> {
         if lock(&self.pinned).contains_key(url) || self.cached(url, now).is_some() {
@@ -467,26 +692,29 @@ impl FetchState {
         if let Some(flight) = inflight.get(url) {
             return Some(flight.clone());
         }
-        if lock(&self.unreachable)
-            .get(cert_host(url))
-            .is_some_and(|at| (0..HOST_FAILURE_TTL_SECS).contains(&(now - at)))
-        {
+        if self.unreachable_for(url, now).is_some() {
             return None;
         }
-        let Ok(permit) = self.running.clone().try_acquire_owned() else {
-            tracing::info!(
-                cert_url = url,
-                "paypal: certificate fetch refused (fetches running at the bound)"
-            );
-            return None;
+        let permit = match self.reserved(url, tenant, now) {
+            Some(permit) => permit,
+            None => {
+                let Ok(permit) = self.running.clone().try_acquire_owned() else {
+                    tracing::info!(
+                        cert_url = url,
+                        "paypal: certificate fetch refused (fetches running at the bound)"
+                    );
+                    return None;
+                };
+                if !self.take_shared(url, now) {
+                    tracing::info!(
+                        cert_url = url,
+                        "paypal: certificate fetch refused (rate of new fetches)"
+                    );
+                    return None;
+                }
+                permit
+            }
         };
-        if !lock(&self.budget).take(&self.limits, now) {
-            tracing::info!(
-                cert_url = url,
-                "paypal: certificate fetch refused (rate of new fetches)"
-            );
-            return None;
-        }
         let fetch = self.source.fetch(url);
         let shared = self.clone();
         let owned = url.to_owned();
@@ -507,6 +735,102 @@ impl FetchState {
         Some(flight)
     }
 
+    /// Seconds left of `url`'s host's unreachable mark, if it has one.
+    fn unreachable_for(&self, url: &str, now: i64) -> Option<u64> {
+        let at = *lock(&self.unreachable).get(cert_host(url))?;
+        let left = HOST_FAILURE_TTL_SECS - (now - at);
+        (0..HOST_FAILURE_TTL_SECS)
+            .contains(&(now - at))
+            .then(|| u64::try_from(left).unwrap_or(1))
+    }
+
+    /// A permit and a token of `tenant`'s own bucket, if `url` is the one it last
+    /// verified a delivery with.
+    fn reserved(&self, url: &str, tenant: &str, now: i64) -> Option<OwnedSemaphorePermit> {
+        let mut tenants = lock(&self.tenants);
+        let reserve = tenants.get_mut(tenant).filter(|r| r.url == url)?;
+        let permit = self.reserve_running.clone().try_acquire_owned().ok()?;
+        reserve
+            .budget
+            .take(self.limits.tenant(), now)
+            .then_some(permit)
+    }
+
+    /// Whether names shaped like `url` may spend the shared bucket: any name until a
+    /// certificate verified a delivery, then only names of a shape seen verifying.
+    fn shape_is_known(&self, url: &str) -> bool {
+        let shapes = lock(&self.shapes);
+        shapes.is_empty() || shapes.iter().any(|s| s == cert_shape(url))
+    }
+
+    /// A token of the bucket that pays for `url`: the shared one for a known shape,
+    /// else the small one of other shapes.
+    fn take_shared(&self, url: &str, now: i64) -> bool {
+        if self.shape_is_known(url) {
+            lock(&self.budget).take(self.limits.shared(), now)
+        } else {
+            lock(&self.other_shapes).take(self.limits.other_shapes(), now)
+        }
+    }
+
+    /// When a request whose certificate could not be fetched should come again: the
+    /// rest of its host's unreachable mark, else when the bucket that pays for it has
+    /// a token (1 to 60 s).
+    fn retry_after_secs(&self, url: &str, tenant: &str, now: i64) -> u64 {
+        if let Some(left) = self.unreachable_for(url, now) {
+            return left.clamp(1, 60);
+        }
+        let mut wait = if self.shape_is_known(url) {
+            lock(&self.budget).wait_secs(self.limits.shared(), now)
+        } else {
+            lock(&self.other_shapes).wait_secs(self.limits.other_shapes(), now)
+        };
+        if let Some(reserve) = lock(&self.tenants).get(tenant).filter(|r| r.url == url) {
+            wait = wait.min(reserve.budget.wait_secs(self.limits.tenant(), now));
+        }
+        wait.clamp(1, 60)
+    }
+
+    /// What a verified delivery teaches: its certificate's shape may spend the shared
+    /// bucket, and its URL is the tenant's reserved one.
+    fn learn(&self, url: &str, tenant: &str, now: i64) {
+        let shape = cert_shape(url);
+        {
+            let mut shapes = lock(&self.shapes);
+            if !shapes.iter().any(|s| s == shape) {
+                if shapes.len() >= MAX_SHAPES {
+                    shapes.remove(0);
+                }
+                shapes.push(shape.to_owned());
+            }
+        }
+        let mut tenants = lock(&self.tenants);
+        if let Some(reserve) = tenants.get_mut(tenant) {
+            if reserve.url != url {
+                reserve.url = url.to_owned();
+            }
+            reserve.at = now;
+            return;
+        }
+        if tenants.len() >= MAX_TENANT_RESERVES {
+            let oldest = tenants
+                .iter()
+                .min_by_key(|(_, r)| r.at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                tenants.remove(&k);
+            }
+        }
+        tenants.insert(
+            tenant.to_owned(),
+            TenantReserve {
+                url: url.to_owned(),
+                budget: FetchBudget::full(self.limits.tenant()),
+                at: now,
+            },
+        );
+    }
+
     /// Record a finished fetch: cache entry, unreachable host, flight done.
     fn settle(&self, url: &str, fetched: Result<Vec<u8>, FetchError>, now: i64) {
         let value = match fetched.map(|pem| parse_chain(&pem)) {
@@ -518,7 +842,11 @@ impl FetchState {
             Err(err) => {
                 tracing::warn!(cert_url = url, reason = %err, "paypal: certificate fetch failed");
                 if let FetchError::Unreachable(_) = err {
+                    // The host's mark holds new fetches back; the URL itself is not
+                    // known to be bad, so its requests are answered 503, not 401.
                     lock(&self.unreachable).insert(cert_host(url).to_owned(), now);
+                    lock(&self.inflight).remove(url);
+                    return;
                 }
                 Cached::Failed
             }
@@ -543,6 +871,43 @@ impl FetchState {
     }
 }
 
+/// The earliest notAfter of the chain (Unix seconds): when it stops validating.
+fn not_after(chain: &[CertificateDer<'_>]) -> Option<i64> {
+    chain
+        .iter()
+        .map(|der| {
+            x509_parser::parse_x509_certificate(der)
+                .ok()
+                .map(|(_, c)| c.validity().not_after.timestamp())
+        })
+        .collect::<Option<Vec<i64>>>()?
+        .into_iter()
+        .min()
+}
+
+/// The chain as PEM, leaf first (what a certificate host serves).
+fn to_pem(chain: &[CertificateDer<'_>]) -> Vec<u8> {
+    use base64::Engine;
+    let mut pem = String::new();
+    for der in chain {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem.into_bytes()
+}
+
+/// The shape of an allow-listed certificate URL: all but the last group of its name
+/// (`https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594`). PayPal's
+/// certificate names seen so far differ in the last group only.
+fn cert_shape(url: &str) -> &str {
+    &url[..url.len() - CERT_NAME_GROUP_LEN - 1]
+}
+
 /// The host of an allow-listed certificate URL.
 fn cert_host(url: &str) -> &str {
     url.trim_start_matches("https://")
@@ -554,15 +919,38 @@ fn cert_host(url: &str) -> &str {
 /// The process-wide verifier used by [`PayPal`]: [`install`]ed, or else
 /// [`PayPalVerifier::production`] with a client of its own on first use.
 pub fn verifier() -> &'static PayPalVerifier {
-    VERIFIER.get_or_init(|| PayPalVerifier::production(HttpsClient::new()))
+    VERIFIER.get_or_init(|| {
+        let v = PayPalVerifier::production(HttpsClient::new());
+        if let Some(cache) = PROCESS_CACHE.get() {
+            v.persist_to(cache.clone());
+        }
+        v
+    })
 }
 
 static VERIFIER: OnceLock<PayPalVerifier> = OnceLock::new();
+/// Where the process-wide verifier keeps verified certificates ([`persist_verified_to`]).
+static PROCESS_CACHE: OnceLock<Arc<dyn CertificateCache>> = OnceLock::new();
 
 /// Replace the process-wide verifier (e.g. a fixture source for an end-to-end test).
 /// Only possible before its first use; otherwise the argument is handed back.
 pub fn install(v: PayPalVerifier) -> Result<(), PayPalVerifier> {
+    if let Some(cache) = PROCESS_CACHE.get() {
+        v.persist_to(cache.clone());
+    }
     VERIFIER.set(v)
+}
+
+/// The process-wide verifier keeps the certificates that verify deliveries in `cache`
+/// (the composition root's store) and looks there before fetching: set once, before
+/// or after the verifier's first use, without building it (a receiver with no PayPal
+/// tenant never does). `false` if it already keeps them elsewhere.
+pub fn persist_verified_to(cache: Arc<dyn CertificateCache>) -> bool {
+    let set = PROCESS_CACHE.set(cache).is_ok();
+    match (VERIFIER.get(), PROCESS_CACHE.get()) {
+        (Some(v), Some(cache)) => v.persist_to(cache.clone()) || set,
+        _ => set,
+    }
 }
 
 /// Anchors from a PEM file, read once per path per process.
@@ -844,6 +1232,10 @@ impl Provider for PayPal {
         verifier().verify_and_extract(request, tenant, now_secs)
     }
 
+    fn verified<'a>(&'a self, _tenant: &'a TenantConfig) -> Option<BoxFuture<'a, ()>> {
+        verifier().save_verified()
+    }
+
     /// For tests and `einmal send` only: signs with the tenant's first secret, an RSA
     /// private key in PEM (PKCS#8 or PKCS#1), and names option `cert_url`, which must
     /// serve the matching certificate. Real PayPal signs with its own key.
@@ -906,6 +1298,67 @@ impl Provider for PayPal {
     }
 }
 
+/// [`PayPal`] on a verifier of its own instead of the process-wide one: for a test
+/// that restarts the verifier (a new process or Lambda instance over the same store),
+/// given to the ingestor with `Ingestor::with_provider`.
+pub struct PayPalOn(Arc<PayPalVerifier>);
+
+impl PayPalOn {
+    pub fn new(verifier: Arc<PayPalVerifier>) -> Self {
+        PayPalOn(verifier)
+    }
+}
+
+impl Provider for PayPalOn {
+    fn name(&self) -> &'static str {
+        PayPal.name()
+    }
+
+    fn prepare<'a>(
+        &'a self,
+        request: &'a WebhookRequest,
+        tenant: &'a TenantConfig,
+        now_secs: i64,
+    ) -> Option<BoxFuture<'a, ()>> {
+        Some(self.0.prepare(request, tenant, now_secs).boxed())
+    }
+
+    fn options(&self) -> &'static [&'static str] {
+        PayPal.options()
+    }
+
+    fn retry_window_days(&self) -> u32 {
+        PayPal.retry_window_days()
+    }
+
+    fn needs_secret(&self, tenant: &TenantConfig) -> bool {
+        PayPal.needs_secret(tenant)
+    }
+
+    fn verify_and_extract(
+        &self,
+        request: &WebhookRequest,
+        tenant: &TenantConfig,
+        now_secs: i64,
+    ) -> Result<Vec<VerifiedEvent>, ProviderError> {
+        self.0.verify_and_extract(request, tenant, now_secs)
+    }
+
+    fn verified<'a>(&'a self, _tenant: &'a TenantConfig) -> Option<BoxFuture<'a, ()>> {
+        self.0.save_verified()
+    }
+
+    fn sign(
+        &self,
+        body: &[u8],
+        tenant: &TenantConfig,
+        event_id: &str,
+        now_secs: i64,
+    ) -> Result<http::HeaderMap, ProviderError> {
+        PayPal.sign(body, tenant, event_id, now_secs)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -935,6 +1388,9 @@ mod tests {
         "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-00000bad";
     const MISSING: &str =
         "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-00000404";
+    /// Served the good chain too: a rotation to a name of the same shape as [`GOOD`].
+    const ROTATED: &str =
+        "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-000a0a0a";
 
     /// Certificates minted in-process with rcgen (RSA keys from aws-lc-rs):
     /// root → intermediate → leaf, like PayPal's DigiCert chain.
@@ -996,6 +1452,7 @@ mod tests {
             let mut served = HashMap::new();
             served.insert(GOOD, chain(leaf(paypal_cn, valid, &inter_issuer)));
             served.insert(SANDBOX, chain(leaf(paypal_cn, valid, &inter_issuer)));
+            served.insert(ROTATED, chain(leaf(paypal_cn, valid, &inter_issuer)));
             served.insert(
                 EVIL_CN,
                 chain(leaf(
@@ -1060,6 +1517,14 @@ mod tests {
         format!("https://api.paypal.com/v1/notifications/certs/CERT-0ddba11a-0000cafe-{i:08x}")
     }
 
+    /// Names of [`GOOD`]'s shape that nothing serves (an attacker who copies the shape).
+    fn url_shaped(i: usize) -> String {
+        format!(
+            "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594-{:08x}",
+            0x7000_0000 + i
+        )
+    }
+
     impl FakeSource {
         fn calls(&self) -> usize {
             self.calls.lock().unwrap().len()
@@ -1076,6 +1541,8 @@ mod tests {
             max_concurrent: 1000,
             burst: 1000,
             per_minute: 1000,
+            per_tenant: 1000,
+            other_shapes: 1000,
         };
         (
             PayPalVerifier::with_limits(source.clone(), anchors, limits),
@@ -1088,6 +1555,10 @@ mod tests {
     }
 
     fn tenant(webhook_id: Option<&str>, cert_url: &str) -> TenantConfig {
+        tenant_named("acme", webhook_id, cert_url)
+    }
+
+    fn tenant_named(name: &str, webhook_id: Option<&str>, cert_url: &str) -> TenantConfig {
         let mut options = std::collections::BTreeMap::new();
         if let Some(w) = webhook_id {
             options.insert("webhook_id".to_string(), w.to_string());
@@ -1095,7 +1566,7 @@ mod tests {
         options.insert("cert_url".to_string(), cert_url.to_string());
         TenantConfig {
             provider: "paypal".into(),
-            tenant: "acme".into(),
+            tenant: name.into(),
             secrets: vec![Secret::new(fixture().leaf_key_pem.clone())],
             tolerance_secs: 300,
             options,
@@ -1442,11 +1913,15 @@ mod tests {
             "{calls} fetches for 50 requests"
         );
         assert!(calls >= 1);
+        // Not checked is not forged: 503 with the rest of the host's mark (or the
+        // bucket's wait) as Retry-After, never a signature mismatch (401).
         for r in &requests {
-            assert_eq!(
-                v.verify_and_extract(r, &t, NOW),
-                Err(ProviderError::SignatureMismatch)
-            );
+            match v.verify_and_extract(r, &t, NOW) {
+                Err(ProviderError::CannotVerifyNow { retry_after_secs }) => {
+                    assert!((1..=60).contains(&retry_after_secs), "{retry_after_secs}")
+                }
+                other => panic!("{other:?}"),
+            }
         }
         // The host timed out: no new fetch to it while it is marked unreachable…
         let r = request(&url_numbered(1000), NOW + 1);
@@ -1486,6 +1961,249 @@ mod tests {
             fetch_fresh(at, i);
         }
         assert_eq!(source.calls(), burst + 1);
+    }
+
+    /// Sign `body` for `t` at `at`, naming `url`, and prepare + verify it at `at`.
+    fn deliver(
+        v: &PayPalVerifier,
+        url: &str,
+        t: &TenantConfig,
+        at: i64,
+    ) -> Result<Envelope, ProviderError> {
+        verify_at(v, headers(BODY, url, at), BODY, t, at)
+    }
+
+    /// A request with `url` that passes every check before the certificate (its
+    /// signature is the good one for another URL: never reached unless fetched).
+    fn probe(v: &PayPalVerifier, url: &str, t: &TenantConfig, at: i64) {
+        let mut h = headers(BODY, GOOD, at);
+        h.insert(CERT_URL, HeaderValue::from_str(url).unwrap());
+        let r = WebhookRequest::post(h, BODY);
+        runtime().block_on(v.prepare(&r, t, at));
+        assert!(v.verify_and_extract(&r, t, at).is_err(), "{url}");
+    }
+
+    fn default_verifier() -> (PayPalVerifier, Arc<FakeSource>) {
+        let source = Arc::new(FakeSource {
+            calls: Mutex::new(Vec::new()),
+        });
+        let anchors = Anchors::from_pem(fixture().root_pem.as_bytes()).unwrap();
+        (PayPalVerifier::new(source.clone(), anchors), source)
+    }
+
+    #[test]
+    fn a_certificate_the_budget_did_not_fetch_is_unavailable_not_forged() {
+        let (v, source) = default_verifier();
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        // A fresh instance: the shared bucket is spent on names nothing serves.
+        for i in 0..FetchLimits::default().burst as usize {
+            probe(&v, &url_numbered(i), &t, NOW);
+        }
+        let spent = source.calls();
+        let retry_after = match deliver(&v, GOOD, &t, NOW) {
+            Err(ProviderError::CannotVerifyNow { retry_after_secs }) => retry_after_secs,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(source.calls(), spent, "refused, not fetched");
+        // 10 a minute: the next token in 6 s.
+        assert_eq!(retry_after, 6);
+        assert!(!ProviderError::CannotVerifyNow {
+            retry_after_secs: retry_after
+        }
+        .is_authentication_failure());
+        // PayPal's retry after that is checked, and accepted.
+        let later = NOW + i64::try_from(retry_after).unwrap();
+        assert!(deliver(&v, GOOD, &t, later).is_ok());
+        // A bad signature with the certificate that was fetched stays a mismatch.
+        let mut h = headers(BODY, GOOD, later);
+        h.insert(SIG, HeaderValue::from_static("AAAA"));
+        assert_eq!(
+            verify_at(&v, h, BODY, &t, later),
+            Err(ProviderError::SignatureMismatch)
+        );
+    }
+
+    #[test]
+    fn a_tenants_last_verified_url_has_a_budget_of_its_own() {
+        let (v, source) = default_verifier();
+        let acme = tenant(Some(WEBHOOK_ID), GOOD);
+        let other = tenant_named("other", Some(WEBHOOK_ID), GOOD);
+        assert!(deliver(&v, GOOD, &acme, NOW).is_ok());
+        // The pinned certificate and the cache are gone (evicted by other tenants'
+        // certificates, or the chain was dropped): the next delivery needs a fetch.
+        v.shared.pinned.lock().unwrap().clear();
+        v.shared.cache.lock().unwrap().clear();
+        // Names of the real shape spend the shared bucket.
+        for i in 0..20 {
+            probe(&v, &url_shaped(i), &acme, NOW);
+        }
+        assert_eq!(source.calls(), FetchLimits::default().burst as usize);
+        // A tenant without a reserve for GOOD waits on the shared bucket…
+        assert!(matches!(
+            deliver(&v, GOOD, &other, NOW),
+            Err(ProviderError::CannotVerifyNow { .. })
+        ));
+        // …the tenant that last verified with GOOD does not.
+        assert!(deliver(&v, GOOD, &acme, NOW).is_ok());
+        assert_eq!(source.calls(), FetchLimits::default().burst as usize + 1);
+        // And its reserve is for its own last URL only, not for the attacker's names.
+        let calls = source.calls();
+        for i in 100..110 {
+            probe(&v, &url_shaped(i), &acme, NOW);
+        }
+        assert_eq!(source.calls(), calls);
+    }
+
+    #[test]
+    fn random_names_spend_the_shared_budget_only_until_a_shape_verified() {
+        let (v, source) = default_verifier();
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        assert!(deliver(&v, GOOD, &t, NOW).is_ok());
+        assert_eq!(source.calls(), 1);
+        // Random names of another shape: only the small bucket of other shapes.
+        for i in 0..50 {
+            probe(&v, &url_numbered(i), &t, NOW);
+        }
+        let other_shapes = FetchLimits::default().other_shapes as usize;
+        assert_eq!(source.calls(), 1 + other_shapes);
+        // The shared bucket is still there for a rotation to a name of the known shape.
+        let rotated = tenant(Some(WEBHOOK_ID), ROTATED);
+        assert!(deliver(&v, ROTATED, &rotated, NOW).is_ok());
+        assert_eq!(source.calls(), 2 + other_shapes);
+        // A new shape (another host) still gets fetched from the small bucket once it
+        // refilled: PayPal may rotate to one.
+        let sandbox = tenant(Some(WEBHOOK_ID), SANDBOX);
+        assert!(matches!(
+            deliver(&v, SANDBOX, &sandbox, NOW),
+            Err(ProviderError::CannotVerifyNow { .. })
+        ));
+        assert!(deliver(&v, SANDBOX, &sandbox, NOW + 30).is_ok());
+    }
+
+    #[test]
+    fn cert_shape_drops_the_last_group() {
+        assert_eq!(
+            cert_shape(GOOD),
+            "https://api.paypal.com/v1/notifications/certs/CERT-360caa42-fca2a594"
+        );
+        assert_eq!(cert_shape(GOOD), cert_shape(ROTATED));
+        assert_ne!(cert_shape(GOOD), cert_shape(SANDBOX));
+        assert_ne!(cert_shape(GOOD), cert_shape(&url_numbered(1)));
+    }
+
+    /// Certificates kept in memory, as a store keeps them; counts the writes.
+    #[derive(Default)]
+    struct MemoryCerts {
+        kept: Mutex<HashMap<String, (Vec<u8>, i64)>>,
+        puts: Mutex<usize>,
+    }
+
+    #[async_trait::async_trait]
+    impl CertificateCache for MemoryCerts {
+        async fn get_certificate(
+            &self,
+            url: &str,
+            now_secs: i64,
+        ) -> Result<Option<Vec<u8>>, crate::ports::StoreError> {
+            Ok(self
+                .kept
+                .lock()
+                .unwrap()
+                .get(url)
+                .filter(|(_, expires_at)| *expires_at > now_secs)
+                .map(|(pem, _)| pem.clone()))
+        }
+
+        async fn put_certificate(
+            &self,
+            url: &str,
+            pem: &[u8],
+            expires_at: i64,
+        ) -> Result<(), crate::ports::StoreError> {
+            *self.puts.lock().unwrap() += 1;
+            self.kept
+                .lock()
+                .unwrap()
+                .insert(url.to_owned(), (pem.to_vec(), expires_at));
+            Ok(())
+        }
+    }
+
+    /// PayPal's host is down: every fetch fails at once as unreachable.
+    struct DownSource(Mutex<usize>);
+
+    impl CertSource for DownSource {
+        fn fetch(&self, _url: &str) -> BoxFuture<'static, Result<Vec<u8>, FetchError>> {
+            *self.0.lock().unwrap() += 1;
+            futures::future::ready(Err(FetchError::Unreachable("connection refused".into())))
+                .boxed()
+        }
+    }
+
+    #[test]
+    fn a_verified_certificate_is_kept_and_used_after_a_restart_with_the_host_down() {
+        let store = Arc::new(MemoryCerts::default());
+        let (v, _) = verifier_and_source();
+        let v = v.with_certificate_cache(store.clone());
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        assert!(deliver(&v, GOOD, &t, NOW).is_ok());
+        runtime().block_on(v.save_verified().expect("a certificate to keep"));
+        assert!(v.save_verified().is_none(), "kept once");
+        {
+            let kept = store.kept.lock().unwrap();
+            assert_eq!(kept.len(), 1);
+            let (pem, expires_at) = &kept[GOOD];
+            // The leaf's notAfter (2024-12-31), the earliest in the chain.
+            assert_eq!(*expires_at, 1_735_603_200);
+            assert_eq!(
+                parse_chain(pem).unwrap(),
+                parse_chain(fixture().served[GOOD].as_bytes()).unwrap()
+            );
+        }
+        // A restart: a new verifier over the same store, PayPal's host down, and a
+        // flood of random names first (default limits).
+        let down = Arc::new(DownSource(Mutex::new(0)));
+        let anchors = Anchors::from_pem(fixture().root_pem.as_bytes()).unwrap();
+        let v = PayPalVerifier::new(down.clone(), anchors).with_certificate_cache(store.clone());
+        for i in 0..20 {
+            probe(&v, &url_numbered(i), &t, NOW);
+        }
+        let fetches = *down.0.lock().unwrap();
+        assert!(!v.is_pinned(GOOD));
+        assert!(deliver(&v, GOOD, &t, NOW + 1).is_ok());
+        assert!(v.is_pinned(GOOD));
+        assert_eq!(*down.0.lock().unwrap(), fetches, "no fetch for GOOD");
+        assert!(
+            v.save_verified().is_none(),
+            "what came from the store is not written again"
+        );
+        assert_eq!(*store.puts.lock().unwrap(), 1);
+        // Past its expiry the stored chain is not used (and would not verify).
+        let (v, _) = verifier_and_source();
+        let v = v.with_certificate_cache(store.clone());
+        let in_2025 = 1_740_000_000;
+        assert!(deliver(&v, GOOD, &t, in_2025).is_err());
+    }
+
+    #[test]
+    fn unauthenticated_requests_never_write_the_store() {
+        let store = Arc::new(MemoryCerts::default());
+        let (v, source) = verifier_and_source();
+        let v = v.with_certificate_cache(store.clone());
+        let t = tenant(Some(WEBHOOK_ID), GOOD);
+        for i in 0..20 {
+            probe(&v, &url_numbered(i), &t, NOW);
+        }
+        // Fetched and served, but the chain or the signature does not hold.
+        for url in [EVIL_CN, FOREIGN, EXPIRED, LEAF_ONLY, GARBAGE, GOOD] {
+            let mut h = headers(BODY, url, NOW);
+            h.insert(SIG, HeaderValue::from_static("AAAA"));
+            assert!(verify_at(&v, h, BODY, &t, NOW).is_err(), "{url}");
+        }
+        assert!(source.calls() > 20);
+        assert!(v.save_verified().is_none());
+        assert_eq!(*store.puts.lock().unwrap(), 0);
+        assert!(store.kept.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -324,11 +324,18 @@ pub(crate) type Item = HashMap<String, AttributeValue>;
 /// keys start with a provider name.
 pub(crate) const CURSOR_PREFIX: &str = "cursor#";
 
-/// Whether a raw item of the inbox table is an event (not an ordering cursor or a
-/// body item).
+/// The pk prefix of PayPal's verified certificates (`certs.rs`). No event key starts
+/// with it: event keys start with a provider name.
+pub(crate) const CERT_PREFIX: &str = "cert#";
+
+/// Whether a raw item of the inbox table is an event (not an ordering cursor, a body
+/// item, a sweeper item or a certificate).
 pub(crate) fn is_event(m: &Item) -> bool {
     !matches!(m.get(PK), Some(AttributeValue::S(pk))
-        if pk.starts_with(CURSOR_PREFIX) || pk.starts_with(BODY_PREFIX) || pk.starts_with(SWEEP_PREFIX))
+        if pk.starts_with(CURSOR_PREFIX)
+            || pk.starts_with(BODY_PREFIX)
+            || pk.starts_with(SWEEP_PREFIX)
+            || pk.starts_with(CERT_PREFIX))
 }
 
 /// The pk prefix of the sweeper's own items (no event key starts with it).
@@ -810,6 +817,11 @@ pub(crate) mod tests {
         // A cursor item is no event.
         let cursor = Item::from([(PK.to_string(), AttributeValue::S("cursor#d#p#t#o".into()))]);
         assert!(!is_event(&cursor));
+        let cert = Item::from([(
+            PK.to_string(),
+            AttributeValue::S("cert#https://api.paypal.com/v1/notifications/certs/CERT-1".into()),
+        )]);
+        assert!(!is_event(&cert));
         assert!(is_event(&encode(&sample())));
     }
 

@@ -1,6 +1,7 @@
 //! AWS adapter: the inbox on DynamoDB, the work queue on SQS.
 //!
 //! One file per port: `inbox` (`Inbox`, `InboxProcessing`), `queue`, `sweep`, `hints`,
+//! `certs` (`CertificateCache`, PayPal's verified certificates),
 //! `replay`, `relay` (`InboxRelay`, with the ordering cursors in `cursor`), `state`
 //! (the business records' `StateStore`), `audit`; the shared parts are
 //! `item` (the inbox item's attributes), `batch_get`, `query` (paged index reads),
@@ -24,6 +25,7 @@
 
 mod audit;
 mod batch_get;
+mod certs;
 mod cursor;
 pub(crate) mod error;
 mod hints;

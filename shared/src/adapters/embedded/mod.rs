@@ -4,7 +4,7 @@
 //! acks share group commits; the audit log (`audit.sqlite`) has its own file.
 //!
 //! One file per port (`inbox`, `queue`, `sweep`, `hints`, `replay`, `state`,
-//! `audit`); `writer` is the group-commit writer thread every write of
+//! `audit`, `certs`); `writer` is the group-commit writer thread every write of
 //! `einmal.sqlite` goes through, `schema` the tables and migrations, `waiting` the
 //! parked items.
 //!
@@ -12,6 +12,7 @@
 //! run while the writer commits. A read that starts after a write returned sees it.
 
 mod audit;
+mod certs;
 mod hints;
 mod inbox;
 mod queue;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{hints, relay, state, sweep, waiting, DbError};
+use super::{certs, hints, relay, state, sweep, waiting, DbError};
 
 /// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
 /// error class, result); a version 1 file is upgraded in place on open.
@@ -105,6 +105,8 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
     relay::ensure_relay_schema(conn)?;
     // Idempotent too: the business records (in their own file before).
     conn.execute_batch(state::STATE_SCHEMA)?;
+    // Idempotent too: PayPal's verified certificates.
+    conn.execute_batch(certs::CERTIFICATE_SCHEMA)?;
     Ok(())
 }
 
