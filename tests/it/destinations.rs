@@ -577,8 +577,18 @@ async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_
     assert_eq!(report.outcomes[0].1, ItemOutcome::Redelivered);
     assert_eq!(report.summary.redelivered, 1);
     assert!(report.audit_id.is_some());
-    let report = replayer.replay_one(&e2.key, false, &operator).await.unwrap();
-    assert_eq!(report.outcomes[0].1, ItemOutcome::Redelivered);
+    // Several at once (the console's selection): each the same way, one audit record.
+    let report = replayer
+        .replay_keys(&[e2.key.clone(), e2.key.clone()], &operator)
+        .await
+        .unwrap();
+    assert_eq!(
+        report.outcomes,
+        vec![(e2.key.clone(), ItemOutcome::Redelivered)]
+    );
+    let audited = rig.audit.list(10).await.unwrap();
+    assert_eq!(audited.len(), 2, "one record per replay");
+    assert_eq!(audited[0].events, vec![e2.key.as_str().to_string()]);
     let items = rig
         .relay_until("the replayed deliveries delivered", |items| {
             all_in(items, DeliveryState::Delivered)

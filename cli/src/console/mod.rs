@@ -14,6 +14,7 @@
 //! constant time). Every POST carries the per-process CSRF token.
 
 mod auth;
+mod deliveries;
 mod pages;
 mod view;
 
@@ -75,6 +76,8 @@ pub fn router(stores: ConsoleStores, token: Option<String>) -> Router {
         .route("/events", get(pages::events))
         .route("/event", get(pages::event))
         .route("/dead-letters", get(pages::dead_letters))
+        .route("/deliveries", get(deliveries::deliveries))
+        .route("/deliveries/replay", post(deliveries::replay))
         .route("/replay", post(pages::replay_one))
         .route("/replay-bulk", post(pages::replay_bulk))
         .route("/audit", get(pages::audit))

@@ -36,6 +36,7 @@ pub(super) fn page(console: &Console, title: &str, body: Markup) -> Markup {
                     a href=(BASE) { "Overview" }
                     a href={ (BASE) "/events" } { "Events" }
                     a href={ (BASE) "/dead-letters" } { "Dead letters" }
+                    a href={ (BASE) "/deliveries" } { "Deliveries" }
                     a href={ (BASE) "/audit" } { "Audit log" }
                     a href={ (BASE) "/reconcile" } { "Reconciliation" }
                 }
