@@ -4,7 +4,10 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use einmal::envelope::InboxKey;
-use einmal::ports::{InboxFilter, InboxItem, InboxQuery, InboxState};
+use einmal::pipeline::relay::BACKLOG_SCAN_MAX;
+use einmal::ports::{
+    DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxQuery, InboxRelay, InboxState,
+};
 
 use crate::store::{ListArgs, ScopeArgs, StoreArgs};
 use einmal_cli::error::CliError;
@@ -46,8 +49,17 @@ pub enum EventsCommand {
         #[arg(long, value_parser = parse_time)]
         until: Option<i64>,
         /// Continue where the previous page stopped (the cursor it printed).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "delivery_state")]
         cursor: Option<String>,
+        /// Events with a delivery in this state: dead_letter (the relay gave up: the
+        /// event itself is `completed`) or pending (being retried). Read from the
+        /// store's index of such deliveries, newest dead letter / earliest retry
+        /// first, one page (no cursor); each event's matching deliveries follow it.
+        #[arg(long, value_parser = parse_delivery_state)]
+        delivery_state: Option<DeliveryState>,
+        /// With --delivery-state: only deliveries to this destination.
+        #[arg(long, requires = "delivery_state")]
+        destination: Option<String>,
         #[command(flatten)]
         scope: ScopeArgs,
         #[command(flatten)]
@@ -59,6 +71,16 @@ pub(crate) fn parse_time(s: &str) -> Result<i64, String> {
     einmal::time::parse_rfc3339(s)
         .map(|secs| secs.saturating_mul(1000))
         .ok_or_else(|| format!("not an RFC 3339 time: {s:?}"))
+}
+
+fn parse_delivery_state(s: &str) -> Result<DeliveryState, String> {
+    match s {
+        "dead_letter" => Ok(DeliveryState::DeadLetter),
+        "pending" => Ok(DeliveryState::Pending),
+        _ => Err(format!(
+            "unknown delivery state {s:?}; one of dead_letter, pending"
+        )),
+    }
 }
 
 fn parse_state(s: &str) -> Result<InboxState, String> {
@@ -108,10 +130,45 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
             since,
             until,
             cursor,
+            delivery_state,
+            destination,
             scope: ScopeArgs { provider, tenant },
             list: ListArgs { limit, json, store },
         } => {
             let inbox = store.open().await?;
+            if let Some(wanted) = delivery_state {
+                let query = InboxQuery {
+                    filter: InboxFilter {
+                        state,
+                        provider,
+                        tenant,
+                        limit,
+                    },
+                    event_type,
+                    object_id,
+                    since_ms: since,
+                    until_ms: until,
+                    cursor: None,
+                };
+                let found =
+                    with_deliveries(inbox.as_ref(), &query, wanted, destination.as_deref()).await?;
+                if json {
+                    let values: Vec<_> = found.iter().map(item_json).collect();
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?
+                    );
+                } else {
+                    for item in &found {
+                        let shown = |d: &DeliveryStatus| {
+                            d.state == wanted
+                                && destination.as_deref().is_none_or(|n| n == d.destination)
+                        };
+                        println!("{}{}", line(item), delivery_lines_of(item, shown));
+                    }
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let query = InboxQuery {
                 filter: InboxFilter {
                     state,
@@ -147,6 +204,43 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
     }
 }
 
+/// The events `query` matches with a delivery in state `wanted` (to `destination`),
+/// up to the query's limit, through the store's index of such deliveries.
+async fn with_deliveries<S: InboxRelay + ?Sized>(
+    store: &S,
+    query: &InboxQuery,
+    wanted: DeliveryState,
+    destination: Option<&str>,
+) -> Result<Vec<InboxItem>, CliError> {
+    let items = match wanted {
+        DeliveryState::DeadLetter => store.relay_dead(BACKLOG_SCAN_MAX).await,
+        _ => store.relay_pending(BACKLOG_SCAN_MAX).await,
+    }
+    .map_err(|e| e.to_string())?;
+    let f = &query.filter;
+    let limit = if f.limit == 0 { 100 } else { f.limit };
+    Ok(items
+        .into_iter()
+        .filter(|i| {
+            let e = &i.envelope;
+            f.state.is_none_or(|s| s == i.state)
+                && f.provider.as_ref().is_none_or(|p| *p == e.provider)
+                && f.tenant.as_ref().is_none_or(|t| *t == e.tenant)
+                && query.event_type.as_ref().is_none_or(|t| *t == e.event_type)
+                && query
+                    .object_id
+                    .as_ref()
+                    .is_none_or(|o| Some(o) == e.object_id.as_ref())
+                && query.since_ms.is_none_or(|s| i.received_at_ms >= s)
+                && query.until_ms.is_none_or(|u| i.received_at_ms < u)
+                && i.deliveries
+                    .iter()
+                    .any(|d| d.state == wanted && destination.is_none_or(|n| n == d.destination))
+        })
+        .take(limit)
+        .collect())
+}
+
 fn item_json(item: &InboxItem) -> serde_json::Value {
     serde_json::to_value(item).unwrap_or_default()
 }
@@ -174,8 +268,13 @@ fn line(item: &InboxItem) -> String {
 
 /// One line per delivery: where it went, how it stands, its last attempt.
 fn delivery_lines(item: &InboxItem) -> String {
+    delivery_lines_of(item, |_| true)
+}
+
+/// [`delivery_lines`] of the deliveries `shown` picks.
+fn delivery_lines_of(item: &InboxItem, shown: impl Fn(&DeliveryStatus) -> bool) -> String {
     let mut line = String::new();
-    for d in &item.deliveries {
+    for d in item.deliveries.iter().filter(|d| shown(d)) {
         line.push_str(&format!("\n  delivery {} {}", d.destination, d.state));
         if let Some(output) = &d.output {
             line.push_str(&format!(" output={}", output.kind));

@@ -83,6 +83,7 @@ struct Series {
     delivery_backlog: Family<Labels, Gauge>,
     delivery_backlog_age: Family<Labels, Gauge>,
     delivery_held_objects: Gauge,
+    delivery_dead_letters: Family<Labels, Gauge>,
 }
 
 /// What was drained but not yet logged, and the intake as last seen.
@@ -223,6 +224,11 @@ impl ServeMetrics {
             r,
             catalog::DELIVERY_HELD_OBJECTS,
             s.delivery_held_objects.clone(),
+        );
+        register(
+            r,
+            catalog::DELIVERY_DEAD_LETTERS,
+            s.delivery_dead_letters.clone(),
         );
         ServeMetrics {
             registry,
@@ -373,6 +379,10 @@ impl ServeMetrics {
                         s.delivery_backlog_age
                             .get_or_create(&labels)
                             .set(age_ms / 1000);
+                        let dead = backlog.dead_letters.get(name).copied().unwrap_or(0);
+                        s.delivery_dead_letters
+                            .get_or_create(&labels)
+                            .set(dead as i64);
                     }
                     s.delivery_held_objects.set(backlog.held_objects as i64);
                 }

@@ -1,5 +1,11 @@
 //! Operator commands: `einmal dlq list|show`, `einmal replay` (one event or bulk, with
 //! a dry run and progress), `einmal audit list`. Every replay is audited.
+//!
+//! `dlq list` shows both kinds of dead letter: events whose processing was given up
+//! (state `dead_letter`, their lines and JSON as before, JSON with `"kind": "event"`),
+//! then the deliveries the relay gave up on (`"kind": "delivery"`: an event that was
+//! processed, `completed`, but a destination refused it), read from the store's index
+//! of dead-lettered deliveries. `--events` / `--deliveries` show one kind only.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -7,8 +13,11 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use einmal::audit::AuditRecord;
 use einmal::envelope::InboxKey;
+use einmal::pipeline::relay::{excerpt, BACKLOG_SCAN_MAX, EXCERPT_CHARS};
 use einmal::pipeline::replay::{BulkSelector, ItemOutcome, Operator, ReplayReport};
-use einmal::ports::{InboxFilter, InboxItem, InboxState};
+use einmal::ports::{
+    DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxRelay, InboxState,
+};
 use einmal::time::now_millis;
 use einmal::time::parse_rfc3339;
 use serde_json::json;
@@ -18,8 +27,18 @@ use einmal_cli::error::CliError;
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Dead-lettered events: reason, attempts, age.
+    /// Dead-lettered events (reason, attempts, age), then dead-lettered deliveries
+    /// (`delivery <destination>`: attempts, last status, an excerpt of the last error).
     List {
+        /// Only dead-lettered events (the output before deliveries were listed).
+        #[arg(long, conflicts_with = "deliveries")]
+        events: bool,
+        /// Only dead-lettered deliveries.
+        #[arg(long)]
+        deliveries: bool,
+        /// Only deliveries to this destination (implies --deliveries).
+        #[arg(long)]
+        destination: Option<String>,
         #[command(flatten)]
         scope: ScopeArgs,
         #[command(flatten)]
@@ -123,6 +142,7 @@ fn age(ms: i64) -> String {
 
 fn dlq_json(item: &InboxItem, now: i64) -> serde_json::Value {
     json!({
+        "kind": "event",
         "id": item.key.as_str(),
         "provider": item.envelope.provider,
         "tenant": item.envelope.tenant,
@@ -138,25 +158,126 @@ fn dlq_json(item: &InboxItem, now: i64) -> serde_json::Value {
     })
 }
 
+/// A dead-lettered delivery as `dlq list --json` shows it.
+fn delivery_json(item: &InboxItem, d: &DeliveryStatus, now: i64) -> serde_json::Value {
+    json!({
+        "kind": "delivery",
+        "id": item.key.as_str(),
+        "provider": item.envelope.provider,
+        "tenant": item.envelope.tenant,
+        "event_id": item.envelope.event_id,
+        "event_type": item.envelope.event_type,
+        "event_state": item.state,
+        "destination": d.destination,
+        "delivery_key": d.key,
+        "output": d.output.as_ref().map(|o| o.kind.clone()),
+        "state": d.state,
+        "attempts": d.attempts,
+        "last_status": d.last_status,
+        "last_attempt_ms": d.last_attempt_ms,
+        "reason": d.detail.as_deref().map(|t| excerpt(t, EXCERPT_CHARS)),
+        "received_at_ms": item.received_at_ms,
+        "age_ms": now - item.received_at_ms,
+    })
+}
+
+/// One line per dead-lettered delivery: the event's key where the event lines have it,
+/// `delivery <destination>` where they have the event type.
+fn delivery_line(item: &InboxItem, d: &DeliveryStatus, now: i64) -> String {
+    let what = match &d.output {
+        Some(output) => format!("delivery {} ({})", d.destination, output.kind),
+        None => format!("delivery {}", d.destination),
+    };
+    format!(
+        "{}  {:<28} attempts={} status={} age={}  {}",
+        item.key,
+        what,
+        d.attempts,
+        d.last_status.map_or("-".to_string(), |s| s.to_string()),
+        age(now - item.received_at_ms),
+        d.detail
+            .as_deref()
+            .map_or("-".to_string(), |t| excerpt(t, EXCERPT_CHARS))
+    )
+}
+
+/// The dead-lettered deliveries within `scope` (and to `destination`), newest first:
+/// up to `limit` deliveries, through the store's index (a read bounded by
+/// [`BACKLOG_SCAN_MAX`] items).
+pub(crate) async fn dead_deliveries<S: InboxRelay + ?Sized>(
+    store: &S,
+    provider: Option<&str>,
+    tenant: Option<&str>,
+    destination: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(InboxItem, DeliveryStatus)>, String> {
+    let items = store
+        .relay_dead(BACKLOG_SCAN_MAX)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for item in items {
+        if provider.is_some_and(|p| p != item.envelope.provider)
+            || tenant.is_some_and(|t| t != item.envelope.tenant)
+        {
+            continue;
+        }
+        for d in &item.deliveries {
+            if d.state == DeliveryState::DeadLetter
+                && destination.is_none_or(|name| name == d.destination)
+                && out.len() < limit
+            {
+                out.push((item.clone(), d.clone()));
+            }
+        }
+    }
+    Ok(out)
+}
+
 pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, CliError> {
     let now = now_millis();
     match command {
         DlqCommand::List {
+            events,
+            deliveries,
+            destination,
             scope: ScopeArgs { provider, tenant },
             list: ListArgs { limit, json, store },
         } => {
             let inbox = store.open().await?;
-            let items = inbox
-                .list(&InboxFilter {
-                    state: Some(InboxState::DeadLetter),
-                    provider,
-                    tenant,
-                    limit,
-                })
-                .await
-                .map_err(|e| e.to_string())?;
+            let deliveries = deliveries || destination.is_some();
+            let items = match deliveries {
+                true => Vec::new(),
+                false => inbox
+                    .list(&InboxFilter {
+                        state: Some(InboxState::DeadLetter),
+                        provider: provider.clone(),
+                        tenant: tenant.clone(),
+                        limit,
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?,
+            };
+            let dead = match events {
+                true => Vec::new(),
+                false => {
+                    dead_deliveries(
+                        inbox.as_ref(),
+                        provider.as_deref(),
+                        tenant.as_deref(),
+                        destination.as_deref(),
+                        limit,
+                    )
+                    .await?
+                }
+            };
             if json {
-                print_json(&items.iter().map(|i| dlq_json(i, now)).collect())?;
+                let values = items
+                    .iter()
+                    .map(|i| dlq_json(i, now))
+                    .chain(dead.iter().map(|(i, d)| delivery_json(i, d, now)))
+                    .collect();
+                print_json(&values)?;
             } else {
                 for item in &items {
                     println!(
@@ -167,6 +288,9 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, CliError> {
                         age(now - item.received_at_ms),
                         item.last_error.as_deref().unwrap_or("-")
                     );
+                }
+                for (item, d) in &dead {
+                    println!("{}", delivery_line(item, d, now));
                 }
             }
             Ok(ExitCode::SUCCESS)

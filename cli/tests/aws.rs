@@ -305,6 +305,168 @@ impl Aws {
 }
 
 // ---------------------------------------------------------------------------
+// a dead-lettered delivery: dlq list, events list --delivery-state, replay
+
+/// An HTTP destination `erp` for the Shopify orders of the test tenant.
+fn erp(url: &str) -> einmal::destinations::DestinationConfig {
+    use einmal::destinations::config::HttpDestination;
+    use einmal::destinations::{BodyFormat, DestinationConfig, DestinationKind};
+    DestinationConfig {
+        name: "erp".into(),
+        tenant: TENANT.into(),
+        provider: Some("shopify".into()),
+        events: vec!["orders/*".into()],
+        outputs: Vec::new(),
+        ordered: false,
+        max_attempts: 10,
+        max_age: Duration::from_secs(3600),
+        kind: DestinationKind::Http(HttpDestination {
+            url: url.into(),
+            secrets: vec![einmal::config::Secret::new(
+                einmal_tests::destination_server::SECRET,
+            )],
+            body: BodyFormat::Original,
+            timeout: Duration::from_millis(2_000),
+            allow_private: false,
+        }),
+    }
+}
+
+/// On DynamoDB (moto), through the binary: an order completes but the destination
+/// answers 410, so its delivery is dead-lettered. `dlq list` and `events list
+/// --delivery-state dead_letter` show it (the `by_relay_dead` index); a replay
+/// schedules it again (pending, out of the dead letters); the relay delivers it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_delivery_is_listed_and_replayed_with_backend_aws() {
+    use einmal::destinations::http::HttpSink;
+    use einmal::pipeline::relay::{Relay, RelayDestination};
+    use einmal_tests::destination_server::{Answer, DestinationServer};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let aws = Aws::new().await;
+    aws.seed(RED, 10).await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let server = DestinationServer::start({
+        let fixed = fixed.clone();
+        move |_, _| match fixed.load(Ordering::SeqCst) {
+            true => Answer::Ok,
+            false => Answer::Status(410, "gone"),
+        }
+    })
+    .await;
+    let config = erp(&server.url);
+    let einmal::destinations::DestinationKind::Http(http) = &config.kind else {
+        unreachable!()
+    };
+    let sink = HttpSink::new(http, &einmal::https::HttpsClient::new()).expect("sink");
+    let relay = Arc::new(Relay::new(
+        aws.store.clone(),
+        vec![RelayDestination {
+            config: config.clone(),
+            sink: Arc::new(sink),
+        }],
+    ));
+    let processor = aws.processor().with_relay(relay.clone());
+    let order = orders_create(6001, 1_764_600_000, &[(RED, 1)], 1_000, "pending");
+    aws.send(&order).await;
+    aws.drain_with(&processor).await;
+    let key = order.inbox_key();
+    let item = aws.item(&key).await;
+    assert_eq!(item.state, InboxState::Completed);
+    assert_eq!(
+        item.deliveries[0].state,
+        einmal::ports::DeliveryState::DeadLetter
+    );
+
+    // dlq list: the delivery, not the event.
+    let listed = json_out(&aws.einmal(&["dlq", "list", "--json"]).await);
+    let entries = listed.as_array().expect("array");
+    assert_eq!(entries.len(), 1, "{listed}");
+    assert_eq!(entries[0]["kind"], json!("delivery"));
+    assert_eq!(entries[0]["id"], json!(key.as_str()));
+    assert_eq!(entries[0]["destination"], json!("erp"));
+    assert_eq!(entries[0]["event_state"], json!("completed"));
+    assert_eq!(entries[0]["last_status"], json!(410));
+    let out = aws.einmal(&["dlq", "list"]).await;
+    assert!(
+        stdout(&out).contains(&format!("{key}  delivery erp ")),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        json_out(&aws.einmal(&["dlq", "list", "--events", "--json"]).await),
+        json!([])
+    );
+    let dead = [
+        "events",
+        "list",
+        "--delivery-state",
+        "dead_letter",
+        "--json",
+    ];
+    let found = json_out(&aws.einmal(&dead).await);
+    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
+    assert_eq!(found[0]["key"], json!(key.as_str()));
+    let other: Vec<&str> = dead
+        .iter()
+        .copied()
+        .chain(["--destination", "crm"])
+        .collect();
+    assert_eq!(json_out(&aws.einmal(&other).await), json!([]));
+
+    // Replayed (audited as $USER): pending again, no dead letter any more.
+    let event_id = entries[0]["event_id"].as_str().unwrap().to_owned();
+    let out = aws
+        .einmal(&[
+            "replay",
+            "--provider",
+            "shopify",
+            "--tenant",
+            TENANT,
+            "--event-id",
+            &event_id,
+            "--reason",
+            "erp restored",
+        ])
+        .await;
+    assert!(
+        stdout(&out).contains("redelivered"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let pending = ["events", "list", "--delivery-state", "pending", "--json"];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = json_out(&aws.einmal(&pending).await);
+        let none_dead = json_out(&aws.einmal(&["dlq", "list", "--json"]).await) == json!([]);
+        if listed.as_array().map(Vec::len) == Some(1) && none_dead {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after the replay: {listed}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The destination fixed, the relay's pass delivers it, once.
+    fixed.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.effects().is_empty() {
+        assert!(Instant::now() < deadline, "never delivered");
+        relay
+            .run_due(einmal::time::now_millis(), 10)
+            .await
+            .expect("relay pass");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(server.effects().len(), 1);
+    let item = aws.item(&key).await;
+    assert_eq!(
+        item.deliveries[0].state,
+        einmal::ports::DeliveryState::Delivered
+    );
+}
+
+// ---------------------------------------------------------------------------
 // setup --backend aws
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

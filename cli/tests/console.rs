@@ -1266,3 +1266,253 @@ fn standalone_console_masks_configured_secrets_bounds_connections_and_stops_on_s
         assert!(closed, "a held connection is closed");
     }
 }
+
+/// The demo configuration plus an HTTP destination `shop` for the demo Stripe
+/// tenant's customer events, in `dir/einmal.toml`.
+fn config_with_shop(dir: &std::path::Path, url: &str) -> PathBuf {
+    let mut toml = std::fs::read_to_string(repo().join("einmal.toml")).unwrap();
+    toml.push_str(&format!(
+        "\n[[destination]]\nname = \"shop\"\ntenant = \"demo\"\nprovider = \"stripe\"\nkind = \"http\"\n\
+         events = [\"customer.*\"]\nurl = \"{url}\"\nsecrets = [\"{}\"]\ntimeout_ms = 5000\n",
+        einmal_tests::destination_server::SECRET
+    ));
+    let path = dir.join("einmal.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// A completed event whose delivery the destination refused for good (410): the
+/// console's Overview counts it, the Deliveries page (linked in the navigation) lists
+/// it per destination with its status and error, and, the destination fixed, the
+/// operator replays it from the page (audited): delivered once, listed no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_dead_lettered_delivery_is_counted_listed_and_replayed_from_the_console() {
+    use einmal_tests::destination_server::{Answer, DestinationServer};
+    use fantoccini::{ClientBuilder, Locator};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let Some((driver, browser)) = chromium_tools() else {
+        assert!(
+            std::env::var("EINMAL_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "EINMAL_REQUIRE_CHROMIUM=1 but /usr/bin/chromium or /usr/bin/chromedriver is missing"
+        );
+        eprintln!(
+            "skipped: install chromium and chromium-driver to run the console's browser test"
+        );
+        return;
+    };
+    let fixed = Arc::new(AtomicBool::new(false));
+    let destination = DestinationServer::start({
+        let fixed = fixed.clone();
+        move |_, _| match fixed.load(Ordering::SeqCst) {
+            true => Answer::Ok,
+            false => Answer::Status(410, "<b>gone</b> for good"),
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let config = config_with_shop(files.path(), &destination.url);
+    let config = config.to_str().unwrap().to_owned();
+    let data_dir = dir.path().to_str().unwrap().to_owned();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _serve = spawn_einmal(&[
+        "serve",
+        "--addr",
+        &addr,
+        "--data-dir",
+        &data_dir,
+        "--config",
+        &config,
+    ]);
+    wait_for_port(&addr, "einmal serve");
+    let event = files.path().join("customer.json");
+    let body = serde_json::json!({
+        "id": "evt_console_dlv", "object": "event", "type": "customer.updated",
+        "created": 1_764_400_000,
+        "data": {"object": {"id": "cus_console", "object": "customer"}}
+    });
+    std::fs::write(&event, body.to_string()).unwrap();
+    let sent = einmal(&[
+        "send",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "demo",
+        "--event",
+        event.to_str().unwrap(),
+        "--config",
+        &config,
+        "--url",
+        &format!("http://{addr}"),
+    ]);
+    assert!(stdout(&sent).starts_with("200 "), "{}", stdout(&sent));
+    let key = "stripe#demo#evt_console_dlv";
+    let dead = || {
+        let out = einmal(&[
+            "events",
+            "list",
+            "--delivery-state",
+            "dead_letter",
+            "--json",
+            "--data-dir",
+            &data_dir,
+        ]);
+        serde_json::from_str::<Vec<serde_json::Value>>(&stdout(&out)).unwrap()
+    };
+    wait_until("the delivery to be dead-lettered", || {
+        dead().iter().any(|e| e["key"] == key)
+    });
+
+    let driver_port = free_port();
+    let mut chromedriver = Proc(
+        Command::new(&driver)
+            .arg(format!("--port={driver_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts"),
+    );
+    wait_for_port(&format!("127.0.0.1:{driver_port}"), "chromedriver");
+    let capabilities: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": browser,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000"]
+        }
+    }))
+    .unwrap();
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&format!("http://127.0.0.1:{driver_port}"))
+        .await
+        .expect("a WebDriver session in chromium");
+    let shots = screenshots_dir();
+    let shoot = |name: &'static str| {
+        let client = client.clone();
+        let path = shots.join(name);
+        async move {
+            let png = client.screenshot().await.expect("screenshot");
+            std::fs::write(&path, png).expect("screenshot saved");
+        }
+    };
+    let base = format!("http://{addr}/console");
+    let text = |css: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .find(Locator::Css(css))
+                .await
+                .unwrap_or_else(|e| panic!("{css}: {e}"))
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+
+    // The Overview counts it (the event itself is completed: no dead letter).
+    client.goto(&base).await.unwrap();
+    assert_eq!(text("#dead-deliveries").await, "1");
+    shoot("overview-dead-delivery.png").await;
+    // The navigation leads to the Deliveries page: per destination, then the row.
+    client
+        .find(Locator::LinkText("Deliveries"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("tr.delivery"))
+        .await
+        .unwrap();
+    assert_eq!(text("#per-destination td.destination").await, "shop");
+    assert_eq!(text("tr.delivery td.destination").await, "shop");
+    assert_eq!(text("tr.delivery td.state").await, "dead_letter");
+    assert_eq!(text("tr.delivery td.status").await, "410");
+    assert_eq!(text("tr.delivery td.attempts").await, "1");
+    assert_eq!(text("tr.delivery a.event").await, key);
+    let detail = text("tr.delivery td.detail").await;
+    assert!(
+        detail.contains("<b>gone</b>"),
+        "shown as text, not markup: {detail}"
+    );
+    assert!(
+        !client.source().await.unwrap().contains("<b>gone</b>"),
+        "the destination's answer is escaped"
+    );
+    shoot("deliveries.png").await;
+
+    // Fixed; replayed from the page with a reason and the operator's name.
+    fixed.store(true, Ordering::SeqCst);
+    client
+        .find(Locator::Css("tr.delivery input[type=checkbox]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let form = client.find(Locator::Id("replay-deliveries")).await.unwrap();
+    form.find(Locator::Css("input[name=reason]"))
+        .await
+        .unwrap()
+        .send_keys("shop endpoint restored")
+        .await
+        .unwrap();
+    form.find(Locator::Css("input[name=operator]"))
+        .await
+        .unwrap()
+        .send_keys("ops-ana")
+        .await
+        .unwrap();
+    form.find(Locator::Id("replay-selected"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let summary = client
+        .wait()
+        .for_element(Locator::Id("replay-summary"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(summary.contains("redelivered 1"), "{summary}");
+    assert_eq!(text("td.outcome").await, "redelivered");
+    shoot("deliveries-replayed.png").await;
+
+    // Delivered once; listed and counted no more; audited with reason and operator.
+    wait_until("the replayed delivery to arrive", || {
+        !destination.effects().is_empty()
+    });
+    wait_until("the delivery to leave the dead letters", || {
+        dead().is_empty()
+    });
+    let effects = destination.effects();
+    assert_eq!(effects.len(), 1);
+    assert!(effects.contains_key(&einmal::destinations::delivery_key(
+        "shop",
+        "stripe",
+        "demo",
+        "evt_console_dlv"
+    )));
+    client.goto(&format!("{base}/deliveries")).await.unwrap();
+    assert!(client.find(Locator::Id("no-deliveries")).await.is_ok());
+    client.goto(&base).await.unwrap();
+    assert_eq!(text("#dead-deliveries").await, "0");
+    client.goto(&format!("{base}/audit")).await.unwrap();
+    assert_eq!(
+        text("table.audit td.reason").await,
+        "shop endpoint restored"
+    );
+    assert_eq!(text("table.audit td.actor").await, "ops-ana");
+    assert!(client.source().await.unwrap().contains(key));
+
+    client.close().await.unwrap();
+    let _ = chromedriver.0.kill();
+}

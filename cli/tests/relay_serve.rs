@@ -419,3 +419,155 @@ async fn wait_for(done: impl Fn() -> bool, what: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Run `einmal` with `args` against the data dir, expecting success; its stdout.
+fn ok(args: &[&str], data: &Path) -> String {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--data-dir", data.to_str().unwrap()]);
+    let out = einmal(&all);
+    assert!(
+        out.status.success(),
+        "einmal {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A destination that refuses for good (410 Gone, with a terminal escape in its
+/// answer): the event is processed (`ignored` by the demo domain), its delivery
+/// dead-lettered. `dlq list` shows the
+/// delivery (escaped), `events list --delivery-state dead_letter` the event; once the
+/// destination is fixed, a replay delivers it exactly once and both listings are empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_delivery_is_listed_and_a_replay_delivers_it_once_fixed() {
+    let fixed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let destination = DestinationServer::start({
+        let fixed = fixed.clone();
+        move |_, _| match fixed.load(std::sync::atomic::Ordering::SeqCst) {
+            true => Answer::Ok,
+            false => Answer::Status(410, "gone \u{1b}[2J for good"),
+        }
+    })
+    .await;
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let config = config_with_destination(files.path(), &destination.url);
+    let server = Server::start(data.path(), &config);
+    let (url, dir, cfg) = (
+        server.url.clone(),
+        files.path().to_path_buf(),
+        config.clone(),
+    );
+    tokio::task::spawn_blocking(move || send_stripe(&url, &dir, &cfg, 900))
+        .await
+        .unwrap();
+    let d = data.path();
+    let show = ["events", "show", "--provider", "stripe", "--tenant", "demo"];
+    let show: Vec<&str> = show.into_iter().chain(["--event-id", "evt_k900"]).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = ok(&show, d);
+        if text.contains("delivery shop dead_letter") {
+            // Processed (the demo domain ignores customer events): no dead letter.
+            assert!(text.starts_with("stripe#demo#evt_k900  ignored"), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never dead-lettered: {text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // dlq list: no dead-lettered event, one dead-lettered delivery, escaped.
+    let text = ok(&["dlq", "list"], d);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let line = lines[0];
+    assert!(
+        line.starts_with("stripe#demo#evt_k900  delivery shop "),
+        "{line}"
+    );
+    assert!(line.contains("attempts=1 status=410"), "{line}");
+    assert!(line.contains("gone"), "{line}");
+    assert!(
+        !line.contains('\u{1b}'),
+        "the answer's escape reached the terminal: {line:?}"
+    );
+    assert_eq!(
+        ok(&["dlq", "list", "--events"], d),
+        "",
+        "no event is dead-lettered"
+    );
+    assert_eq!(ok(&["dlq", "list", "--destination", "other"], d), "");
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(&["dlq", "list", "--json"], d)).unwrap();
+    let entries = listed.as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{listed}");
+    let entry = &entries[0];
+    assert_eq!(entry["kind"], "delivery");
+    assert_eq!(entry["id"], "stripe#demo#evt_k900");
+    assert_eq!(entry["destination"], "shop");
+    assert_eq!(entry["event_state"], "ignored");
+    assert_eq!(entry["state"], "dead_letter");
+    assert_eq!(entry["attempts"], 1);
+    assert_eq!(entry["last_status"], 410);
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("gone") && !reason.contains('\u{1b}'),
+        "{reason}"
+    );
+    assert!(reason.chars().count() <= 130, "bounded: {reason}");
+
+    // events list --delivery-state: the processed event, with the delivery.
+    let text = ok(&["events", "list", "--delivery-state", "dead_letter"], d);
+    assert!(text.starts_with("stripe#demo#evt_k900  ignored"), "{text}");
+    assert!(text.contains("\n  delivery shop dead_letter"), "{text}");
+    let shop = [
+        "events",
+        "list",
+        "--delivery-state",
+        "dead_letter",
+        "--destination",
+    ];
+    let with = |name| -> Vec<&str> { shop.iter().copied().chain([name]).collect() };
+    assert!(ok(&with("shop"), d).contains("evt_k900"));
+    assert_eq!(ok(&with("other"), d), "");
+    assert_eq!(
+        ok(&["events", "list", "--delivery-state", "pending"], d),
+        ""
+    );
+    assert_eq!(
+        ok(&["events", "list", "--state", "dead_letter"], d),
+        "",
+        "the event itself is no dead letter"
+    );
+
+    // Fixed, replayed (audited): delivered once, listed nowhere.
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let replay = [
+        "replay",
+        "--provider",
+        "stripe",
+        "--tenant",
+        "demo",
+        "--event-id",
+        "evt_k900",
+    ];
+    let replay: Vec<&str> = replay
+        .into_iter()
+        .chain(["--reason", "destination fixed", "--actor", "ops"])
+        .collect();
+    assert!(ok(&replay, d).contains("redelivered"));
+    let key = delivery_key("shop", "stripe", "demo", "evt_k900");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ok(&show, d).contains("delivery shop delivered") {
+        assert!(Instant::now() < deadline, "the replay was never delivered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(destination.effects().len(), 1);
+    assert!(destination.effects().contains_key(&key));
+    assert_eq!(ok(&["dlq", "list"], d), "");
+    assert_eq!(
+        ok(&["events", "list", "--delivery-state", "dead_letter"], d),
+        ""
+    );
+    drop(server);
+}

@@ -579,6 +579,18 @@ pub struct DeliveryStatus {
     pub release_owed: bool,
 }
 
+/// The index key of an item with dead-lettered deliveries ([`InboxRelay::relay_dead`]):
+/// the latest last attempt among them (`now_ms` for one never attempted, e.g. its
+/// destination left the configuration); `None` when no delivery is dead-lettered (the
+/// item is not indexed). The writers of the deliveries store it with them.
+pub fn dead_lettered_at(deliveries: &[DeliveryStatus], now_ms: i64) -> Option<i64> {
+    deliveries
+        .iter()
+        .filter(|d| d.state == DeliveryState::DeadLetter)
+        .map(|d| d.last_attempt_ms.unwrap_or(now_ms))
+        .max()
+}
+
 /// The position of an event in its object's order ([`InboxRelay::order_acquire`],
 /// rules in [`crate::order`]): queued events go lowest first — `at` (the object version
 /// as a number or an RFC 3339 time in ms, else `occurred_at` in ms, else the receipt),
@@ -679,6 +691,14 @@ pub trait InboxRelay: Send + Sync {
     /// Up to `limit` items with a pending delivery (`relay_due_ms` set), earliest due
     /// first, bodies not loaded: the backlog metrics read their deliveries.
     async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
+
+    /// Up to `limit` items with a dead-lettered delivery, most recently dead-lettered
+    /// first ([`dead_lettered_at`]), bodies not loaded, found through a sparse index of
+    /// their own (never a scan): the operator's views (`einmal dlq list`, the console)
+    /// and the dead-letter gauges. The processor's finish and
+    /// [`InboxRelay::finish_relay`] keep the index in step with the deliveries they
+    /// write, so a replayed delivery leaves it and a new dead letter enters it.
+    async fn relay_dead(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError>;
 
     /// One conditional write: take the relay lease (until `now_ms + lease_ms`) if no
     /// live relay lease holds the item and the item is `completed` or `ignored`.

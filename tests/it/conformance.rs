@@ -463,6 +463,113 @@ async fn the_finish_records_deliveries_and_the_due_index_finds_pending_ones(b: B
     assert_eq!(backlog[0].deliveries, deliveries);
 }
 
+/// Poll `read` until it gives `want` (the AWS indexes are eventually consistent).
+async fn eventually_keys<F, Fut>(what: &str, want: Vec<InboxKey>, read: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Vec<InboxItem>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let got: Vec<InboxKey> = read().await.into_iter().map(|i| i.key).collect();
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+async fn dead_lettered_deliveries_are_listed_newest_first_until_replayed(b: Backend) {
+    let mut dead = delivery("shop", DeliveryState::DeadLetter, None);
+    dead.last_status = Some(410);
+    dead.detail = Some("permanent failure: status 410: gone".into());
+    let older = finished_with(
+        &b,
+        "evt_dead_1",
+        vec![
+            delivery("crm", DeliveryState::Delivered, None),
+            dead.clone(),
+        ],
+        None,
+    )
+    .await;
+    let mut newer_dead = dead.clone();
+    newer_dead.last_attempt_ms = Some(2_000);
+    let newer = finished_with(&b, "evt_dead_2", vec![newer_dead], None).await;
+    // Neither a delivered nor a pending delivery is a dead letter.
+    let due_at = einmal::time::now_millis() + 60_000;
+    finished_with(
+        &b,
+        "evt_dead_3",
+        vec![delivery("shop", DeliveryState::Pending, Some(due_at))],
+        Some(due_at),
+    )
+    .await;
+    finished_with(
+        &b,
+        "evt_dead_4",
+        vec![delivery("shop", DeliveryState::Delivered, None)],
+        None,
+    )
+    .await;
+    eventually_keys(
+        "dead-lettered deliveries",
+        vec![newer.clone(), older.clone()],
+        || async { b.relay.relay_dead(100).await.unwrap() },
+    )
+    .await;
+    let listed = b.relay.relay_dead(100).await.unwrap();
+    assert_eq!(listed[1].deliveries[1], dead, "the record as written");
+    assert_eq!(listed[1].envelope.event_type, "payment_intent.succeeded");
+    assert_eq!(listed[1].state, InboxState::Completed);
+    assert_eq!(b.relay.relay_dead(1).await.unwrap().len(), 1, "bounded");
+
+    // Scheduled again (as a replay does): out of the listing, into the due index.
+    let now = einmal::time::now_millis();
+    assert!(b
+        .relay
+        .claim_relay(&older, "r1", now, 5_000)
+        .await
+        .unwrap()
+        .is_some());
+    let mut again = b.inbox.get(&older).await.unwrap().unwrap().deliveries;
+    again[1].state = DeliveryState::Pending;
+    again[1].next_attempt_ms = Some(now);
+    assert!(b
+        .relay
+        .finish_relay(&older, "r1", &again, Some(now), now)
+        .await
+        .unwrap());
+    eventually_keys("after the replay", vec![newer.clone()], || async {
+        b.relay.relay_dead(100).await.unwrap()
+    })
+    .await;
+    // Given up again by the relay: listed again, now the newest.
+    assert!(b
+        .relay
+        .claim_relay(&older, "r2", now + 1, 5_000)
+        .await
+        .unwrap()
+        .is_some());
+    again[1].state = DeliveryState::DeadLetter;
+    again[1].next_attempt_ms = None;
+    again[1].last_attempt_ms = Some(now);
+    assert!(b
+        .relay
+        .finish_relay(&older, "r2", &again, None, now + 1)
+        .await
+        .unwrap());
+    eventually_keys("dead again", vec![older.clone(), newer.clone()], || async {
+        b.relay.relay_dead(100).await.unwrap()
+    })
+    .await;
+    assert!(due_keys(&b, now + 1).await.is_empty());
+}
+
 async fn the_relay_lease_is_exclusive_and_its_finish_clears_the_due_time(b: Backend) {
     let now = einmal::time::now_millis();
     let key = finished_with(
@@ -684,5 +791,6 @@ conformance!(
     tenants_are_isolated_and_each_provider_ingests,
     the_finish_records_deliveries_and_the_due_index_finds_pending_ones,
     the_relay_lease_is_exclusive_and_its_finish_clears_the_due_time,
+    dead_lettered_deliveries_are_listed_newest_first_until_replayed,
     the_order_cursor_hands_an_object_out_lowest_version_first,
 );

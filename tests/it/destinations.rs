@@ -537,6 +537,35 @@ async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_
     );
     assert_eq!(item.relay_due_ms, None);
     assert!(server.effects().is_empty());
+    // The event is finished (ignored by this domain), not a dead letter, yet its
+    // dead-lettered delivery is listed (the store's index of them) and counted per
+    // destination (the DeliveryDeadLetters gauge).
+    assert_eq!(item.state, InboxState::Ignored);
+    let e2 = event("stripe", "evt_422b", "customer.created", "cus_2", "1");
+    rig.ingest(&e2).await;
+    rig.process_all().await;
+    let dead_keys = || async {
+        let dead = rig.store.relay_dead(100).await.unwrap();
+        let mut keys: Vec<InboxKey> = dead.into_iter().map(|i| i.key).collect();
+        keys.sort();
+        keys
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while dead_keys().await != vec![e.key.clone(), e2.key.clone()] {
+        assert!(
+            Instant::now() < deadline,
+            "never listed: {:?}",
+            dead_keys().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert_eq!(backlog.dead_letters.get("crm"), Some(&2), "{backlog:?}");
+    let emf = backlog
+        .emf(&["crm".to_string()], "stack", 1)
+        .render()
+        .join("\n");
+    assert!(emf.contains("\"DeliveryDeadLetters\":2"), "{emf}");
 
     // Replay of the finished event re-schedules its dead-lettered delivery, audited.
     let replayer = Replayer::from_store(rig.store.clone(), rig.audit.clone());
@@ -548,15 +577,43 @@ async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_
     assert_eq!(report.outcomes[0].1, ItemOutcome::Redelivered);
     assert_eq!(report.summary.redelivered, 1);
     assert!(report.audit_id.is_some());
+    // Several at once (the console's selection): each the same way, one audit record.
+    let report = replayer
+        .replay_keys(&[e2.key.clone(), e2.key.clone()], &operator)
+        .await
+        .unwrap();
+    assert_eq!(
+        report.outcomes,
+        vec![(e2.key.clone(), ItemOutcome::Redelivered)]
+    );
+    let audited = rig.audit.list(10).await.unwrap();
+    assert_eq!(audited.len(), 2, "one record per replay");
+    assert_eq!(audited[0].events, vec![e2.key.as_str().to_string()]);
     let items = rig
-        .relay_until("the replayed delivery delivered", |items| {
+        .relay_until("the replayed deliveries delivered", |items| {
             all_in(items, DeliveryState::Delivered)
         })
         .await;
     assert_exactly_once(&server, &items, "crm");
     let calls = server.calls();
-    assert_eq!(calls.len(), 2);
-    assert_eq!(calls[0].id, calls[1].id, "the same key on replay");
+    assert_eq!(calls.len(), 4);
+    for id in ["evt_422", "evt_422b"] {
+        let key = delivery_key("crm", "stripe", TENANT, id);
+        let of = calls.iter().filter(|c| c.id == key).count();
+        assert_eq!(of, 2, "the same key on replay: {id}");
+    }
+    // Delivered: listed and counted no more.
+    let deadline = Instant::now() + DEADLINE;
+    while !dead_keys().await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "still listed: {:?}",
+            dead_keys().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let backlog = rig.relay.backlog(einmal::time::now_millis()).await.unwrap();
+    assert!(backlog.dead_letters.is_empty(), "{backlog:?}");
 }
 
 async fn a_destination_down_keeps_events_pending_then_gets_every_one(kind: Kind) {
@@ -916,6 +973,9 @@ impl InboxRelay for ReleaseRefused {
     }
     async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
         self.inner.relay_pending(limit).await
+    }
+    async fn relay_dead(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        self.inner.relay_dead(limit).await
     }
     async fn claim_relay(
         &self,

@@ -95,6 +95,9 @@ struct MetricRef {
     /// Dimension name → what its value is (`Ref:X`, `GetAtt:X.Attr`, or the literal).
     dimensions: BTreeMap<String, String>,
     unit: Option<String>,
+    /// A Metrics Insights alarm's `GROUP BY` dimension: one contributor per value
+    /// (the per-destination alarms), so it may query that breakdown set.
+    grouped_by: Option<String>,
 }
 
 fn describe_value(v: &Value) -> String {
@@ -141,6 +144,60 @@ fn alarm_metric(origin: &str, m: &Value, unit: Option<&Value>) -> Result<MetricR
         name: text("MetricName")?,
         dimensions,
         unit: unit.and_then(Value::as_str).map(str::to_owned),
+        grouped_by: None,
+    })
+}
+
+/// The metric a Metrics Insights alarm queries:
+/// `SELECT FN(Metric) FROM SCHEMA("Namespace", Dim, …) WHERE Deployment = '…'
+/// [GROUP BY Dim]`. Every schema dimension is in the reference; `Deployment`'s value
+/// is what the WHERE clause pins (`${AWS::StackName}` = `Ref:AWS::StackName`).
+fn insights_metric(origin: &str, query: &str) -> Result<MetricRef, String> {
+    let words: Vec<&str> = query.split_whitespace().collect();
+    let text = words.join(" ");
+    let between = |from: &str, to: &str| -> Result<String, String> {
+        let start = text
+            .find(from)
+            .ok_or_else(|| format!("{origin}: query without {from:?}: {text}"))?
+            + from.len();
+        let end = text[start..]
+            .find(to)
+            .ok_or_else(|| format!("{origin}: query without {to:?} after {from:?}"))?;
+        Ok(text[start..start + end].trim().to_string())
+    };
+    if !text.starts_with("SELECT ") {
+        return Err(format!("{origin}: not a Metrics Insights query: {text}"));
+    }
+    let metric = between("(", ")")?;
+    let schema = between("FROM SCHEMA(", ")")?;
+    let mut parts = schema
+        .split(',')
+        .map(|p| p.trim().trim_matches('"').to_string());
+    let namespace = parts.next().unwrap_or_default();
+    let deployment = between("WHERE Deployment = '", "'")?;
+    let deployment = match deployment.as_str() {
+        "${AWS::StackName}" => "Ref:AWS::StackName".to_string(),
+        other => other.to_string(),
+    };
+    let mut dimensions = BTreeMap::new();
+    for dimension in parts {
+        let value = match dimension.as_str() {
+            d if d == catalog::DEPLOYMENT => deployment.clone(),
+            _ => "*".to_string(),
+        };
+        dimensions.insert(dimension, value);
+    }
+    let grouped_by = text
+        .split_once(" GROUP BY ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .map(str::to_string);
+    Ok(MetricRef {
+        origin: origin.to_string(),
+        namespace,
+        name: metric,
+        dimensions,
+        unit: None,
+        grouped_by,
     })
 }
 
@@ -161,11 +218,22 @@ fn alarm_metrics(t: &Value) -> Result<Vec<MetricRef>, String> {
             (None, Some(Value::Sequence(entries))) => {
                 let mut ids = BTreeSet::new();
                 let mut expressions = Vec::new();
+                // A Metrics Insights query is a whole alarm's data on its own.
+                let mut insights = false;
                 for entry in entries {
                     let id = get(entry, "Id")
                         .and_then(Value::as_str)
                         .ok_or_else(|| format!("alarm {name}: a Metrics entry without Id"))?;
                     ids.insert(id.to_string());
+                    let query = get(entry, "Expression").and_then(|e| match intrinsic(e) {
+                        Some((f, Value::String(s))) if f == "Fn::Sub" => Some(s.clone()),
+                        _ => e.as_str().map(str::to_owned),
+                    });
+                    if let Some(q) = query.filter(|q| q.trim_start().starts_with("SELECT")) {
+                        out.push(insights_metric(&format!("{name}/{id}"), &q)?);
+                        insights = true;
+                        continue;
+                    }
                     match (get(entry, "MetricStat"), get(entry, "Expression")) {
                         (Some(stat), None) => {
                             let metric = get(stat, "Metric").ok_or_else(|| {
@@ -196,7 +264,7 @@ fn alarm_metrics(t: &Value) -> Result<Vec<MetricRef>, String> {
                         }
                     }
                 }
-                if expressions.is_empty() {
+                if expressions.is_empty() && !insights {
                     return Err(format!("alarm {name}: Metrics without an expression"));
                 }
                 // Every lower-case identifier in an expression names a metric entry.
@@ -327,6 +395,7 @@ fn dashboard_metrics(t: &Value) -> Result<Vec<MetricRef>, String> {
                 name: texts[1].to_string(),
                 dimensions,
                 unit: None,
+                grouped_by: None,
             });
         }
     }
@@ -354,7 +423,13 @@ fn check_metric(t: &Value, m: &MetricRef, alarm: bool) -> Result<(), String> {
                 m.name, spec.dimension_sets
             ));
         }
-        if alarm && dims != BTreeSet::from([catalog::DEPLOYMENT]) {
+        // Alarms use the deployment-only set, except a Metrics Insights alarm grouped
+        // by the one breakdown dimension (a contributor per destination).
+        let grouped = m
+            .grouped_by
+            .as_deref()
+            .is_some_and(|g| dims == BTreeSet::from([catalog::DEPLOYMENT, g]));
+        if alarm && dims != BTreeSet::from([catalog::DEPLOYMENT]) && !grouped {
             return Err(format!(
                 "{origin}: alarms use the deployment-only dimension set, not {dims:?}"
             ));
@@ -467,12 +542,23 @@ fn every_alarm_and_dashboard_metric_is_one_the_code_or_aws_emits() {
         (catalog::NAMESPACE, catalog::STUCK_ITEMS),
         (catalog::NAMESPACE, catalog::OLDEST_WAITING_AGE),
         (catalog::NAMESPACE, catalog::DELIVERY_BACKLOG_AGE),
+        (catalog::NAMESPACE, catalog::DELIVERY_DEAD_LETTERS),
         (catalog::NAMESPACE, catalog::SIGNATURE_FAILURES),
         (catalog::NAMESPACE, catalog::WEBHOOKS_ACCEPTED),
         (catalog::NAMESPACE, catalog::WEBHOOKS_DUPLICATE),
         (catalog::NAMESPACE, catalog::PAYMENT_WITHIN_SLO),
     ] {
         assert!(used.contains(&wanted), "no alarm on {wanted:?}");
+    }
+    // The delivery alarms are per destination: a contributor per Destination.
+    for metric in [
+        catalog::DELIVERY_DEAD_LETTERS,
+        catalog::DELIVERY_BACKLOG_AGE,
+    ] {
+        let per_destination = metrics
+            .iter()
+            .any(|m| m.name == metric && m.grouped_by.as_deref() == Some(catalog::DESTINATION));
+        assert!(per_destination, "no per-destination alarm on {metric}");
     }
     // Errors and throttles of every function.
     for (function, _) in resources_of(&t, "AWS::Serverless::Function") {
@@ -520,6 +606,9 @@ fn a_typo_in_an_alarm_or_dashboard_metric_fails_the_check() {
         ("breakdown dimension on an alarm", "MetricName: SignatureFailures\n      Dimensions:\n", "MetricName: SignatureFailures\n      Dimensions:\n        - Name: Provider\n          Value: stripe\n", "deployment-only dimension set"),
         ("deployment value", "- Name: Deployment\n          Value: !Ref AWS::StackName", "- Name: Deployment\n          Value: einmal", "is the stack name"),
         ("dimension pointing at the wrong resource", "Value: !Ref ProcessorFunction", "Value: !Ref WorkQueue", "refers to WorkQueue"),
+        ("Metrics Insights metric", "MAX(DeliveryDeadLetters)", "MAX(DeliveryDeadLetter)", "DeliveryDeadLetter is not in the metric catalog"),
+        ("Metrics Insights grouping", "WHERE Deployment = '${AWS::StackName}' GROUP BY Destination", "WHERE Deployment = '${AWS::StackName}' GROUP BY Provider", "deployment-only dimension set"),
+        ("Metrics Insights deployment", "WHERE Deployment = '${AWS::StackName}'", "WHERE Deployment = 'einmal'", "is the stack name"),
         ("dashboard metric", "\"EffectLag\"", "\"EffectLagg\"", "EffectLagg is not in the metric catalog"),
         ("dashboard dimension", "\"Deployment\", \"${AWS::StackName}\", {\"label\": \"completed\"}", "\"Stack\", \"${AWS::StackName}\", {\"label\": \"completed\"}", "not {\"Stack\"}"),
     ];
@@ -1249,6 +1338,31 @@ fn tables_mirror_the_code_and_are_protected() {
             .collect::<BTreeSet<_>>(),
         "by_relay_due projects what the code decodes from it"
     );
+    // The dead-lettered deliveries' index, as `relay_dead_index` in setup.rs: items
+    // with a dead-lettered delivery by when, projecting what the relay index does.
+    assert_eq!(types.get("relay_dead_shard").map(String::as_str), Some("S"));
+    assert_eq!(types.get("relay_dead_ms").map(String::as_str), Some("N"));
+    let dead = index(inbox, "by_relay_dead");
+    assert_eq!(
+        key_schema(dead),
+        vec![
+            pair("relay_dead_shard", "HASH"),
+            pair("relay_dead_ms", "RANGE")
+        ]
+    );
+    let projected: BTreeSet<String> = list(path(dead, &["Projection", "NonKeyAttributes"]))
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        projected,
+        RELAY_INDEX_PROJECTION
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<BTreeSet<_>>(),
+        "by_relay_dead projects what the code decodes from it"
+    );
     assert_eq!(
         path(inbox, &["TimeToLiveSpecification", "AttributeName"]).and_then(Value::as_str),
         Some("expires_at")
@@ -1571,8 +1685,9 @@ fn provisioned_mode_scales_every_table_and_index() {
             expected.insert((format!("table/${{{name}}}/index/{index}"), "index"));
         }
     }
-    // inbox + by_sweep_shard + by_hint + by_wait_shard + by_relay_due, state, audit
-    assert_eq!(expected.len(), 7, "{expected:?}");
+    // inbox + by_sweep_shard + by_hint + by_wait_shard + by_relay_due + by_relay_dead,
+    // state, audit
+    assert_eq!(expected.len(), 8, "{expected:?}");
 
     // (ResourceId, Read/Write) → the scalable target's logical id
     let mut targets: BTreeMap<(String, String), String> = BTreeMap::new();

@@ -16,6 +16,7 @@
 //! sets the security headers on every answer.
 
 mod auth;
+mod deliveries;
 mod guard;
 mod pages;
 mod view;
@@ -101,6 +102,8 @@ pub fn app(stores: ConsoleStores, options: ConsoleOptions, bound: SocketAddr) ->
         .route("/events", get(pages::events))
         .route("/event", get(pages::event))
         .route("/dead-letters", get(pages::dead_letters))
+        .route("/deliveries", get(deliveries::deliveries))
+        .route("/deliveries/replay", post(deliveries::replay))
         .route("/replay", post(pages::replay_one))
         .route("/replay-bulk", post(pages::replay_bulk))
         .route("/audit", get(pages::audit))

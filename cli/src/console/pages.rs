@@ -17,10 +17,10 @@ use einmal::time::now_millis;
 use super::view::{self, age, at, bars, ConsoleError, Params};
 use super::{auth, Console, BASE, MAX_SAMPLES, SAMPLE_EVERY_MS};
 
-type Page = Result<(String, Markup), ConsoleError>;
+pub(super) type Page = Result<(String, Markup), ConsoleError>;
 
 /// The response of a page: its markup in the layout, or the error.
-fn render(console: &Console, headers: &HeaderMap, page: Page) -> Response {
+pub(super) fn render(console: &Console, headers: &HeaderMap, page: Page) -> Response {
     match page {
         Ok((title, body)) => view::page(console, &title, body).into_response(),
         Err(e) => e.respond(console, headers),
@@ -85,12 +85,14 @@ async fn overview_page(console: &Console, query: &str) -> Page {
         .map(|(s, n)| (s.as_str().to_owned(), *n))
         .collect();
     let figures = console.stores.figures.as_ref().map(|m| m.since_start());
+    let deliveries = super::deliveries::overview_rows(console, now).await?;
     let body = html! {
         p.muted { "As of " (at(now)) @if counts.truncated { " (counts are lower bounds: the store's read bound was reached)" } }
         table {
             tr { th { "Backlog (pending events)" } td { (pending.len()) @if pending.len() == BACKLOG_READ { "+" } } }
             tr { th { "Oldest pending age" } td { (oldest.map(age).unwrap_or_else(|| "-".into())) } }
             tr { th { "Dead letters" } td { a href={ (BASE) "/dead-letters" } { (of(InboxState::DeadLetter)) } } }
+            (deliveries)
             tr { th { "Drain rate" } td { (drain) } }
         }
         (bars("Events by state", &state_rows))
@@ -202,7 +204,7 @@ fn next_link(page: &str, raw_query: &str, cursor: &str) -> String {
     format!("{BASE}/{page}?{}", out.finish())
 }
 
-fn event_link(item: &InboxItem) -> String {
+pub(super) fn event_link(item: &InboxItem) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
     q.append_pair("id", item.key.as_str());
     format!("{BASE}/event?{}", q.finish())
@@ -376,7 +378,8 @@ async fn event_page(console: &Console, raw: &str) -> Page {
                 } }
             }
         }
-        @if item.state == InboxState::DeadLetter {
+        @if item.state == InboxState::DeadLetter
+            || item.deliveries.iter().any(|d| d.state == einmal::ports::DeliveryState::DeadLetter) {
             h2 { "Replay" }
             (replay_form(console, &item))
         }
@@ -438,7 +441,7 @@ async fn dead_letters_page(console: &Console, raw: &str) -> Page {
 }
 
 /// The form's CSRF token, reason and operator, all required.
-fn operator_of(console: &Console, p: &Params) -> Result<Operator, ConsoleError> {
+pub(super) fn operator_of(console: &Console, p: &Params) -> Result<Operator, ConsoleError> {
     let csrf = p.get("csrf").unwrap_or_default();
     if !auth::same(&csrf, &console.csrf) {
         return Err(ConsoleError::Csrf);
@@ -452,7 +455,7 @@ fn operator_of(console: &Console, p: &Params) -> Result<Operator, ConsoleError> 
     })
 }
 
-fn report_markup(report: &ReplayReport) -> Markup {
+pub(super) fn report_markup(report: &ReplayReport) -> Markup {
     let s = &report.summary;
     html! {
         p id="replay-summary" {

@@ -49,6 +49,7 @@ fn layout(console: Option<&Console>, title: &str, body: Markup) -> Markup {
                     a href=(BASE) { "Overview" }
                     a href={ (BASE) "/events" } { "Events" }
                     a href={ (BASE) "/dead-letters" } { "Dead letters" }
+                    a href={ (BASE) "/deliveries" } { "Deliveries" }
                     a href={ (BASE) "/audit" } { "Audit log" }
                     a href={ (BASE) "/reconcile" } { "Reconciliation" }
                     @if console.is_some_and(|c| c.token.is_some()) {

@@ -386,6 +386,26 @@ pub fn short_detail(text: &str) -> String {
     }
 }
 
+/// The most characters of a delivery's detail an operator view shows
+/// ([`excerpt`]).
+pub const EXCERPT_CHARS: usize = 120;
+
+/// A recorded detail for display (`einmal dlq list`, the console): at most `max`
+/// characters (an ellipsis when cut), every control or invisible character escaped
+/// (`\u{1b}`): a destination's answer is not the operator's terminal's to drive.
+pub fn excerpt(text: &str, max: usize) -> String {
+    let mut out: String = text
+        .chars()
+        .take(max)
+        .collect::<String>()
+        .escape_debug()
+        .collect();
+    if text.chars().nth(max).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// What [`Relay::deliver_event`] produced: the record for the finish write, and the
 /// items of ordered objects handed the turn ([`Relay::hand_on`] after the finish).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -443,6 +463,9 @@ pub struct Backlog {
     pub per_destination: BTreeMap<String, (u64, i64)>,
     /// Objects of ordered destinations held by a failing delivery.
     pub held_objects: u64,
+    /// Destination → dead-lettered deliveries in the store (given up, not replayed),
+    /// from its index of them ([`InboxRelay::relay_dead`]).
+    pub dead_letters: BTreeMap<String, u64>,
 }
 
 impl Backlog {
@@ -457,6 +480,8 @@ impl Backlog {
                 name,
                 age_ms.max(0) as f64 / 1000.0,
             );
+            let dead = self.dead_letters.get(name).copied().unwrap_or(0);
+            emf.put_by(catalog::DELIVERY_DEAD_LETTERS, name, dead as f64);
         }
         emf.put(catalog::DELIVERY_HELD_OBJECTS, self.held_objects as f64);
         emf
@@ -1106,14 +1131,17 @@ impl Relay {
     }
 
     /// The backlog gauges: pending deliveries per destination (count, oldest event's
-    /// age), and objects held by a failing ordered delivery; read through the index
-    /// (at most [`BACKLOG_SCAN_MAX`] items).
+    /// age), objects held by a failing ordered delivery, and dead-lettered deliveries
+    /// per destination; read through the two indexes (at most [`BACKLOG_SCAN_MAX`]
+    /// items each).
     pub async fn backlog(&self, now_ms: i64) -> Result<Backlog, StoreError> {
         let items = self.store.relay_pending(BACKLOG_SCAN_MAX).await?;
-        Ok(backlog_of(&items, now_ms, |name, tenant| {
+        let mut backlog = backlog_of(&items, now_ms, |name, tenant| {
             self.destination(tenant, name)
                 .is_some_and(|d| d.config.ordered)
-        }))
+        });
+        backlog.dead_letters = dead_letters_of(&self.store.relay_dead(BACKLOG_SCAN_MAX).await?);
+        Ok(backlog)
     }
 }
 
@@ -1170,6 +1198,19 @@ fn fresh(destination: &str, key: String, output: Option<Output>) -> DeliveryStat
         output,
         release_owed: false,
     }
+}
+
+/// Destination → dead-lettered deliveries among `items`.
+pub fn dead_letters_of(items: &[InboxItem]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for d in items
+        .iter()
+        .flat_map(|i| &i.deliveries)
+        .filter(|d| d.state == DeliveryState::DeadLetter)
+    {
+        *out.entry(d.destination.clone()).or_default() += 1;
+    }
+    out
 }
 
 /// The backlog of `items` (pending ones, from the index) at `now_ms`.
@@ -1395,6 +1436,14 @@ mod tests {
         assert!(position(&e, 42) < position(&f, 43));
         f.event_id = "e3".into();
         assert!(position(&e, 42) < position(&f, 42));
+    }
+
+    #[test]
+    fn excerpts_are_bounded_and_escaped() {
+        assert_eq!(excerpt("gone \u{1b}[2J", 120), "gone \\u{1b}[2J");
+        let long = excerpt(&"é".repeat(300), 120);
+        assert_eq!(long, format!("{}…", "é".repeat(120)));
+        assert_eq!(excerpt("short", 120), "short");
     }
 
     #[test]

@@ -253,6 +253,56 @@ impl Replayer {
         })
     }
 
+    /// Replay several events named by key (the console's selection of dead-lettered
+    /// deliveries), each as [`Replayer::replay_one`] does it, with one audit record
+    /// (`action = "replay"`, the keys in its selector). Repeated keys count once.
+    pub async fn replay_keys(
+        &self,
+        keys: &[InboxKey],
+        operator: &Operator,
+    ) -> Result<ReplayReport, ReplayError> {
+        let mut unique: Vec<InboxKey> = Vec::with_capacity(keys.len());
+        for key in keys {
+            if !unique.contains(key) {
+                unique.push(key.clone());
+            }
+        }
+        let mut summary = ReplaySummary {
+            matched: unique.len(),
+            ..Default::default()
+        };
+        let now_ms = (self.now_ms)();
+        let mut to_replay = HashSet::new();
+        for key in &unique {
+            match self.inbox.get(key).await {
+                Ok(Some(item)) if would_replay(&item, false, now_ms) == ItemOutcome::Replayed => {
+                    to_replay.insert(key.clone());
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(pk = %key, error = %e, "replay: cannot read the item"),
+            }
+        }
+        summary.dead_letters_removed = self.sift_dead_letters(&to_replay).await;
+        let mut outcomes = Vec::with_capacity(unique.len());
+        for key in unique {
+            let outcome = self.replay_item(&key, false).await;
+            summary.count(outcome);
+            outcomes.push((key, outcome));
+        }
+        let selector = json!({
+            "pks": outcomes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            "force": false,
+        });
+        let audit_id = self
+            .write_audit("replay", operator, selector, &summary, &outcomes)
+            .await?;
+        Ok(ReplayReport {
+            summary,
+            outcomes,
+            audit_id: Some(audit_id),
+        })
+    }
+
     /// The items a bulk selection matches, oldest first.
     pub async fn select(&self, selector: &BulkSelector) -> Result<Vec<InboxItem>, StoreError> {
         let limit = if selector.limit == 0 {

@@ -122,6 +122,9 @@ metrics! {
     DELIVERY_BACKLOG = "DeliveryBacklog", Count, Relay, BY_DESTINATION;
     DELIVERY_BACKLOG_AGE = "DeliveryBacklogAge", Seconds, Relay, BY_DESTINATION;
     DELIVERY_HELD_OBJECTS = "DeliveryHeldObjects", Count, Relay, BY_DEPLOYMENT;
+    // dead-lettered deliveries now in the store (gauge), per destination: given up
+    // until replayed (`einmal dlq list`, the console's Deliveries page)
+    DELIVERY_DEAD_LETTERS = "DeliveryDeadLetters", Count, Relay, BY_DESTINATION;
     // reconciliation
     RECONCILE_INGESTED = "ReconcileIngested", Count, Reconciler, BY_DEPLOYMENT;
     RECONCILE_DIFFERENCES = "ReconcileDifferences", Count, Reconciler, BY_DEPLOYMENT;

@@ -711,6 +711,24 @@ impl AwsStore {
                 }
                 None => remove.push_str(", #relay_due, #relay_shard"),
             }
+            // Dead-lettered deliveries: into (or out of) their own index.
+            request = request
+                .expression_attribute_names("#relay_dead", item::RELAY_DEAD_MS)
+                .expression_attribute_names("#relay_dead_shard", item::RELAY_DEAD_SHARD);
+            match crate::ports::dead_lettered_at(deliveries, finish.now_ms) {
+                Some(dead) => {
+                    set.push(
+                        "#relay_dead = :relay_dead, #relay_dead_shard = :relay_dead_shard".into(),
+                    );
+                    request = request
+                        .expression_attribute_values(":relay_dead", n_attr(dead))
+                        .expression_attribute_values(
+                            ":relay_dead_shard",
+                            s_attr(&item::sweep_shard(key.as_str())),
+                        );
+                }
+                None => remove.push_str(", #relay_dead, #relay_dead_shard"),
+            }
         }
         let result = request
             .update_expression(format!("SET {} REMOVE {remove}", set.join(", ")))

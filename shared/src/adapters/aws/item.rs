@@ -187,7 +187,21 @@ pub(crate) const RELAY_OWNER: &str = "relay_owner";
 /// delivery enters it (one write), each retry moves it (the range key changes: a
 /// delete and a put) and the last outcome removes it (one delete).
 pub(crate) const BY_RELAY_DUE: &str = "by_relay_due";
-/// What [`BY_RELAY_DUE`] projects: the deliveries and the fields an [`InboxItem`]
+/// Sparse: when the item's latest dead-lettered delivery was given up
+/// ([`crate::ports::dead_lettered_at`]); absent when none is dead-lettered. The range key
+/// of [`BY_RELAY_DEAD`].
+pub(crate) const RELAY_DEAD_MS: &str = "relay_dead_ms";
+/// Sparse hash key of [`BY_RELAY_DEAD`]: [`sweep_shard`] of the item's pk, present
+/// exactly while [`RELAY_DEAD_MS`] is (written and removed together).
+pub(crate) const RELAY_DEAD_SHARD: &str = "relay_dead_shard";
+/// The dead-lettered deliveries' sparse GSI: hash [`RELAY_DEAD_SHARD`], range
+/// [`RELAY_DEAD_MS`], projecting [`RELAY_INDEX_PROJECTION`] (INCLUDE) like
+/// [`BY_RELAY_DUE`], so `einmal dlq list`, the console and the dead-letter gauges read
+/// the index alone. Only items with a dead-lettered delivery are in it: a delivery
+/// that is given up enters it (one write), a replay that schedules it again takes it
+/// out (one delete); the happy path never writes it.
+pub(crate) const BY_RELAY_DEAD: &str = "by_relay_dead";
+/// What [`BY_RELAY_DUE`] (and [`BY_RELAY_DEAD`]) projects: the deliveries and the fields an [`InboxItem`]
 /// needs, all but the body and the processing bookkeeping, so the backlog metrics
 /// ([`crate::ports::InboxRelay::relay_pending`]) read the index alone. An entry is a
 /// few hundred bytes (one write unit) for one destination.
@@ -422,6 +436,10 @@ pub(crate) fn encode(item: &InboxItem) -> Item {
     if let Some(due) = item.relay_due_ms {
         m.insert(RELAY_DUE_MS.into(), n(due.to_string()));
         m.insert(RELAY_SHARD.into(), s(&sweep_shard(item.key.as_str())));
+    }
+    if let Some(dead) = crate::ports::dead_lettered_at(&item.deliveries, item.updated_at_ms) {
+        m.insert(RELAY_DEAD_MS.into(), n(dead.to_string()));
+        m.insert(RELAY_DEAD_SHARD.into(), s(&sweep_shard(item.key.as_str())));
     }
     m
 }

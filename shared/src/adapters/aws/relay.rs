@@ -16,6 +16,10 @@
 //! - [`InboxRelay::finish_relay`]: one conditional UpdateItem (only the lease holder)
 //!   that writes the outcomes, moves `relay_due_ms` to the next attempt (or removes it
 //!   with the shard: the item leaves the index) and releases the lease.
+//! - Dead-lettered deliveries: the same writes keep `relay_dead_ms` +
+//!   `relay_dead_shard` ([`crate::ports::dead_lettered_at`]) while one is dead-lettered,
+//!   so the item is in the sparse `by_relay_dead` GSI (same shards and projection as
+//!   `by_relay_due`); [`InboxRelay::relay_dead`] reads it, one Query per shard.
 //! - Per-object ordering: a small cursor item per destination and object in the same
 //!   table (pk `cursor#…`, see `cursor.rs`), updated conditionally.
 
@@ -28,8 +32,8 @@ use super::query::{pk_of, query_up_to};
 use super::AwsStore;
 use crate::envelope::InboxKey;
 use crate::ports::{
-    DeliveryStatus, InboxItem, InboxRelay, InboxState, OrderClaim, OrderGate, OrderRelease,
-    StoreError,
+    dead_lettered_at, DeliveryStatus, InboxItem, InboxRelay, InboxState, OrderClaim, OrderGate,
+    OrderRelease, StoreError,
 };
 
 impl AwsStore {
@@ -66,6 +70,39 @@ impl AwsStore {
     }
 }
 
+impl AwsStore {
+    /// Up to `limit` entries of each shard of the relay index `index` (hash `shard_attr`),
+    /// in range-key order (`forward`), decoded from the projection alone: no item is
+    /// read from the table.
+    async fn projected_items(
+        &self,
+        index: &str,
+        shard_attr: &str,
+        forward: bool,
+        limit: usize,
+    ) -> Result<Vec<InboxItem>, StoreError> {
+        let mut items = Vec::new();
+        if limit == 0 {
+            return Ok(items);
+        }
+        for shard in item::sweep_shards() {
+            let query = self
+                .dynamodb
+                .query()
+                .table_name(&self.table)
+                .index_name(index)
+                .key_condition_expression("#shard = :shard")
+                .expression_attribute_names("#shard", shard_attr)
+                .expression_attribute_values(":shard", s_attr(&shard))
+                .scan_index_forward(forward);
+            for m in query_up_to(query, limit).await? {
+                items.push(item::decode_projected(m).map_err(StoreError::Corrupt)?);
+            }
+        }
+        Ok(items)
+    }
+}
+
 #[async_trait]
 impl InboxRelay for AwsStore {
     async fn relay_due(&self, now_ms: i64, limit: usize) -> Result<Vec<InboxKey>, StoreError> {
@@ -86,25 +123,9 @@ impl InboxRelay for AwsStore {
     }
 
     async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        // The index projects all the backlog reads: no item is read from the table.
-        let mut pending = Vec::new();
-        for shard in item::sweep_shards() {
-            let query = self
-                .dynamodb
-                .query()
-                .table_name(&self.table)
-                .index_name(item::BY_RELAY_DUE)
-                .key_condition_expression("#shard = :shard")
-                .expression_attribute_names("#shard", item::RELAY_SHARD)
-                .expression_attribute_values(":shard", s_attr(&shard))
-                .scan_index_forward(true);
-            for m in query_up_to(query, limit).await? {
-                pending.push(item::decode_projected(m).map_err(StoreError::Corrupt)?);
-            }
-        }
+        let mut pending = self
+            .projected_items(item::BY_RELAY_DUE, item::RELAY_SHARD, true, limit)
+            .await?;
         pending.sort_by(|a, b| {
             a.relay_due_ms
                 .cmp(&b.relay_due_ms)
@@ -112,6 +133,18 @@ impl InboxRelay for AwsStore {
         });
         pending.truncate(limit);
         Ok(pending)
+    }
+
+    async fn relay_dead(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        let mut dead = self
+            .projected_items(item::BY_RELAY_DEAD, item::RELAY_DEAD_SHARD, false, limit)
+            .await?;
+        // The index key, recomputed from what it projects (the same value the writes
+        // stored; `updated_at_ms` stands in for a delivery never attempted).
+        let at = |i: &InboxItem| dead_lettered_at(&i.deliveries, i.updated_at_ms);
+        dead.sort_by(|a, b| at(b).cmp(&at(a)).then_with(|| a.key.cmp(&b.key)));
+        dead.truncate(limit);
+        Ok(dead)
     }
 
     async fn claim_relay(
@@ -166,7 +199,6 @@ impl InboxRelay for AwsStore {
         relay_due_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let _ = now_ms;
         let mut request = self
             .dynamodb
             .update_item()
@@ -178,21 +210,32 @@ impl InboxRelay for AwsStore {
             .expression_attribute_names("#deliveries", item::DELIVERIES)
             .expression_attribute_names("#due", item::RELAY_DUE_MS)
             .expression_attribute_names("#shard", item::RELAY_SHARD)
+            .expression_attribute_names("#dead", item::RELAY_DEAD_MS)
+            .expression_attribute_names("#dead_shard", item::RELAY_DEAD_SHARD)
             .expression_attribute_values(":owner", s_attr(owner))
             .expression_attribute_values(":deliveries", item::deliveries_attr(deliveries));
-        let expression = match relay_due_ms {
+        let shard = s_attr(&item::sweep_shard(key.as_str()));
+        let mut set = vec!["#deliveries = :deliveries"];
+        let mut remove = vec!["#owner", "#lease_until"];
+        match relay_due_ms {
             Some(due) => {
                 request = request
                     .expression_attribute_values(":due", n_attr(due))
-                    .expression_attribute_values(
-                        ":shard",
-                        s_attr(&item::sweep_shard(key.as_str())),
-                    );
-                "SET #deliveries = :deliveries, #due = :due, #shard = :shard \
-                 REMOVE #owner, #lease_until"
+                    .expression_attribute_values(":shard", shard.clone());
+                set.push("#due = :due, #shard = :shard");
             }
-            None => "SET #deliveries = :deliveries REMOVE #due, #shard, #owner, #lease_until",
-        };
+            None => remove.push("#due, #shard"),
+        }
+        match dead_lettered_at(deliveries, now_ms) {
+            Some(dead) => {
+                request = request
+                    .expression_attribute_values(":dead", n_attr(dead))
+                    .expression_attribute_values(":dead_shard", shard);
+                set.push("#dead = :dead, #dead_shard = :dead_shard");
+            }
+            None => remove.push("#dead, #dead_shard"),
+        }
+        let expression = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
         let result = request.update_expression(expression).send().await;
         match result {
             Ok(_) => Ok(true),

@@ -216,6 +216,12 @@ secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
         ) -> Result<Vec<crate::ports::InboxItem>, crate::ports::StoreError> {
             unreachable!("not called")
         }
+        async fn relay_dead(
+            &self,
+            _: usize,
+        ) -> Result<Vec<crate::ports::InboxItem>, crate::ports::StoreError> {
+            unreachable!("not called")
+        }
         async fn claim_relay(
             &self,
             _: &crate::envelope::InboxKey,

@@ -384,6 +384,18 @@ pub async fn create_tables(
             ScalarAttributeType::N,
         )?)
         .global_secondary_indexes(relay_index(table)?)
+        // The dead-lettered deliveries' index: items with one, most recent first.
+        .attribute_definitions(key_attribute(
+            table,
+            item::RELAY_DEAD_SHARD,
+            ScalarAttributeType::S,
+        )?)
+        .attribute_definitions(key_attribute(
+            table,
+            item::RELAY_DEAD_MS,
+            ScalarAttributeType::N,
+        )?)
+        .global_secondary_indexes(relay_dead_index(table)?)
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await;
@@ -485,6 +497,18 @@ fn relay_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
         table,
         item::BY_RELAY_DUE,
         (item::RELAY_SHARD, item::RELAY_DUE_MS),
+        including(&item::RELAY_INDEX_PROJECTION),
+    )
+}
+
+/// The dead-lettered deliveries' sparse GSI: only items with a dead-lettered delivery
+/// carry `relay_dead_shard` / `relay_dead_ms` (hash, range), projecting what
+/// `relay_index` does, so the operator's listings read the index alone.
+fn relay_dead_index(table: &str) -> Result<GlobalSecondaryIndex, AwsSetupError> {
+    inbox_index(
+        table,
+        item::BY_RELAY_DEAD,
+        (item::RELAY_DEAD_SHARD, item::RELAY_DEAD_MS),
         including(&item::RELAY_INDEX_PROJECTION),
     )
 }

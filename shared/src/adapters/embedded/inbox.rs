@@ -271,7 +271,8 @@ const FINISH_ITEM: &str = "UPDATE inbox SET state = ?3, updated_at_ms = ?4, \
      wait_on = CASE ?8 WHEN 1 THEN ?9 WHEN 2 THEN NULL ELSE wait_on END, \
      waiting_since_ms = CASE ?8 WHEN 1 THEN ?10 WHEN 2 THEN NULL ELSE waiting_since_ms END, \
      deliveries = CASE ?11 WHEN 1 THEN ?12 ELSE deliveries END, \
-     relay_due_ms = CASE ?11 WHEN 1 THEN ?13 ELSE relay_due_ms END \
+     relay_due_ms = CASE ?11 WHEN 1 THEN ?13 ELSE relay_due_ms END, \
+     relay_dead_ms = CASE ?11 WHEN 1 THEN ?14 ELSE relay_dead_ms END \
      WHERE pk = ?1 AND state = 'processing' AND lease_owner = ?2";
 
 const MARK_DEAD_LETTER: &str = "UPDATE inbox SET state = 'dead_letter', last_error = ?2, \
@@ -328,9 +329,13 @@ fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<b
         WaitChange::Park(w) => (1, Some(w.on.as_str()), Some(w.since_ms)),
         WaitChange::Clear => (2, None, None),
     };
-    let (relay_mode, deliveries) = match &f.deliveries {
-        Some(deliveries) => (1, relay::encode_deliveries(deliveries)?),
-        None => (0, None),
+    let (relay_mode, deliveries, dead_ms) = match &f.deliveries {
+        Some(deliveries) => (
+            1,
+            relay::encode_deliveries(deliveries)?,
+            crate::ports::dead_lettered_at(deliveries, f.now_ms),
+        ),
+        None => (0, None, None),
     };
     let changed = conn.prepare_cached(FINISH_ITEM)?.execute(params![
         pk,
@@ -346,6 +351,7 @@ fn finish_item(conn: &Connection, pk: &str, owner: &str, f: &Finish) -> Result<b
         relay_mode,
         deliveries,
         f.relay_due_ms,
+        dead_ms,
     ])?;
     Ok(changed == 1)
 }

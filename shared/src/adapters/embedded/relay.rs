@@ -1,6 +1,8 @@
 //! The relay port ([`InboxRelay`]) on SQLite: the inbox's `deliveries` (JSON),
 //! `relay_due_ms` and relay lease columns, the partial index `inbox_by_relay_due` of
-//! items with a pending delivery (as the sparse GSI on DynamoDB), and the
+//! items with a pending delivery (as the sparse GSI on DynamoDB), the column
+//! `relay_dead_ms` with the partial index `inbox_by_relay_dead` of items with a
+//! dead-lettered delivery ([`dead_lettered_at`], as `by_relay_dead`), and the
 //! `order_cursor` table of ordered destinations (one row per destination and object).
 //!
 //! Every write runs in the writer's transaction, so a cursor's read-modify-write is
@@ -15,8 +17,8 @@ use super::{DbError, EmbeddedStore};
 use crate::envelope::InboxKey;
 use crate::order::{Cursor, Entry, Holder};
 use crate::ports::{
-    DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate, OrderPosition, OrderRelease,
-    StoreError,
+    dead_lettered_at, DeliveryStatus, InboxItem, InboxRelay, OrderClaim, OrderGate, OrderPosition,
+    OrderRelease, StoreError,
 };
 
 /// Added on open when missing (idempotent, so files from before the relay get them).
@@ -34,9 +36,19 @@ pub(super) fn ensure_relay_schema(conn: &Connection) -> Result<(), DbError> {
              COMMIT;",
         )?;
     }
+    // Added later than the relay's other columns: files from before have none, and
+    // their earlier dead-lettered deliveries are not indexed (`replay --bulk` finds them).
+    let has_dead: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('inbox') WHERE name = 'relay_dead_ms'")?
+        .exists([])?;
+    if !has_dead {
+        conn.execute_batch("ALTER TABLE inbox ADD COLUMN relay_dead_ms INTEGER;")?;
+    }
     conn.execute_batch(
         "CREATE INDEX IF NOT EXISTS inbox_by_relay_due ON inbox(relay_due_ms) \
            WHERE relay_due_ms IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS inbox_by_relay_dead ON inbox(relay_dead_ms) \
+           WHERE relay_dead_ms IS NOT NULL;
          CREATE TABLE IF NOT EXISTS order_cursor (
              id              TEXT PRIMARY KEY NOT NULL,
              state           TEXT NOT NULL,
@@ -73,7 +85,7 @@ const CLAIM_RELAY: &str = "UPDATE inbox SET relay_lease_owner = ?2, relay_lease_
      AND (relay_lease_until_ms IS NULL OR relay_lease_until_ms <= ?4)";
 
 const FINISH_RELAY: &str = "UPDATE inbox SET deliveries = ?3, relay_due_ms = ?4, \
-     relay_lease_owner = NULL, relay_lease_until_ms = NULL \
+     relay_dead_ms = ?5, relay_lease_owner = NULL, relay_lease_until_ms = NULL \
      WHERE pk = ?1 AND relay_lease_owner = ?2";
 
 fn keys(
@@ -87,6 +99,27 @@ fn keys(
         .map(|pk| pk.map(InboxKey::from_stored))
         .collect::<Result<_, _>>()?;
     Ok(keys)
+}
+
+/// Up to `limit` items through the partial index `index`, `condition` (its WHERE and
+/// ORDER BY), the body not read at all (an empty blob in its place): a backed-up or
+/// failing destination must not make every listing load thousands of bodies.
+fn items_without_body(
+    conn: &Connection,
+    index: &str,
+    condition: &str,
+    limit: usize,
+) -> Result<Vec<InboxItem>, DbError> {
+    let columns = ITEM_COLUMNS.replacen(", body,", ", X'' AS body,", 1);
+    debug_assert_ne!(columns, ITEM_COLUMNS);
+    let sql = format!("SELECT {columns} FROM inbox INDEXED BY {index} WHERE {condition} LIMIT ?1");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query([limit_arg(limit)])?;
+    let mut items = Vec::new();
+    while let Some(row) = rows.next()? {
+        items.push(item_from_row(row)?);
+    }
+    Ok(items)
 }
 
 fn limit_arg(limit: usize) -> i64 {
@@ -215,21 +248,25 @@ impl InboxRelay for EmbeddedStore {
     async fn relay_pending(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
         Ok(self
             .read(move |conn| {
-                // The body is not read at all (an empty blob in its place): a backed-up
-                // destination must not make every backlog read load thousands of bodies.
-                let columns = ITEM_COLUMNS.replacen(", body,", ", X'' AS body,", 1);
-                debug_assert_ne!(columns, ITEM_COLUMNS);
-                let sql = format!(
-                    "SELECT {columns} FROM inbox INDEXED BY inbox_by_relay_due \
-                     WHERE relay_due_ms IS NOT NULL ORDER BY relay_due_ms LIMIT ?1"
-                );
-                let mut stmt = conn.prepare_cached(&sql)?;
-                let mut rows = stmt.query([limit_arg(limit)])?;
-                let mut items = Vec::new();
-                while let Some(row) = rows.next()? {
-                    items.push(item_from_row(row)?);
-                }
-                Ok(items)
+                items_without_body(
+                    conn,
+                    "inbox_by_relay_due",
+                    "relay_due_ms IS NOT NULL ORDER BY relay_due_ms",
+                    limit,
+                )
+            })
+            .await?)
+    }
+
+    async fn relay_dead(&self, limit: usize) -> Result<Vec<InboxItem>, StoreError> {
+        Ok(self
+            .read(move |conn| {
+                items_without_body(
+                    conn,
+                    "inbox_by_relay_dead",
+                    "relay_dead_ms IS NOT NULL ORDER BY relay_dead_ms DESC, pk",
+                    limit,
+                )
             })
             .await?)
     }
@@ -263,18 +300,20 @@ impl InboxRelay for EmbeddedStore {
         owner: &str,
         deliveries: &[DeliveryStatus],
         relay_due_ms: Option<i64>,
-        _now_ms: i64,
+        now_ms: i64,
     ) -> Result<bool, StoreError> {
         let pk = key.as_str().to_string();
         let owner = owner.to_string();
         let encoded = encode_deliveries(deliveries)?;
+        let dead_ms = dead_lettered_at(deliveries, now_ms);
         Ok(self
             .write(move |conn| {
                 let changed = conn.prepare_cached(FINISH_RELAY)?.execute(params![
                     pk,
                     owner,
                     encoded,
-                    relay_due_ms
+                    relay_due_ms,
+                    dead_ms
                 ])?;
                 Ok(changed == 1)
             })
