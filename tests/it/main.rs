@@ -12,6 +12,7 @@ mod aws_relay;
 mod capacity;
 mod config_refresh;
 mod conformance;
+mod control_characters;
 mod custom_domain;
 mod destination_aws;
 mod destination_http;
