@@ -33,6 +33,7 @@ mod reconcile;
 mod reconcile_thin;
 mod replay;
 mod search;
+mod shopify_tenancy;
 mod signed_facts;
 mod state_migration;
 mod state_store;
