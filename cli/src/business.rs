@@ -79,17 +79,14 @@ async fn show(
         )));
     };
     let value = record_json(&record);
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
-        );
+    // Stored data, from webhooks: what JSON leaves raw is escaped (`einmal::text`).
+    let text = if json {
+        serde_json::to_string_pretty(&value)
     } else {
-        println!(
-            "{}",
-            serde_json::to_string(&value).map_err(|e| e.to_string())?
-        );
+        serde_json::to_string(&value)
     }
+    .map_err(|e| e.to_string())?;
+    println!("{}", einmal::text::json_terminal_safe(&text));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -152,8 +149,10 @@ pub async fn run_inventory(command: InventoryCommand) -> Result<ExitCode, CliErr
                 match state.commit(&[write]).await.map_err(|e| e.to_string())? {
                     CommitOutcome::Committed => {
                         if json {
-                            println!("{}", serde_json::json!({"sku": sku, "on_hand": on_hand}));
+                            let text = serde_json::json!({"sku": sku, "on_hand": on_hand});
+                            println!("{}", einmal::text::json_terminal_safe(&text.to_string()));
                         } else {
+                            let sku = einmal::text::terminal_safe(&sku);
                             println!("{sku}: on_hand = {on_hand}");
                         }
                         return Ok(ExitCode::SUCCESS);

@@ -60,12 +60,22 @@ impl CliError {
     /// Print the error on stderr (a line, or with `json` one JSON object) and give its
     /// exit code.
     pub fn report(&self, json: bool) -> ExitCode {
-        if json {
-            eprintln!("{}", error_json(self.code(), &self.to_string()));
-        } else {
-            eprintln!("einmal: {self}");
-        }
+        eprintln!("{}", self.rendered(json));
         ExitCode::from(self.exit_code())
+    }
+
+    /// What [`CliError::report`] prints. A message may quote stored data (an event
+    /// key, a destination's answer): each of its lines is escaped
+    /// (`einmal::text::terminal_safe`), the JSON form too.
+    pub fn rendered(&self, json: bool) -> String {
+        let message = self.to_string();
+        if json {
+            let text = error_json(self.code(), &message).to_string();
+            einmal::text::json_terminal_safe(&text).into_owned()
+        } else {
+            let lines: Vec<_> = message.lines().map(einmal::text::terminal_safe).collect();
+            format!("einmal: {}", lines.join("\n"))
+        }
     }
 }
 
@@ -105,5 +115,24 @@ mod tests {
                 code
             );
         }
+    }
+
+    #[test]
+    fn messages_quoting_stored_data_are_escaped() {
+        let err = CliError::NotFound("no event stripe#demo#evt_\u{1b}[2J\u{202e}1".into());
+        assert_eq!(
+            err.rendered(false),
+            "einmal: no event stripe#demo#evt_\\u{1b}[2J\\u{202e}1"
+        );
+        let json = err.rendered(true);
+        assert!(!json.chars().any(einmal::text::is_unsafe), "{json}");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            value["error"]["message"],
+            "no event stripe#demo#evt_\u{1b}[2J\u{202e}1"
+        );
+        // A message of several lines keeps them.
+        let err = CliError::Usage("first\nsecond\u{7}".into());
+        assert_eq!(err.rendered(false), "einmal: first\nsecond\\u{7}");
     }
 }

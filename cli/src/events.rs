@@ -8,6 +8,7 @@ use einmal::pipeline::relay::BACKLOG_SCAN_MAX;
 use einmal::ports::{
     DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxQuery, InboxRelay, InboxState,
 };
+use einmal::text::{json_terminal_safe, terminal_safe as safe};
 
 use crate::store::{ListArgs, ScopeArgs, StoreArgs};
 use einmal_cli::error::CliError;
@@ -114,10 +115,8 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
                     serde_json::Value::String(String::from_utf8_lossy(&raw).into_owned());
             }
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
-                );
+                let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+                println!("{}", json_terminal_safe(&text));
             } else {
                 println!("{}{}", line(&item), delivery_lines(&item));
             }
@@ -186,14 +185,12 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
             let items = page.items;
             // On stderr, so stdout (text or JSON) stays the items alone.
             if let Some(next) = &page.next_cursor {
-                eprintln!("einmal: more events: --cursor {next}");
+                eprintln!("einmal: more events: --cursor {}", safe(next));
             }
             if json {
                 let values: Vec<_> = items.iter().map(item_json).collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?
-                );
+                let text = serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?;
+                println!("{}", json_terminal_safe(&text));
             } else {
                 for item in &items {
                     println!("{}", line(item));
@@ -245,12 +242,14 @@ fn item_json(item: &InboxItem) -> serde_json::Value {
     serde_json::to_value(item).unwrap_or_default()
 }
 
+/// One line per item; what came from a webhook or a destination is escaped
+/// (`einmal::text::terminal_safe`).
 fn line(item: &InboxItem) -> String {
     let mut line = format!(
         "{}  {:<11} {:<28} attempts={} received_at_ms={}",
-        item.key,
+        safe(item.key.as_str()),
         item.state.as_str(),
-        item.envelope.event_type,
+        safe(&item.envelope.event_type),
         item.attempts,
         item.received_at_ms
     );
@@ -258,8 +257,9 @@ fn line(item: &InboxItem) -> String {
     if let (InboxState::Waiting, Some(w)) = (item.state, &item.waiting) {
         line.push_str(&format!(
             " waiting_on={} waiting_since_ms={} reason={:?}",
-            w.on,
+            safe(&w.on),
             w.since_ms,
+            // Debug escapes control and format characters itself.
             item.last_error.as_deref().unwrap_or("")
         ));
     }
@@ -275,9 +275,13 @@ fn delivery_lines(item: &InboxItem) -> String {
 fn delivery_lines_of(item: &InboxItem, shown: impl Fn(&DeliveryStatus) -> bool) -> String {
     let mut line = String::new();
     for d in item.deliveries.iter().filter(|d| shown(d)) {
-        line.push_str(&format!("\n  delivery {} {}", d.destination, d.state));
+        line.push_str(&format!(
+            "\n  delivery {} {}",
+            safe(&d.destination),
+            d.state
+        ));
         if let Some(output) = &d.output {
-            line.push_str(&format!(" output={}", output.kind));
+            line.push_str(&format!(" output={}", safe(&output.kind)));
         }
         line.push_str(&format!(" attempts={}", d.attempts));
         if let Some(status) = d.last_status {
@@ -292,7 +296,7 @@ fn delivery_lines_of(item: &InboxItem, shown: impl Fn(&DeliveryStatus) -> bool) 
         if let Some(at) = d.next_attempt_ms {
             line.push_str(&format!(" next_attempt={}", rfc3339_ms(at)));
         }
-        line.push_str(&format!(" key={}", d.key));
+        line.push_str(&format!(" key={}", safe(&d.key)));
         if let Some(detail) = &d.detail {
             line.push_str(&format!(" detail={detail:?}"));
         }

@@ -305,14 +305,16 @@ fn attempt_line(
         Ok(_) => "[delivered]".to_string(),
         Err(e) => format!("[{e}]"),
     };
+    // What came from the webhook or the destination's answer is escaped.
+    let safe = einmal::text::terminal_safe;
     format!(
         "{}  {}/{}  {}  {}  --> {}  {} ms",
         einmal::time::format_rfc3339(einmal::time::now_secs()),
-        message.provider,
-        message.tenant,
-        message.event_type,
-        message.event_id,
-        result,
+        safe(&message.provider),
+        safe(&message.tenant),
+        safe(&message.event_type),
+        safe(&message.event_id),
+        safe(&result),
         latency.as_millis()
     )
 }
@@ -387,5 +389,34 @@ mod tests {
             line.contains("--> [retryable (status 500): Internal Server Error]  3 ms"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn an_attempt_line_escapes_control_characters_of_stored_data() {
+        let message = Message {
+            key: "msg_1".into(),
+            destination: DESTINATION.into(),
+            provider: "stripe".into(),
+            tenant: "demo".into(),
+            event_id: "evt_\u{202e}1".into(),
+            event_type: "x\u{1b}]0;owned\u{7}".into(),
+            object_id: None,
+            object_version: None,
+            occurred_at: None,
+            body: b"{}".to_vec(),
+            content_type: "application/json".into(),
+        };
+        let failed = Err(SinkError::Retry {
+            status: Some(500),
+            retry_after: None,
+            detail: "boom\u{1b}[2J\nforged line".into(),
+        });
+        let line = attempt_line(&message, &failed, Duration::from_millis(3));
+        assert!(!line.chars().any(einmal::text::is_unsafe), "{line:?}");
+        assert!(
+            line.contains("  stripe/demo  x\\u{1b}]0;owned\\u{7}  evt_\\u{202e}1  --> "),
+            "{line}"
+        );
+        assert!(line.contains("boom\\u{1b}[2J\\u{a}forged line"), "{line}");
     }
 }

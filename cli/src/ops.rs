@@ -18,6 +18,7 @@ use einmal::pipeline::replay::{BulkSelector, ItemOutcome, Operator, ReplayReport
 use einmal::ports::{
     DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxRelay, InboxState,
 };
+use einmal::text::{json_terminal_safe as safe_json, terminal_safe as safe};
 use einmal::time::now_millis;
 use einmal::time::parse_rfc3339;
 use serde_json::json;
@@ -122,11 +123,11 @@ fn parse_state(s: &str) -> Result<InboxState, String> {
     })
 }
 
+/// JSON on stdout, with what JSON leaves raw (format characters, C1 controls) of
+/// stored strings escaped.
 fn print_json(value: &serde_json::Value) -> Result<(), String> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).map_err(|e| e.to_string())?
-    );
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    println!("{}", safe_json(&text));
     Ok(())
 }
 
@@ -185,12 +186,12 @@ fn delivery_json(item: &InboxItem, d: &DeliveryStatus, now: i64) -> serde_json::
 /// `delivery <destination>` where they have the event type.
 fn delivery_line(item: &InboxItem, d: &DeliveryStatus, now: i64) -> String {
     let what = match &d.output {
-        Some(output) => format!("delivery {} ({})", d.destination, output.kind),
-        None => format!("delivery {}", d.destination),
+        Some(output) => format!("delivery {} ({})", safe(&d.destination), safe(&output.kind)),
+        None => format!("delivery {}", safe(&d.destination)),
     };
     format!(
         "{}  {:<28} attempts={} status={} age={}  {}",
-        item.key,
+        safe(item.key.as_str()),
         what,
         d.attempts,
         d.last_status.map_or("-".to_string(), |s| s.to_string()),
@@ -232,6 +233,39 @@ pub(crate) async fn dead_deliveries<S: InboxRelay + ?Sized>(
         }
     }
     Ok(out)
+}
+
+/// `dlq list`'s line: stored text (type, reason) escaped (`einmal::text`).
+fn dlq_line(item: &InboxItem, now: i64) -> String {
+    format!(
+        "{}  {:<28} attempts={} age={}  {}",
+        safe(item.key.as_str()),
+        safe(&item.envelope.event_type),
+        item.attempts,
+        age(now - item.received_at_ms),
+        safe(item.last_error.as_deref().unwrap_or("-"))
+    )
+}
+
+/// `dlq show`'s lines, stored text escaped.
+fn dlq_details(item: &InboxItem, now: i64) -> String {
+    [
+        format!("id:          {}", safe(item.key.as_str())),
+        format!("type:        {}", safe(&item.envelope.event_type)),
+        format!("state:       {}", item.state),
+        format!(
+            "reason:      {} ({})",
+            safe(item.last_error.as_deref().unwrap_or("-")),
+            safe(item.last_error_class.as_deref().unwrap_or("-"))
+        ),
+        format!("attempts:    {}", item.attempts),
+        format!("age:         {}", age(now - item.received_at_ms)),
+        format!(
+            "result:      {}",
+            safe(item.result.as_deref().unwrap_or("-"))
+        ),
+    ]
+    .join("\n")
 }
 
 pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, CliError> {
@@ -280,14 +314,7 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, CliError> {
                 print_json(&values)?;
             } else {
                 for item in &items {
-                    println!(
-                        "{}  {:<28} attempts={} age={}  {}",
-                        item.key,
-                        item.envelope.event_type,
-                        item.attempts,
-                        age(now - item.received_at_ms),
-                        item.last_error.as_deref().unwrap_or("-")
-                    );
+                    println!("{}", dlq_line(item, now));
                 }
                 for (item, d) in &dead {
                     println!("{}", delivery_line(item, d, now));
@@ -304,20 +331,14 @@ pub async fn run_dlq(command: DlqCommand) -> Result<ExitCode, CliError> {
             if json {
                 print_json(&dlq_json(&item, now))?;
             } else {
-                println!("id:          {}", item.key);
-                println!("type:        {}", item.envelope.event_type);
-                println!("state:       {}", item.state);
-                println!(
-                    "reason:      {} ({})",
-                    item.last_error.as_deref().unwrap_or("-"),
-                    item.last_error_class.as_deref().unwrap_or("-")
-                );
-                println!("attempts:    {}", item.attempts);
-                println!("age:         {}", age(now - item.received_at_ms));
-                println!("result:      {}", item.result.as_deref().unwrap_or("-"));
+                println!("{}", dlq_details(&item, now));
             }
             if item.state != InboxState::DeadLetter {
-                eprintln!("einmal: {key} is {}, not dead_letter", item.state);
+                eprintln!(
+                    "einmal: {} is {}, not dead_letter",
+                    safe(key.as_str()),
+                    item.state
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -423,9 +444,13 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, CliError> {
         if !args.bulk || report.outcomes.len() <= 20 {
             for (key, outcome) in &report.outcomes {
                 match (report.summary.dry_run, outcome) {
-                    (true, ItemOutcome::Replayed) => println!("{key}  would replay"),
-                    (true, ItemOutcome::Redelivered) => println!("{key}  would redeliver"),
-                    _ => println!("{key}  {}", outcome.as_str()),
+                    (true, ItemOutcome::Replayed) => {
+                        println!("{}  would replay", safe(key.as_str()))
+                    }
+                    (true, ItemOutcome::Redelivered) => {
+                        println!("{}  would redeliver", safe(key.as_str()))
+                    }
+                    _ => println!("{}  {}", safe(key.as_str()), outcome.as_str()),
                 }
             }
         }
@@ -471,10 +496,10 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, CliError> {
 fn audit_line(r: &AuditRecord) -> String {
     format!(
         "{}  {}  {:<12} by {}  events={}  result={}  reason={:?}",
-        r.id,
+        safe(&r.id),
         einmal::time::format_rfc3339(r.at_ms / 1000),
-        r.action,
-        r.actor,
+        safe(&r.action),
+        safe(&r.actor),
         r.events.len(),
         json!({
             "replayed": r.result["replayed"],

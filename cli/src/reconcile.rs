@@ -12,6 +12,7 @@ use einmal::domain::payment_view::PaymentView;
 use einmal::https::HttpsClient;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::reconcile::{audit_record, ReconcileOptions, Reconciler};
+use einmal::text::terminal_safe as safe;
 use einmal::time::parse_rfc3339;
 
 use crate::store::StoreArgs;
@@ -93,12 +94,12 @@ pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<Exit
             "einmal reconcile: {} tenant {} failed, checkpoint kept: {}",
             r.provider,
             r.tenant,
-            r.error.as_deref().unwrap_or_default()
+            safe(r.error.as_deref().unwrap_or_default())
         );
     }
     if args.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
-        println!("{text}");
+        println!("{}", einmal::text::json_terminal_safe(&text));
     } else if reports.is_empty() {
         println!(
             "no tenant to reconcile (set `api_key` / `access_token` / `api_username` options)"
@@ -110,13 +111,18 @@ pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<Exit
         );
         for r in &reports {
             let end = match (&r.checkpoint, &r.error) {
-                (Some(c), _) => c.clone(),
-                (None, Some(e)) => format!("error: {e}"),
+                (Some(c), _) => safe(c).into_owned(),
+                (None, Some(e)) => format!("error: {}", safe(e)),
                 (None, None) => String::new(),
             };
             println!(
                 "{:<10} {:<16} {:>8} {:>8} {:>9}  {} → {end}",
-                r.provider, r.tenant, r.fetched, r.already_present, r.ingested, r.since
+                r.provider,
+                r.tenant,
+                r.fetched,
+                r.already_present,
+                r.ingested,
+                safe(&r.since)
             );
         }
         let differences: Vec<_> = reports.iter().flat_map(|r| &r.differences).collect();
@@ -129,7 +135,12 @@ pub async fn run(args: ReconcileArgs, view: Arc<dyn PaymentView>) -> Result<Exit
             for d in differences {
                 println!(
                     "{:<10} {:<16} {:<28} {:<16} {:<10} {}",
-                    d.provider, d.tenant, d.object_id, d.order_id, d.provider_status, d.our_status
+                    d.provider,
+                    d.tenant,
+                    safe(&d.object_id),
+                    safe(&d.order_id),
+                    safe(&d.provider_status),
+                    safe(&d.our_status)
                 );
             }
         }

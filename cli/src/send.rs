@@ -112,12 +112,10 @@ pub async fn run(args: SendArgs) -> Result<ExitCode, String> {
     if args.json {
         let response = serde_json::from_str::<serde_json::Value>(&text)
             .unwrap_or(serde_json::Value::String(text));
-        println!(
-            "{}",
-            serde_json::json!({"status": status.as_u16(), "response": response})
-        );
+        let out = serde_json::json!({"status": status.as_u16(), "response": response});
+        println!("{}", einmal::text::json_terminal_safe(&out.to_string()));
     } else {
-        println!("{} {}", status.as_u16(), text);
+        println!("{} {}", status.as_u16(), einmal::text::terminal_safe(&text));
     }
     Ok(if status.is_success() {
         ExitCode::SUCCESS

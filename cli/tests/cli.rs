@@ -869,3 +869,137 @@ fn serve_enqueues_on_start_what_a_killed_serve_stored_but_never_sent() {
     assert_eq!(stock["on_hand"], 3, "two units reserved, once");
     drop(server);
 }
+
+/// Issue 23 item 9: data stored before ingest refused control characters (or written
+/// by a destination's answer, a domain's result) is printed escaped by `events
+/// list/show` and `dlq list/show`, as text and as JSON: no ESC, BEL or bidi override
+/// reaches the terminal, and the JSON still decodes to the stored values.
+#[test]
+fn stored_control_characters_are_escaped_in_what_the_cli_prints() {
+    use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
+    use einmal::envelope::Envelope;
+    use einmal::ports::{Inbox, InboxItem, InboxState, Source};
+    use einmal::text::is_unsafe;
+
+    let data_dir = tempfile::tempdir().unwrap();
+    let d = data_dir.path().to_str().unwrap().to_string();
+    let event_type = "payment_intent.succeeded\u{1b}[2J\u{1b}]0;owned\u{7}";
+    let event_id = "evt_\u{202e}gnp.exe";
+    let reason = "destination said: \u{1b}[31mFAIL\u{1b}[0m\u{9b}1A\u{2066}x";
+    let body = "{\"note\":\"\u{202e}hidden\u{200b}\"}";
+    let envelope = Envelope {
+        provider: "stripe".into(),
+        tenant: "demo".into(),
+        event_id: event_id.into(),
+        event_type: event_type.into(),
+        object_id: Some("pi_\u{1b}1".into()),
+        object_version: None,
+        occurred_at: None,
+        delivery_id: None,
+    };
+    let now = einmal::time::now_millis();
+    let item = InboxItem {
+        key: envelope.key(),
+        envelope,
+        state: InboxState::DeadLetter,
+        source: Source::Webhook,
+        attempts: 3,
+        received_at_ms: now,
+        updated_at_ms: now,
+        expires_at: now / 1000 + 86_400,
+        enqueue_failed: false,
+        last_error: Some(reason.into()),
+        last_error_class: Some("permanent\u{7}".into()),
+        lease_until_ms: None,
+        lease_owner: None,
+        result: Some("result\u{1b}c".into()),
+        body_encoding: einmal::body::BODY_ENCODING.to_string(),
+        body_len: body.len() as u64,
+        body: einmal::body::compress(body.as_bytes()).unwrap(),
+        waiting: None,
+        deliveries: Vec::new(),
+        relay_due_ms: None,
+    };
+    let key = item.key.as_str().to_string();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = EmbeddedStore::open(data_dir.path(), EmbeddedOptions::default()).unwrap();
+        store.put_new(&item).await.unwrap();
+    });
+
+    let runs: Vec<(&str, Vec<&str>)> = vec![
+        ("events list", vec!["events", "list", "--data-dir", &d]),
+        (
+            "events show",
+            vec![
+                "events",
+                "show",
+                "--provider",
+                "stripe",
+                "--tenant",
+                "demo",
+                "--event-id",
+                event_id,
+                "--data-dir",
+                &d,
+            ],
+        ),
+        ("dlq list", vec!["dlq", "list", "--data-dir", &d]),
+        ("dlq show", vec!["dlq", "show", &key, "--data-dir", &d]),
+    ];
+    for (what, args) in &runs {
+        let out = einmal(args);
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = stdout(&out);
+        assert!(
+            !text.trim_end().chars().any(|c| is_unsafe(c) && c != '\n'),
+            "{what} printed a raw control character: {text:?}"
+        );
+        assert!(text.contains("\\u{1b}[2J"), "{what}: {text}");
+        assert!(text.contains("evt_\\u{202e}gnp.exe"), "{what}: {text}");
+        if what.starts_with("dlq") {
+            assert!(text.contains("\\u{1b}[31mFAIL"), "{what}: {text}");
+            assert!(text.contains("\\u{9b}1A\\u{2066}x"), "{what}: {text}");
+        }
+        // The same as JSON: escaped as JSON escapes, the values unchanged.
+        let mut json_args = args.clone();
+        json_args.push("--json");
+        if *what == "events show" {
+            json_args.push("--body");
+        }
+        let out = einmal(&json_args);
+        assert!(out.status.success(), "{what} --json");
+        let text = stdout(&out);
+        assert!(
+            !text
+                .chars()
+                .any(|c| is_unsafe(c) && !c.is_ascii_whitespace()),
+            "{what} --json printed a raw control character: {text:?}"
+        );
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let one = if value.is_array() {
+            value[0].clone()
+        } else {
+            value
+        };
+        let stored_type = one["event_type"]
+            .as_str()
+            .or(one["envelope"]["event_type"].as_str());
+        assert_eq!(stored_type, Some(event_type), "{what} --json: {one}");
+        if *what == "events show" {
+            assert_eq!(one["body"], body, "{what} --json");
+        }
+    }
+    // An error message quoting the stored key is escaped as well.
+    let out = einmal(&["dlq", "show", &format!("{key}\u{1b}[2J"), "--data-dir", &d]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.trim_end().chars().any(|c| is_unsafe(c) && c != '\n'),
+        "{err:?}"
+    );
+    assert!(err.contains("\\u{1b}[2J"), "{err}");
+}

@@ -203,3 +203,41 @@ fn configuration_errors_never_print_the_secret_they_are_about() {
         "a secret was printed: {shown}"
     );
 }
+
+/// Issue 23 item 4: two Shopify tenants of one public app share its client secret; unless
+/// each names its shop, a body signed for one shop would be taken by the other's tenant.
+/// `config check` refuses it naming both tenants, never the secret, and passes once each
+/// names its shop.
+#[test]
+fn config_check_refuses_shopify_tenants_sharing_a_secret_without_their_shops() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = r#"[[tenant]]
+provider = "shopify"
+tenant = "demo"
+secrets = ["one-app-client-secret"]
+options = { shop_domain = "demo.myshopify.com" }
+
+[[tenant]]
+provider = "shopify"
+tenant = "demo2"
+secrets = ["one-app-client-secret"]
+"#;
+    let path = write(dir.path(), shared);
+    let out = einmal(&["config", "check", "--config", &path]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [format!(
+            "{path}:2: tenants shopify/demo, shopify/demo2 share a secret (one app's client secret signs every shop's webhooks): each must name its shop with `shop_domain`, missing for demo2"
+        )]
+    );
+    assert!(
+        !stdout.contains("one-app-client-secret"),
+        "a secret was printed"
+    );
+    let named = format!("{shared}options = {{ shop_domain = \"demo2.myshopify.com\" }}\n");
+    let path = write(dir.path(), &named);
+    let out = einmal(&["config", "check", "--config", &path]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

@@ -525,6 +525,7 @@ impl Config {
             .tolerance_secs
             .unwrap_or(DEFAULT_TOLERANCE_SECS);
         let mut tenants = BTreeMap::new();
+        let mut lines = BTreeMap::new();
         let mut problems = Vec::new();
         let written: std::collections::BTreeSet<(String, String)> = raw
             .tenants
@@ -616,8 +617,10 @@ impl Config {
             if let Err(reason) = crate::pipeline::hint_limit::max_hints_per_minute(&tenant) {
                 problem(reason);
             }
+            lines.insert(key.clone(), line);
             tenants.insert(key, tenant);
         }
+        shopify_shared_secrets(&mut tenants, &lines, &mut problems);
         let destinations = match scope {
             Scope::Whole => crate::destinations::parse::parse_destinations(
                 text,
@@ -684,6 +687,106 @@ impl Config {
 }
 
 /// Names end up in keys joined with `#`, so keep them to a safe alphabet.
+/// Shopify tenants that list a common secret (one public app installed in several
+/// shops: its client secret signs every shop's webhooks). Each must name its own shop
+/// (`shop_domain`, all different), or a body signed for one shop would be taken by
+/// another's tenant; each is then marked `shared_app`, so it takes only bodies that
+/// name its shop (`providers::shopify`). The problem names the tenants, never the
+/// secret.
+fn shopify_shared_secrets(
+    tenants: &mut BTreeMap<(String, String), TenantConfig>,
+    lines: &BTreeMap<(String, String), usize>,
+    problems: &mut Vec<Problem>,
+) {
+    use crate::providers::shopify::{SHARED_APP_OPTION, SHOP_DOMAIN_OPTION};
+    let shopify: Vec<&TenantConfig> = tenants
+        .values()
+        .filter(|t| t.provider == "shopify")
+        .collect();
+    // Tenants connected by a common secret form one group (union by pairs).
+    let mut group: Vec<usize> = (0..shopify.len()).collect();
+    fn root(group: &mut [usize], mut i: usize) -> usize {
+        while group[i] != i {
+            group[i] = group[group[i]];
+            i = group[i];
+        }
+        i
+    }
+    for a in 0..shopify.len() {
+        for b in a + 1..shopify.len() {
+            let common = shopify[a]
+                .secrets
+                .iter()
+                .any(|x| shopify[b].secrets.iter().any(|y| x.expose() == y.expose()));
+            if common {
+                let (ra, rb) = (root(&mut group, a), root(&mut group, b));
+                group[rb] = ra;
+            }
+        }
+    }
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..shopify.len() {
+        groups.entry(root(&mut group, i)).or_default().push(i);
+    }
+    let mut shared = Vec::new();
+    for members in groups.into_values().filter(|m| m.len() > 1) {
+        let names: Vec<String> = members
+            .iter()
+            .map(|&i| format!("shopify/{}", shopify[i].tenant))
+            .collect();
+        let line = members
+            .iter()
+            .filter_map(|&i| {
+                let t = shopify[i];
+                lines.get(&(t.provider.clone(), t.tenant.clone())).copied()
+            })
+            .min()
+            .unwrap_or(0);
+        let unnamed: Vec<&str> = members
+            .iter()
+            .filter(|&&i| shopify[i].option(SHOP_DOMAIN_OPTION).is_none())
+            .map(|&i| shopify[i].tenant.as_str())
+            .collect();
+        let mut domains: Vec<String> = members
+            .iter()
+            .filter_map(|&i| shopify[i].option(SHOP_DOMAIN_OPTION))
+            .map(str::to_ascii_lowercase)
+            .collect();
+        domains.sort();
+        let repeated = domains.windows(2).any(|w| w[0] == w[1]);
+        if !unnamed.is_empty() {
+            problems.push(Problem {
+                line,
+                message: format!(
+                    "tenants {} share a secret (one app's client secret signs every shop's webhooks): each must name its shop with `{SHOP_DOMAIN_OPTION}`, missing for {}",
+                    names.join(", "),
+                    unnamed.join(", ")
+                ),
+            });
+        } else if repeated {
+            problems.push(Problem {
+                line,
+                message: format!(
+                    "tenants {} share a secret and name the same `{SHOP_DOMAIN_OPTION}`: a shop's webhooks can belong to one tenant only",
+                    names.join(", ")
+                ),
+            });
+        } else {
+            shared.extend(
+                members
+                    .iter()
+                    .map(|&i| ("shopify".to_string(), shopify[i].tenant.clone())),
+            );
+        }
+    }
+    for key in shared {
+        if let Some(t) = tenants.get_mut(&key) {
+            t.options
+                .insert(SHARED_APP_OPTION.to_string(), "true".to_string());
+        }
+    }
+}
+
 pub fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
@@ -954,6 +1057,71 @@ options = { url = "https://x.example/t", shared_key_secret = "env:Z" }
         // Mollie next-gen (no path token) signs: it needs a secret.
         let text = "[[tenant]]\nprovider = \"mollie\"\ntenant = \"m\"\n";
         assert!(Config::from_toml(text).is_err());
+    }
+
+    fn shopify_tenants(tenants: &[(&str, &str, Option<&str>)]) -> String {
+        tenants
+            .iter()
+            .map(|(name, secret, shop)| {
+                let options = shop
+                    .map(|d| format!("options = {{ shop_domain = \"{d}\" }}\n"))
+                    .unwrap_or_default();
+                format!("[[tenant]]\nprovider = \"shopify\"\ntenant = \"{name}\"\nsecrets = [\"{secret}\"]\n{options}\n")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shopify_tenants_sharing_a_secret_must_each_name_their_shop() {
+        let text = shopify_tenants(&[
+            ("demo", "app-secret-XYZ", Some("demo.myshopify.com")),
+            ("demo2", "app-secret-XYZ", None),
+            ("other", "own-secret", None),
+        ]);
+        let err = Config::from_toml_named(&text, "s.toml", |_| None).unwrap_err();
+        let lines = err.lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("s.toml:2: tenants shopify/demo, shopify/demo2 share a secret"),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("missing for demo2"), "{lines:?}");
+        assert!(!err.to_string().contains("app-secret-XYZ"), "{err}");
+        // The same shop twice under one secret is refused as well.
+        let text = shopify_tenants(&[
+            ("demo", "app-secret-XYZ", Some("demo.myshopify.com")),
+            ("demo2", "app-secret-XYZ", Some("DEMO.myshopify.com")),
+        ]);
+        let err = Config::from_toml_named(&text, "s.toml", |_| None).unwrap_err();
+        assert!(
+            err.to_string().contains("name the same `shop_domain`"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("app-secret-XYZ"), "{err}");
+    }
+
+    #[test]
+    fn shopify_tenants_sharing_a_secret_with_their_shops_named_are_marked_shared() {
+        // demo and demo3 share through demo2's rotation list.
+        let mut text = shopify_tenants(&[
+            ("demo", "s1", Some("demo.myshopify.com")),
+            ("demo3", "s2", Some("demo3.myshopify.com")),
+            ("alone", "s3", None),
+        ]);
+        text.push_str("[[tenant]]\nprovider = \"shopify\"\ntenant = \"demo2\"\nsecrets = [\"s1\", \"s2\"]\noptions = { shop_domain = \"demo2.myshopify.com\" }\n");
+        // Another provider's tenant with the same secret does not count.
+        text.push_str(
+            "[[tenant]]\nprovider = \"github\"\ntenant = \"alone\"\nsecrets = [\"s3\"]\n",
+        );
+        let cfg = Config::from_toml(&text).unwrap();
+        for name in ["demo", "demo2", "demo3"] {
+            let t = cfg.tenant("shopify", name).unwrap();
+            assert_eq!(t.option("shared_app"), Some("true"), "{name}");
+        }
+        assert_eq!(
+            cfg.tenant("shopify", "alone").unwrap().option("shared_app"),
+            None
+        );
     }
 
     #[test]

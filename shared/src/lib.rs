@@ -25,4 +25,5 @@ pub mod reconcile;
 pub mod request;
 pub mod retention;
 pub mod telemetry;
+pub mod text;
 pub mod time;

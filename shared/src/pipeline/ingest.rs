@@ -605,6 +605,7 @@ impl Ingestor {
         if body.len() > limit {
             return Err(IngestError::BodyTooLarge { limit });
         }
+        check_identifiers(&envelope)?;
         let now_ms = (self.now_ms)();
         let event = VerifiedEvent { envelope, body };
         let mut item = inbox_item(&config.ingest, event, now_ms)?;
@@ -640,7 +641,19 @@ fn verify(
             "the request carries no event".to_string(),
         )));
     }
+    for event in &events {
+        check_identifiers(&event.envelope)?;
+    }
     Ok(events)
+}
+
+/// An event type or id with a control or format character (ESC, BEL, a bidi override,
+/// a zero-width space) is refused (400) before anything is stored: the CLI prints
+/// both, and they would act on or disguise the operator's terminal (`crate::text`).
+fn check_identifiers(envelope: &crate::envelope::Envelope) -> Result<(), IngestError> {
+    crate::text::check_identifier("event type", &envelope.event_type)
+        .and_then(|()| crate::text::check_identifier("event id", &envelope.event_id))
+        .map_err(|reason| IngestError::Malformed(ProviderError::MalformedPayload(reason)))
 }
 
 /// The inbox item for one verified event: compressed body, retention, state `received`.

@@ -1,6 +1,26 @@
 //! Shopify: `X-Shopify-Hmac-Sha256: <base64>` = HMAC-SHA256(client secret as UTF-8,
 //! raw body). Nothing time-related is signed, so replay protection is the dedup store.
 //! The Events preview sends the same headers without the `X-` prefix; both are read.
+//!
+//! **Which shop** (issue 23, item 4). Only the body is signed, and a public app's
+//! client secret is the same for every shop that installed it: a body signed for shop
+//! A verifies for tenant B of the same app, and `X-Shopify-Shop-Domain` is unsigned.
+//! So the shop comes from signed facts where the topic's body carries one, and the
+//! header is a hint that must agree:
+//! - the body's shop facts ([`body_shops`]): `myshopify_domain` and `domain` (the Shop
+//!   resource: `shop/update`, `app/uninstalled`) and the host of `order_status_url`
+//!   (the Order resource: `orders/*`). `admin_graphql_api_id` names no shop. Every
+//!   `*.myshopify.com` fact must be the tenant's shop (`shop_domain`, else the header);
+//!   another host (a custom domain) binds the shop only when it is the tenant's
+//!   `storefront_domain`, and otherwise neither binds nor refuses.
+//! - the header must equal `shop_domain` when it is set (and is the shop otherwise).
+//! - a tenant whose secret another Shopify tenant also lists (`shared_app`, set by
+//!   the configuration load, which also requires each of them to name its shop) takes
+//!   only bodies that name its shop: a topic whose body carries no shop field
+//!   (`refunds/create`, `fulfillments/create`, products, inventory, customers) is
+//!   refused, since nothing signed says which of the shops it came from.
+//!
+//! Every refusal is [`ProviderError::TenantMismatch`]: 401, nothing stored.
 
 use base64::Engine as _;
 use http::HeaderName;
@@ -25,6 +45,96 @@ static WEBHOOK_ID: [HeaderName; 2] =
 static TRIGGERED_AT: [HeaderName; 2] =
     sig::header_names!("x-shopify-triggered-at", "shopify-triggered-at");
 const DEFAULT_TOPIC: &str = "orders/create";
+
+/// The tenant option naming the tenant's shop (`demo.myshopify.com`).
+pub const SHOP_DOMAIN_OPTION: &str = "shop_domain";
+/// The shop's primary (custom) domain, which Shopify uses in `order_status_url`.
+pub const STOREFRONT_DOMAIN_OPTION: &str = "storefront_domain";
+/// `"true"` when the tenant's app (and so its secret) serves other shops too (a public
+/// app installed in several shops): only bodies naming the tenant's shop are taken.
+/// The configuration load sets it for tenants that share a secret; an operator sets
+/// it for a secret also used outside this configuration. (Not named `*_secret`: its
+/// value is no credential, and the log redaction masks the values of such options.)
+pub const SHARED_APP_OPTION: &str = "shared_app";
+
+/// Why a delivery under a shared secret is refused when its body binds no shop.
+const NOT_NAMED: &str =
+    "the signed body does not name this tenant's shop, and the app secret is shared by several shops";
+
+/// The shop domains named by the signed body, lower-cased: `myshopify_domain`,
+/// `domain` (Shop resource) and the host of `order_status_url` (Order resource).
+/// Absent, `null` or non-string fields name nothing.
+pub fn body_shops(body: &[u8]) -> Result<Vec<String>, ProviderError> {
+    let fields = json::json_fields(
+        body,
+        [&["myshopify_domain"], &["domain"], &["order_status_url"]],
+    )?;
+    let [myshopify, domain, status_url] = fields.map(|f| f.and_then(Raw::str));
+    let mut shops = Vec::with_capacity(2);
+    for host in [myshopify, domain]
+        .into_iter()
+        .flatten()
+        .map(|d| normal_host(&d))
+        .chain(status_url.as_deref().and_then(url_host))
+    {
+        if !host.is_empty() && !shops.contains(&host) {
+            shops.push(host);
+        }
+    }
+    Ok(shops)
+}
+
+/// A domain as compared: lower-case, without a trailing dot.
+fn normal_host(host: &str) -> String {
+    host.trim().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The host of an `http(s)://` URL: after any userinfo (`a@b` is host `b`), before
+/// the port, path, query or fragment. `None` for anything else.
+fn url_host(url: &str) -> Option<String> {
+    let url = url.trim();
+    let rest = url
+        .get(..8)
+        .filter(|p| p.eq_ignore_ascii_case("https://"))
+        .map(|_| &url[8..])
+        .or_else(|| {
+            url.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("http://"))
+                .map(|_| &url[7..])
+        })?;
+    let authority = rest.split(['/', '?', '#', '\\']).next().unwrap_or_default();
+    let host = authority.rsplit('@').next().unwrap_or_default();
+    let host = host.split(':').next().unwrap_or_default();
+    Some(normal_host(host)).filter(|h| !h.is_empty())
+}
+
+fn is_myshopify(host: &str) -> bool {
+    host.ends_with(".myshopify.com")
+}
+
+/// Check the signed body's shop facts against the tenant's shop (`shop`: the option
+/// `shop_domain`, else the header's): see the module docs.
+fn check_body_shop(body: &[u8], tenant: &TenantConfig, shop: &str) -> Result<(), ProviderError> {
+    let storefront = tenant.option(STOREFRONT_DOMAIN_OPTION).map(normal_host);
+    let shared = tenant.option(SHARED_APP_OPTION) == Some("true");
+    let mut bound = false;
+    for fact in body_shops(body)? {
+        if fact == shop || storefront.as_deref() == Some(fact.as_str()) {
+            bound = true;
+        } else if is_myshopify(&fact) {
+            return Err(ProviderError::TenantMismatch(
+                "the signed body names another shop",
+            ));
+        }
+        // Otherwise a custom domain that is not the tenant's `storefront_domain`: it
+        // cannot be compared, so it binds nothing (next to a `myshopify_domain` it is
+        // that shop's own primary domain).
+    }
+    if shared && !bound {
+        return Err(ProviderError::TenantMismatch(NOT_NAMED));
+    }
+    Ok(())
+}
 
 /// Signature candidates (the classic header, else the preview one). API Gateway may
 /// comma-join repeats, and base64 never contains a comma.
@@ -51,13 +161,15 @@ fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
 
 fn extract(request: &WebhookRequest, tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
     let shop = sig::single_header_of(request, &SHOP)?;
-    match (tenant.option("shop_domain"), shop) {
-        (Some(want), Some(got)) if want.eq_ignore_ascii_case(got) => {}
+    match (tenant.option(SHOP_DOMAIN_OPTION), shop) {
+        (Some(want), Some(got)) if normal_host(want) == normal_host(got) => {}
         (Some(_), _) => return Err(ProviderError::TenantMismatch("shop domain")),
         (None, Some(_)) => {}
         (None, None) => return Err(sig::payload_error("missing X-Shopify-Shop-Domain header")),
     }
-    let shop = shop.unwrap_or_default().to_ascii_lowercase();
+    let shop = normal_host(shop.unwrap_or_default());
+    // The unsigned header agreed with the tenant; now the signed body must too.
+    check_body_shop(&request.body, tenant, &shop)?;
     let topic = sig::single_header_of(request, &TOPIC)?
         .ok_or_else(|| sig::payload_error("missing X-Shopify-Topic header"))?;
     let event = sig::single_header_of(request, &EVENT_ID)?
@@ -88,7 +200,40 @@ impl Provider for Shopify {
     }
 
     fn options(&self) -> &'static [&'static str] {
-        &["shop_domain", "topic", "access_token", "api_base"]
+        &[
+            SHOP_DOMAIN_OPTION,
+            STOREFRONT_DOMAIN_OPTION,
+            SHARED_APP_OPTION,
+            "topic",
+            "access_token",
+            "api_base",
+        ]
+    }
+
+    fn validate_tenant(&self, tenant: &TenantConfig) -> Result<(), String> {
+        for name in [SHOP_DOMAIN_OPTION, STOREFRONT_DOMAIN_OPTION] {
+            if let Some(value) = tenant.option(name) {
+                let host_like = !value.is_empty()
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+                if !host_like {
+                    return Err(format!(
+                        "option `{name}` must be a domain name (`demo.myshopify.com`)"
+                    ));
+                }
+            }
+        }
+        match tenant.option(SHARED_APP_OPTION) {
+            None | Some("false") => Ok(()),
+            Some("true") if tenant.option(SHOP_DOMAIN_OPTION).is_none() => Err(format!(
+                "option `{SHARED_APP_OPTION}` needs `{SHOP_DOMAIN_OPTION}`: a shared secret says nothing about the shop"
+            )),
+            Some("true") => Ok(()),
+            Some(_) => Err(format!(
+                "option `{SHARED_APP_OPTION}` must be \"true\" or \"false\""
+            )),
+        }
     }
 
     /// 8 retries over 4 h.
@@ -121,7 +266,7 @@ impl Provider for Shopify {
     ) -> Result<http::HeaderMap, ProviderError> {
         let secret = sig::secrets(tenant)?[0].expose();
         let mac = sig::hmac_sha256(secret.as_bytes(), &[body]);
-        let shop = match tenant.option("shop_domain") {
+        let shop = match tenant.option(SHOP_DOMAIN_OPTION) {
             Some(d) => d.to_owned(),
             None => format!("{}.myshopify.com", tenant.tenant),
         };
@@ -355,6 +500,125 @@ mod tests {
                 "missing X-Shopify-Shop-Domain header".into()
             ))
         );
+    }
+
+    /// An Order body naming its shop by `order_status_url` (as Shopify's samples do).
+    fn order_of(host: &str) -> String {
+        format!(
+            r#"{{"id":820982911946154508,"admin_graphql_api_id":"gid://shopify/Order/820982911946154508","updated_at":"2024-01-01T10:00:00-05:00","order_status_url":"https://{host}/548380009/orders/123456abcd/authenticate?key=abcdefg"}}"#
+        )
+    }
+
+    fn shared(mut t: TenantConfig) -> TenantConfig {
+        t.options.insert(SHARED_APP_OPTION.into(), "true".into());
+        t
+    }
+
+    #[test]
+    fn body_shop_facts() {
+        assert_eq!(
+            body_shops(order_of("Shop-1.myshopify.com").as_bytes()).unwrap(),
+            ["shop-1.myshopify.com"]
+        );
+        let shop_update = br#"{"id":548380009,"name":"John Smith Test Store","domain":"shop.apple.com","myshopify_domain":"jsmith.myshopify.com"}"#;
+        assert_eq!(
+            body_shops(shop_update).unwrap(),
+            ["jsmith.myshopify.com", "shop.apple.com"]
+        );
+        // Userinfo, a port and a trailing dot do not hide the host.
+        let tricky =
+            br#"{"order_status_url":"https://shop-1.myshopify.com@demo.myshopify.com.:443/x"}"#;
+        assert_eq!(body_shops(tricky).unwrap(), ["demo.myshopify.com"]);
+        // admin_graphql_api_id names no shop; null and non-strings name nothing.
+        let none = br#"{"id":1,"admin_graphql_api_id":"gid://shopify/Order/1","domain":null,"order_status_url":7}"#;
+        assert!(body_shops(none).unwrap().is_empty());
+        assert!(body_shops(BODY.as_bytes()).unwrap().is_empty());
+        assert_eq!(url_host("ftp://x.myshopify.com/"), None);
+    }
+
+    #[test]
+    fn a_body_signed_for_another_shop_is_refused_whatever_the_header_says() {
+        // Shop demo's order, the header rewritten to shop-1's domain: same app secret.
+        let body = order_of("demo.myshopify.com");
+        let h = headers(&[&mac("hush", &body)]);
+        for t in [tenant(&["hush"]), shared(tenant(&["hush"]))] {
+            assert_eq!(
+                verify(h.clone(), &body, &t),
+                Err(ProviderError::TenantMismatch(
+                    "the signed body names another shop"
+                ))
+            );
+        }
+        // Without `shop_domain` the header is the shop, and the body must agree with it.
+        let mut t = tenant(&["hush"]);
+        t.options.clear();
+        assert_eq!(
+            verify(h, &body, &t),
+            Err(ProviderError::TenantMismatch(
+                "the signed body names another shop"
+            ))
+        );
+        assert!(ProviderError::TenantMismatch("").is_authentication_failure());
+    }
+
+    #[test]
+    fn the_own_shop_is_accepted() {
+        let body = order_of("shop-1.myshopify.com");
+        let h = headers(&[&mac("hush", &body)]);
+        for t in [tenant(&["hush"]), shared(tenant(&["hush"]))] {
+            let env = verify(h.clone(), &body, &t).unwrap();
+            assert_eq!(env.object_id.as_deref(), Some("820982911946154508"));
+        }
+        let shop_update =
+            r#"{"id":1,"domain":"shop-1.myshopify.com","myshopify_domain":"SHOP-1.myshopify.com"}"#;
+        let h = headers(&[&mac("hush", shop_update)]);
+        assert!(verify(h, shop_update, &shared(tenant(&["hush"]))).is_ok());
+        // A shop with a custom primary domain: `myshopify_domain` binds it.
+        let shop_update =
+            r#"{"id":1,"domain":"shop.example.com","myshopify_domain":"shop-1.myshopify.com"}"#;
+        let h = headers(&[&mac("hush", shop_update)]);
+        assert!(verify(h, shop_update, &shared(tenant(&["hush"]))).is_ok());
+    }
+
+    #[test]
+    fn a_shared_secret_takes_only_bodies_that_name_the_shop() {
+        let t = shared(tenant(&["hush"]));
+        // refunds/create, fulfillments/create, …: nothing signed names the shop.
+        let h = headers(&[&mac("hush", BODY)]);
+        assert_eq!(
+            verify(h.clone(), BODY, &t),
+            Err(ProviderError::TenantMismatch(NOT_NAMED))
+        );
+        // A secret of this tenant alone: the same body is this shop's.
+        assert!(verify(h, BODY, &tenant(&["hush"])).is_ok());
+        // A custom storefront domain binds only when it is the tenant's.
+        let body = order_of("shop.example.com");
+        let h = headers(&[&mac("hush", &body)]);
+        assert_eq!(
+            verify(h.clone(), &body, &t),
+            Err(ProviderError::TenantMismatch(NOT_NAMED))
+        );
+        assert!(verify(h.clone(), &body, &tenant(&["hush"])).is_ok());
+        let mut own = t.clone();
+        own.options
+            .insert(STOREFRONT_DOMAIN_OPTION.into(), "Shop.Example.com".into());
+        assert!(verify(h, &body, &own).is_ok());
+    }
+
+    #[test]
+    fn tenant_options_are_checked() {
+        let mut t = tenant(&["hush"]);
+        assert_eq!(Shopify.validate_tenant(&t), Ok(()));
+        t.options.insert(SHARED_APP_OPTION.into(), "yes".into());
+        assert!(Shopify.validate_tenant(&t).is_err());
+        t.options.insert(SHARED_APP_OPTION.into(), "true".into());
+        assert_eq!(Shopify.validate_tenant(&t), Ok(()));
+        t.options.remove(SHOP_DOMAIN_OPTION);
+        assert!(Shopify.validate_tenant(&t).is_err());
+        let mut t = tenant(&["hush"]);
+        t.options
+            .insert(SHOP_DOMAIN_OPTION.into(), "https://x.myshopify.com/".into());
+        assert!(Shopify.validate_tenant(&t).is_err());
     }
 
     #[test]

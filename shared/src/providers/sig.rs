@@ -398,7 +398,7 @@ impl Decimal {
     }
 }
 
-/// Event ids become part of the inbox key: non-empty, bounded, no control characters.
+/// Event ids become part of the inbox key: non-empty, bounded, no control or format characters (`crate::text`).
 pub fn check_event_id(id: &str) -> Result<(), ProviderError> {
     if id.is_empty() {
         return Err(payload_error("event id is empty"));
@@ -406,8 +406,10 @@ pub fn check_event_id(id: &str) -> Result<(), ProviderError> {
     if id.len() > MAX_EVENT_ID_LEN {
         return Err(payload_error("event id is longer than 256 bytes"));
     }
-    if id.chars().any(char::is_control) {
-        return Err(payload_error("event id contains control characters"));
+    if id.chars().any(crate::text::is_unsafe) {
+        return Err(payload_error(
+            "event id contains control or format characters",
+        ));
     }
     Ok(())
 }

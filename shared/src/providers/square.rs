@@ -362,7 +362,7 @@ mod tests {
         );
         check(
             r#"{"event_id":"a\u0000","type":"x"}"#,
-            sig::payload_error("event id contains control characters"),
+            sig::payload_error("event id contains control or format characters"),
         );
         check(
             r#"{"event_id":"a"}"#,

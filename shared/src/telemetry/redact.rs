@@ -528,6 +528,7 @@ mod tests {
             "signed_content",
             "api_username",
             "shop_domain",
+            "shared_app",
         ] {
             assert!(!is_credential_option(name), "{name}");
         }
