@@ -548,6 +548,15 @@ async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_
     assert_eq!(report.outcomes[0].1, ItemOutcome::Redelivered);
     assert_eq!(report.summary.redelivered, 1);
     assert!(report.audit_id.is_some());
+    // The audit record says what happened: nothing replayed, one redelivered.
+    let audit = rig.audit.list(0).await.unwrap();
+    assert_eq!(
+        (
+            &audit[0].result["replayed"],
+            &audit[0].result["redelivered"]
+        ),
+        (&json!(0), &json!(1))
+    );
     let items = rig
         .relay_until("the replayed delivery delivered", |items| {
             all_in(items, DeliveryState::Delivered)

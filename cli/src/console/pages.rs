@@ -588,6 +588,7 @@ async fn audit_page(console: &Console, raw: &str) -> Page {
 fn compact_result(r: &AuditRecord) -> String {
     let keep = [
         "replayed",
+        "redelivered",
         "already_done",
         "busy",
         "missing",
