@@ -769,14 +769,14 @@ mod tests {
         };
         assert_eq!(claimed.attempts, 2);
         assert_eq!(claimed.last_error_class.as_deref(), Some("transient"));
-        // Completing without an error keeps the last one for support.
+        // Completing clears it: a completed event carries no error (its attempts tell).
         assert!(store
             .finish(&a.key, "w2", &finish(InboxState::Completed, 400))
             .await
             .unwrap());
         let stored = store.get(&a.key).await.unwrap().unwrap();
         assert_eq!(stored.state, InboxState::Completed);
-        assert_eq!(stored.last_error.as_deref(), Some("waiting: payment first"));
+        assert_eq!((stored.last_error, stored.last_error_class), (None, None));
     }
 
     #[tokio::test]
