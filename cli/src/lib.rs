@@ -3,6 +3,7 @@
 //! The other commands (`send`, `events`, `replay`, …) need no domain: the stock
 //! `einmal` binary works on the same data directory.
 
+pub mod aws_credentials;
 pub mod config_file;
 pub mod console;
 pub mod error;

@@ -467,6 +467,13 @@ pub async fn run_replay(args: ReplayArgs) -> Result<ExitCode, CliError> {
                 s.replayed, s.redelivered, s.matched, s.already_done, s.busy
             );
         } else {
+            if args.force && s.replayed > 0 {
+                // What a forced re-run of a completed event does (the processor logs
+                // it per event: "effects already applied, nothing changed; ...").
+                println!(
+                    "forced: a completed event runs its decision again; effects already applied stay as they are and it keeps its result; its deliveries are sent again under the same keys"
+                );
+            }
             println!(
                 "matched={} replayed={} redelivered={} already_done={} busy={} missing={} failed={} dead_letters_removed={}{audit}",
                 s.matched,
@@ -503,6 +510,7 @@ fn audit_line(r: &AuditRecord) -> String {
         r.events.len(),
         json!({
             "replayed": r.result["replayed"],
+            "redelivered": r.result["redelivered"],
             "already_done": r.result["already_done"],
             "busy": r.result["busy"],
             "missing": r.result["missing"],
@@ -528,5 +536,28 @@ pub async fn run_audit(command: AuditCommand) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_line_counts_redeliveries() {
+        let record = AuditRecord {
+            id: "a1".into(),
+            at_ms: 1_764_600_000_000,
+            actor: "ops-alice".into(),
+            action: "replay".into(),
+            reason: "crm fixed".into(),
+            selector: json!({}),
+            events: vec!["stripe#demo#evt_1".into()],
+            result: json!({"matched": 1, "replayed": 0, "redelivered": 1, "already_done": 0,
+                "busy": 0, "missing": 0, "failed": 0}),
+        };
+        let line = audit_line(&record);
+        assert!(line.contains(r#""redelivered":1"#), "{line}");
+        assert!(line.contains(r#""replayed":0"#), "{line}");
     }
 }

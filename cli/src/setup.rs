@@ -129,7 +129,7 @@ async fn setup_aws() -> Result<Vec<Step>, CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?
         .max_receive_count;
 
-    let sdk = crate::store::sdk_config().await;
+    let sdk = crate::store::sdk_config().await?;
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let mut steps = Vec::new();

@@ -51,21 +51,32 @@ pub struct StoreArgs {
 }
 
 /// The process's one AWS SDK config: every client shares it (and its connection pools),
-/// whichever of the `open_*` calls a command makes.
-pub(crate) async fn sdk_config() -> &'static aws_config::SdkConfig {
+/// whichever of the `open_*` calls a command makes. Its credentials are resolved once
+/// first ([`einmal_cli::aws_credentials::check`]).
+pub(crate) async fn sdk_config() -> Result<&'static aws_config::SdkConfig, CliError> {
     static SDK_CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> =
         tokio::sync::OnceCell::const_new();
-    SDK_CONFIG
+    static CREDENTIALS: tokio::sync::OnceCell<Result<(), CliError>> =
+        tokio::sync::OnceCell::const_new();
+    let config = SDK_CONFIG
         .get_or_init(|| aws_config::load_defaults(aws_config::BehaviorVersion::latest()))
-        .await
+        .await;
+    let checked = CREDENTIALS
+        .get_or_init(|| einmal_cli::aws_credentials::check(config))
+        .await;
+    match checked {
+        Ok(()) => Ok(config),
+        Err(CliError::Usage(m)) => Err(CliError::Usage(m.clone())),
+        Err(e) => Err(CliError::Failure(e.to_string())),
+    }
 }
 
 /// The inbox on AWS; the names are checked first, so a missing variable fails before
 /// any AWS lookup.
-async fn open_aws_store() -> Result<Arc<AwsStore>, String> {
+async fn open_aws_store() -> Result<Arc<AwsStore>, CliError> {
     let names = AwsNames::from_env().map_err(|e| e.to_string())?;
     Ok(Arc::new(AwsStore::from_sdk_config(
-        sdk_config().await,
+        sdk_config().await?,
         names,
     )))
 }
@@ -83,7 +94,8 @@ impl StoreArgs {
                 })?,
             )),
             Backend::Aws => Ok(Arc::new(
-                DynamoStateStore::from_sdk_config(sdk_config().await).map_err(|e| e.to_string())?,
+                DynamoStateStore::from_sdk_config(sdk_config().await?)
+                    .map_err(|e| e.to_string())?,
             )),
         }
     }
@@ -151,7 +163,7 @@ impl StoreArgs {
         match self.backend {
             Backend::Embedded => Ok(Some(Arc::new(self.open_embedded_audit()?))),
             Backend::Aws => {
-                let audit = DynamoAuditLog::from_sdk_config_if_configured(sdk_config().await)
+                let audit = DynamoAuditLog::from_sdk_config_if_configured(sdk_config().await?)
                     .map_err(|e| e.to_string())?;
                 Ok(audit.map(|audit| Arc::new(audit) as Arc<dyn einmal::audit::AuditLog>))
             }
@@ -176,7 +188,7 @@ impl StoreArgs {
             Backend::Aws => {
                 let store = open_aws_store().await?;
                 let audit: Arc<dyn AuditLog> = Arc::new(
-                    DynamoAuditLog::from_sdk_config(sdk_config().await)
+                    DynamoAuditLog::from_sdk_config(sdk_config().await?)
                         .map_err(|e| e.to_string())?,
                 );
                 Ok(OpsStores {

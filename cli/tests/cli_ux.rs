@@ -219,6 +219,60 @@ async fn each_kind_of_failure_has_its_exit_code_and_json_error() {
     }
 }
 
+/// `--backend aws` with every name set but no credentials anywhere: the message names
+/// the variables to set (not the SDK's error), exit 2 (usage), before any AWS call.
+#[test]
+fn the_aws_backend_without_credentials_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let run = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_einmal"));
+        if json {
+            command.arg("--json");
+        }
+        for var in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_DEFAULT_PROFILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_ROLE_ARN",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        ] {
+            command.env_remove(var);
+        }
+        command
+            .args(["events", "list", "--backend", "aws"])
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_CONFIG_FILE", &empty)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &empty)
+            .env("AWS_REGION", "us-east-1")
+            // Nothing listens there: a call made anyway would fail otherwise.
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .env("EINMAL_INBOX_TABLE", "einmal")
+            .env("EINMAL_QUEUE_URL", "http://127.0.0.1:9/123456789012/einmal")
+            .env(
+                "EINMAL_DLQ_URL",
+                "http://127.0.0.1:9/123456789012/einmal-dlq",
+            )
+            .output()
+            .unwrap()
+    };
+    let expected = "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
+                    (moto accepts any), or AWS_PROFILE";
+    let out = run(false);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim(), format!("einmal: {expected}"));
+    let out = run(true);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = json_error(&out);
+    assert_eq!(err["error"]["code"], "usage");
+    assert_eq!(err["error"]["message"], expected);
+}
+
 #[test]
 fn a_data_dir_that_does_not_exist_is_an_error_not_a_new_store() {
     let dir = tempfile::tempdir().unwrap();

@@ -406,9 +406,11 @@ impl ItemVersion {
 pub struct Finish {
     /// `completed`, `ignored`, `dead_letter`, `retryable` or `waiting`.
     pub state: InboxState,
-    /// `Some` overwrites the stored value; `None` leaves it as it is.
+    /// `Some` overwrites the stored value; `None` leaves it as it is. A `completed` or
+    /// `ignored` finish clears both error fields ([`Finish::clears_error`]): an event
+    /// that once failed (dead-lettered, then replayed) and completed keeps no error.
     pub error_class: Option<String>,
-    /// `Some` overwrites the stored value; `None` leaves it as it is.
+    /// As `error_class`.
     pub error: Option<String>,
     /// `Some` overwrites the stored value; `None` leaves it as it is.
     pub result: Option<String>,
@@ -422,6 +424,13 @@ pub struct Finish {
     pub deliveries: Option<Vec<DeliveryStatus>>,
     /// Written only with `deliveries`: the earliest next attempt of a pending one.
     pub relay_due_ms: Option<i64>,
+}
+
+impl Finish {
+    /// Whether this finish removes the stored error (`completed`, `ignored`).
+    pub fn clears_error(&self) -> bool {
+        matches!(self.state, InboxState::Completed | InboxState::Ignored)
+    }
 }
 
 /// The processor's side of the inbox: claim an item under a lease, finish it (each one
@@ -897,7 +906,8 @@ pub enum RequeueOutcome {
 pub trait InboxReplay: Send + Sync {
     /// One conditional write. `dead_letter`, `retryable`, `received`, `queued` and
     /// `processing` with an expired lease become `queued` (attempts and last error
-    /// kept); `completed` / `ignored` only when `force` (the result notes it).
+    /// kept); `completed` / `ignored` only when `force` (its result kept: a re-run that
+    /// finds every effect applied leaves it as it is).
     async fn requeue(
         &self,
         key: &InboxKey,

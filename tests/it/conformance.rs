@@ -7,8 +7,8 @@ use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::ports::{
     ClaimOutcome, DeliveryState, DeliveryStatus, Finish, Inbox, InboxItem, InboxProcessing,
-    InboxRelay, InboxState, OrderClaim, OrderGate, OrderPosition, OrderRelease, PutOutcome, Queue,
-    ReleaseOutcome, Source,
+    InboxRelay, InboxReplay, InboxState, OrderClaim, OrderGate, OrderPosition, OrderRelease,
+    PutOutcome, Queue, ReleaseOutcome, RequeueOutcome, Source,
 };
 use einmal_tests::fixtures::{all_items, config, drain, signed, stripe_body, FailingQueue};
 
@@ -18,6 +18,7 @@ pub struct Backend {
     pub queue: Arc<dyn Queue>,
     pub processing: Arc<dyn InboxProcessing>,
     pub relay: Arc<dyn InboxRelay>,
+    pub replay: Arc<dyn InboxReplay>,
     _keep: Box<dyn std::any::Any + Send>,
 }
 
@@ -31,7 +32,8 @@ async fn embedded() -> Backend {
         inbox: store.clone(),
         queue: store.clone(),
         processing: store.clone(),
-        relay: store,
+        relay: store.clone(),
+        replay: store,
         _keep: Box::new(dir),
     }
 }
@@ -44,7 +46,8 @@ async fn aws() -> Backend {
         inbox: store.clone(),
         queue: store.clone(),
         processing: store.clone(),
-        relay: store,
+        relay: store.clone(),
+        replay: store,
         _keep: Box::new(()),
     }
 }
@@ -759,6 +762,100 @@ async fn the_order_cursor_hands_an_object_out_lowest_version_first(b: Backend) {
     );
 }
 
+async fn claim(b: &Backend, key: &InboxKey, owner: &str) {
+    let now = einmal::time::now_millis();
+    assert!(matches!(
+        b.processing.claim(key, owner, now, 30_000).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+}
+
+fn finish_as(state: InboxState, error: Option<&str>, result: Option<&str>) -> Finish {
+    Finish {
+        state,
+        error_class: error.map(|_| "permanent".into()),
+        error: error.map(Into::into),
+        result: result.map(Into::into),
+        now_ms: einmal::time::now_millis(),
+        wait: Default::default(),
+        deliveries: None,
+        relay_due_ms: None,
+    }
+}
+
+async fn a_replayed_dead_letter_completes_without_its_error_and_a_forced_replay_keeps_its_result(
+    b: Backend,
+) {
+    let body = stripe_body("evt_fixed_1", 10);
+    let resp = ingestor(&b)
+        .ingest(
+            "stripe",
+            "t1",
+            &signed(&config(), "stripe", "t1", "", &body),
+        )
+        .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let key = InboxKey::new("stripe", "t1", "evt_fixed_1");
+    let item = |b: &Backend| {
+        let key = key.clone();
+        let inbox = b.inbox.clone();
+        async move { inbox.get(&key).await.unwrap().expect("stored") }
+    };
+
+    claim(&b, &key, "w1").await;
+    let dead = finish_as(InboxState::DeadLetter, Some("unknown SKU SKU-NOPE"), None);
+    assert!(b.processing.finish(&key, "w1", &dead).await.unwrap());
+    let failed = item(&b).await;
+    assert_eq!(failed.last_error.as_deref(), Some("unknown SKU SKU-NOPE"));
+
+    // Fixed and replayed: queued with its error, then completed without it.
+    assert!(matches!(
+        b.replay
+            .requeue(&key, false, einmal::time::now_millis())
+            .await
+            .unwrap(),
+        RequeueOutcome::Requeued {
+            from: InboxState::DeadLetter
+        }
+    ));
+    assert_eq!(
+        item(&b).await.last_error,
+        failed.last_error,
+        "kept while queued"
+    );
+    claim(&b, &key, "w2").await;
+    let done = finish_as(InboxState::Completed, None, Some("order 1001 paid"));
+    assert!(b.processing.finish(&key, "w2", &done).await.unwrap());
+    let completed = item(&b).await;
+    assert_eq!(completed.state, InboxState::Completed);
+    assert_eq!(
+        (completed.last_error, completed.last_error_class),
+        (None, None),
+        "a completed event keeps no error"
+    );
+    assert_eq!(completed.result.as_deref(), Some("order 1001 paid"));
+
+    // A forced replay keeps the result; a re-run that changes nothing leaves it.
+    assert!(matches!(
+        b.replay
+            .requeue(&key, true, einmal::time::now_millis())
+            .await
+            .unwrap(),
+        RequeueOutcome::Requeued {
+            from: InboxState::Completed
+        }
+    ));
+    let forced = item(&b).await;
+    assert_eq!(forced.state, InboxState::Queued);
+    assert_eq!(forced.result.as_deref(), Some("order 1001 paid"));
+    claim(&b, &key, "w3").await;
+    let rerun = finish_as(InboxState::Completed, None, None);
+    assert!(b.processing.finish(&key, "w3", &rerun).await.unwrap());
+    let rerun = item(&b).await;
+    assert_eq!(rerun.state, InboxState::Completed);
+    assert_eq!(rerun.result.as_deref(), Some("order 1001 paid"));
+}
+
 macro_rules! conformance {
     ($($scenario:ident),* $(,)?) => {
         mod embedded_store {
@@ -793,4 +890,5 @@ conformance!(
     the_relay_lease_is_exclusive_and_its_finish_clears_the_due_time,
     dead_lettered_deliveries_are_listed_newest_first_until_replayed,
     the_order_cursor_hands_an_object_out_lowest_version_first,
+    a_replayed_dead_letter_completes_without_its_error_and_a_forced_replay_keeps_its_result,
 );

@@ -577,6 +577,15 @@ async fn a_4xx_dead_letters_with_its_status_and_replay_redelivers_with_the_same_
     assert_eq!(report.outcomes[0].1, ItemOutcome::Redelivered);
     assert_eq!(report.summary.redelivered, 1);
     assert!(report.audit_id.is_some());
+    // The audit record says what happened: nothing replayed, one redelivered.
+    let audit = rig.audit.list(0).await.unwrap();
+    assert_eq!(
+        (
+            &audit[0].result["replayed"],
+            &audit[0].result["redelivered"]
+        ),
+        (&json!(0), &json!(1))
+    );
     // Several at once (the console's selection): each the same way, one audit record.
     let report = replayer
         .replay_keys(&[e2.key.clone(), e2.key.clone()], &operator)

@@ -367,6 +367,14 @@ async fn dead_letter_is_fixed_and_replayed_once(kind: Kind) {
     r.drain(1).await;
     let done = r.item(&key).await;
     assert_eq!(done.state, InboxState::Completed, "{}", r.name);
+    assert_eq!(
+        (&done.last_error, &done.last_error_class),
+        (&None, &None),
+        "{}: the old permanent error is cleared",
+        r.name
+    );
+    let real_result = done.result.clone().expect("a result");
+    assert!(!real_result.starts_with("already applied"), "{real_result}");
     assert_eq!((r.on_hand(RED).await, r.on_hand(NOPE).await), (9, 3));
     let after_first = data_of(&r.business_state().await);
 
@@ -410,7 +418,14 @@ async fn dead_letter_is_fixed_and_replayed_once(kind: Kind) {
         .expect("forced replay");
     assert_eq!(forced.outcomes, [(key.clone(), ItemOutcome::Replayed)]);
     r.drain(1).await;
-    assert_eq!(r.item(&key).await.state, InboxState::Completed);
+    let rerun = r.item(&key).await;
+    assert_eq!(rerun.state, InboxState::Completed);
+    assert_eq!(
+        rerun.result.as_deref(),
+        Some(real_result.as_str()),
+        "{}: the forced re-run keeps the event's result",
+        r.name
+    );
     assert_eq!(
         (r.on_hand(RED).await, r.on_hand(NOPE).await),
         (9, 3),

@@ -369,7 +369,7 @@ async fn event_page(console: &Console, raw: &str) -> Page {
                 tr { th { "Effects applied" } td { code { (result) } } }
             }
             @for d in &item.deliveries {
-                tr { th { "Delivery " (d.destination) } td {
+                tr { th { (view::delivery_label(d)) } td {
                     (d.state.to_string()) ", " (d.attempts) " attempt(s)"
                     @if let Some(s) = d.last_status { ", status " (s) }
                     @if let Some(t) = d.last_attempt_ms { ", last " (at(t)) }
@@ -602,6 +602,7 @@ async fn audit_page(console: &Console, raw: &str) -> Page {
 fn compact_result(r: &AuditRecord) -> String {
     let keep = [
         "replayed",
+        "redelivered",
         "already_done",
         "busy",
         "missing",

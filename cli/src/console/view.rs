@@ -275,6 +275,57 @@ fn mask_fields(value: &mut serde_json::Value) {
     }
 }
 
+/// The heading of a delivery's row on the event page: to which destination, and of
+/// what: the event itself, or one of its decision's outputs (kind and key), which may
+/// go to the same destination as the event.
+pub(super) fn delivery_label(d: &einmal::ports::DeliveryStatus) -> String {
+    match &d.output {
+        None => format!("Delivery to {}: the event", d.destination),
+        Some(o) => format!(
+            "Delivery to {}: output {} ({})",
+            d.destination, o.kind, o.key
+        ),
+    }
+}
+
+#[cfg(test)]
+mod delivery_label_tests {
+    use einmal::destinations::Output;
+    use einmal::ports::{DeliveryState, DeliveryStatus};
+
+    #[test]
+    fn the_event_and_its_output_to_one_destination_read_differently() {
+        let event = DeliveryStatus {
+            destination: "shop".into(),
+            key: "msg_1".into(),
+            state: DeliveryState::Delivered,
+            attempts: 1,
+            last_status: Some(200),
+            last_latency_ms: None,
+            last_attempt_ms: None,
+            next_attempt_ms: None,
+            detail: None,
+            output: None,
+            release_owed: false,
+        };
+        let output = DeliveryStatus {
+            key: "msg_2".into(),
+            output: Some(Output {
+                kind: "notification.payment_received".into(),
+                key: "t1#order-1001#paid".into(),
+                object_id: Some("1001".into()),
+                data: serde_json::json!({}),
+            }),
+            ..event.clone()
+        };
+        assert_eq!(super::delivery_label(&event), "Delivery to shop: the event");
+        assert_eq!(
+            super::delivery_label(&output),
+            "Delivery to shop: output notification.payment_received (t1#order-1001#paid)"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,6 +100,7 @@ pub async fn run(
     let names = AwsNames::from_env().map_err(|e| CliError::Usage(e.to_string()))?;
     provide_config(&args)?;
     let sdk_config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    crate::aws_credentials::check(&sdk_config).await?;
     let found = checks::check(&sdk_config, &names).await?;
     let store = Arc::new(AwsStore::from_sdk_config(&sdk_config, names));
     let emf = args.aws.emf;

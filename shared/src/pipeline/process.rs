@@ -683,13 +683,19 @@ impl Processor {
         };
         let mut retry_cause = None;
         let mut parked = None;
+        let mut kept_result = false;
         let (mut finish, outcome) = match result {
             Ok(Applied::Completed(result, committed, _)) => {
                 if let Some(committed) = committed {
                     self.count_effect(&item, committed, trace_id);
                 }
+                // A re-run (a forced replay of a completed event) that finds every effect
+                // applied changes nothing: the event keeps its result.
+                kept_result =
+                    committed.is_none() && result == ALREADY_APPLIED && item.result.is_some();
+                let result = (!kept_result).then_some(result);
                 (
-                    self.finish(InboxState::Completed, None, Some(result)),
+                    self.finish(InboxState::Completed, None, result),
                     MessageOutcome::Ack,
                 )
             }
@@ -784,6 +790,9 @@ impl Processor {
             finish.wait = WaitChange::Clear;
         }
         let mut handoffs = Vec::new();
+        let resent = delivered.as_ref().map_or(0, |d| {
+            d.deliveries.iter().filter(|s| s.attempts > 0).count()
+        });
         if let Some(delivered) = delivered {
             finish.deliveries = Some(delivered.deliveries);
             finish.relay_due_ms = delivered.relay_due_ms;
@@ -828,7 +837,15 @@ impl Processor {
         });
         match finished {
             Ok(true) => {
-                let detail = finish.error.as_deref().or(finish.result.as_deref());
+                let kept = kept_result.then(|| {
+                    format!(
+                        "effects already applied, nothing changed; deliveries re-sent: {resent}; \
+                         result kept: {}",
+                        item.result.as_deref().unwrap_or_default()
+                    )
+                });
+                let detail =
+                    (finish.error.as_deref().or(finish.result.as_deref())).or(kept.as_deref());
                 let (level, message) = match finish.state {
                     InboxState::DeadLetter => (Level::ERROR, "event dead-lettered"),
                     InboxState::Retryable => (Level::WARN, "event will be retried"),

@@ -619,6 +619,9 @@ impl AwsStore {
                     .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
             }
         };
+        let mut remove = "#lease_owner, #lease_until, #dead_over".to_string();
+        // A completed / ignored event carries no error: an earlier failure's is removed.
+        let clears_error = finish.clears_error();
         // Optional fields: set when given, left alone otherwise. The attribute names
         // are plain identifiers, so they serve as their own placeholders.
         for (attr, value) in [
@@ -626,7 +629,10 @@ impl AwsStore {
             (item::LAST_ERROR, &finish.error),
             (item::RESULT, &finish.result),
         ] {
-            if let Some(value) = value {
+            if clears_error && attr != item::RESULT {
+                remove.push_str(&format!(", #{attr}"));
+                request = request.expression_attribute_names(format!("#{attr}"), attr);
+            } else if let Some(value) = value {
                 set.push(format!("#{attr} = :{attr}"));
                 request = request
                     .expression_attribute_names(format!("#{attr}"), attr)
@@ -635,7 +641,6 @@ impl AwsStore {
         }
         // The sweeper's sparse index: untouched while the item stays pending (a retry
         // writes no index entry), left once terminal (one index delete).
-        let mut remove = "#lease_owner, #lease_until, #dead_over".to_string();
         match &finish.wait {
             // A run that started from the message's snapshot may not know the item
             // parked meanwhile (a duplicate message): leaving waiting for a terminal

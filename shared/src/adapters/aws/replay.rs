@@ -58,7 +58,7 @@ impl InboxReplay for AwsStore {
         let mut condition = REQUEUEABLE.to_string();
         // Pending again: back in the sweeper's index (a no-op for an item still in it),
         // so a worker that crashes on the replayed item is found like any other.
-        let mut set = "SET #state = :queued, #updated = :now, #shard = :shard".to_string();
+        let set = "SET #state = :queued, #updated = :now, #shard = :shard".to_string();
         let mut request = self
             .dynamodb
             .update_item()
@@ -82,12 +82,10 @@ impl InboxReplay for AwsStore {
             condition = format!(
                 "attribute_exists(#pk) AND (({condition}) OR #state IN (:completed, :ignored))"
             );
-            set.push_str(", #result = :forced");
+            // The result stays: a forced replay that finds every effect applied keeps it.
             request = request
-                .expression_attribute_names("#result", item::RESULT)
                 .expression_attribute_values(":completed", s_attr(InboxState::Completed.as_str()))
-                .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()))
-                .expression_attribute_values(":forced", s_attr("forced replay"));
+                .expression_attribute_values(":ignored", s_attr(InboxState::Ignored.as_str()));
         }
         let result = request
             .condition_expression(condition)

@@ -265,8 +265,12 @@ const CLAIM_ITEM: &str = "UPDATE inbox SET state = 'processing', lease_owner = ?
      WHERE pk = ?1 AND (state IN ('received', 'queued', 'retryable', 'waiting') \
      OR (state = 'processing' AND (lease_until_ms IS NULL OR lease_until_ms <= ?4)))";
 
+/// A `completed` / `ignored` finish clears the last error (see [`Finish`]).
 const FINISH_ITEM: &str = "UPDATE inbox SET state = ?3, updated_at_ms = ?4, \
-     last_error_class = COALESCE(?5, last_error_class), last_error = COALESCE(?6, last_error), \
+     last_error_class = CASE WHEN ?3 IN ('completed', 'ignored') THEN NULL \
+       ELSE COALESCE(?5, last_error_class) END, \
+     last_error = CASE WHEN ?3 IN ('completed', 'ignored') THEN NULL \
+       ELSE COALESCE(?6, last_error) END, \
      result = COALESCE(?7, result), lease_owner = NULL, lease_until_ms = NULL, \
      wait_on = CASE ?8 WHEN 1 THEN ?9 WHEN 2 THEN NULL ELSE wait_on END, \
      waiting_since_ms = CASE ?8 WHEN 1 THEN ?10 WHEN 2 THEN NULL ELSE waiting_since_ms END, \
@@ -771,14 +775,14 @@ mod tests {
         };
         assert_eq!(claimed.attempts, 2);
         assert_eq!(claimed.last_error_class.as_deref(), Some("transient"));
-        // Completing without an error keeps the last one for support.
+        // Completing clears it: a completed event carries no error (its attempts tell).
         assert!(store
             .finish(&a.key, "w2", &finish(InboxState::Completed, 400))
             .await
             .unwrap());
         let stored = store.get(&a.key).await.unwrap().unwrap();
         assert_eq!(stored.state, InboxState::Completed);
-        assert_eq!(stored.last_error.as_deref(), Some("waiting: payment first"));
+        assert_eq!((stored.last_error, stored.last_error_class), (None, None));
     }
 
     #[tokio::test]

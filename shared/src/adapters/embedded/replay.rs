@@ -10,12 +10,10 @@ use crate::ports::{
     DeadLetterQueue, InboxReplay, InboxState, Queue, QueueError, RequeueOutcome, StoreError,
 };
 
-/// Back to `queued`: lease released, attempts and last error kept. A forced replay of
-/// a finished item notes it in `result` (the processor overwrites it when it is done).
+/// Back to `queued`: lease released, attempts, last error and result kept (a forced
+/// replay that finds every effect applied keeps the event's result).
 const REQUEUE: &str = "UPDATE inbox SET state = 'queued', updated_at_ms = ?2, \
-     lease_owner = NULL, lease_until_ms = NULL, enqueue_failed = 0, \
-     result = CASE WHEN state IN ('completed', 'ignored') \
-       THEN 'forced replay of ' || state || COALESCE(': ' || result, '') ELSE result END \
+     lease_owner = NULL, lease_until_ms = NULL, enqueue_failed = 0 \
      WHERE pk = ?1";
 
 fn requeue_item(
