@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use einmal::config::{Config, TenantConfig};
+use einmal::config::TenantConfig;
 use einmal::providers::{self, Provider};
 use einmal::request::WebhookRequest;
 use http_body_util::{BodyExt, Full};
@@ -251,6 +251,7 @@ fn retimed(token: &str, old: i64, now: i64) -> Option<(String, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use einmal::config::Config;
 
     const OLD: i64 = 1_764_410_400; // 2025-11-29T10:00:00Z
     const NOW: i64 = 1_796_300_000;
