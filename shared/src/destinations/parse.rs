@@ -575,6 +575,16 @@ fn parse_postgres(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<Destinatio
     let local = dsn.as_ref().is_some_and(|(_, _, local)| *local);
     let tls = f.bool("tls", !local);
     let pool_size = f.number("pool_size", DEFAULT_POOL_SIZE as u64, 1, MAX_POOL_SIZE) as usize;
+    // The sink refuses this at start; say it here, so `config check` agrees with `serve`.
+    if let Some((line, dsn, _)) = &dsn {
+        if !tls && postgres::dsn_requires_tls(dsn.expose()) {
+            f.problem(
+                *line,
+                "`dsn` asks for sslmode=require but `tls = false`: set `tls = true` or drop sslmode",
+            );
+            ok = false;
+        }
+    }
     let (_, dsn, _) = dsn?;
     let table = table?;
     ok.then_some(DestinationKind::Postgres(PostgresDestination {
@@ -921,6 +931,27 @@ table = "events"
             "{base}dsn = \"postgresql://u:hunter2@h:notaport/db\"\ntable = \"t\"\n"
         ));
         assert_eq!(p, ["destination demo/db: `dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)"]);
+    }
+
+    #[test]
+    fn sslmode_require_with_tls_false_is_a_contradiction_config_check_names() {
+        let base = "[[destination]]\nname = \"db\"\ntenant = \"demo\"\nkind = \"postgres\"\nevents = [\"*\"]\ntable = \"t\"\n";
+        let p = problems(&format!(
+            "{base}dsn = \"host=127.0.0.1 user=u sslmode=require\"\ntls = false\n"
+        ));
+        assert_eq!(
+            p,
+            ["destination demo/db: `dsn` asks for sslmode=require but `tls = false`: set `tls = true` or drop sslmode"]
+        );
+        // With TLS, or without sslmode, it loads.
+        assert!(load(&format!(
+            "{base}dsn = \"host=127.0.0.1 user=u sslmode=require\"\ntls = true\n"
+        ))
+        .is_ok());
+        assert!(load(&format!(
+            "{base}dsn = \"host=127.0.0.1 user=u\"\ntls = false\n"
+        ))
+        .is_ok());
     }
 
     #[test]

@@ -144,6 +144,13 @@ pub fn dsn_is_local(dsn: &str) -> Option<bool> {
     }))
 }
 
+/// Whether a connection string asks for TLS itself (`sslmode=require`), which `tls = false`
+/// would contradict; a string that does not parse asks for nothing.
+pub fn dsn_requires_tls(dsn: &str) -> bool {
+    dsn.parse::<tokio_postgres::Config>()
+        .is_ok_and(|c| c.get_ssl_mode() == tokio_postgres::config::SslMode::Require)
+}
+
 /// A checked table name: `name` or `schema.name`, lower-case identifiers only, so the
 /// quoted name means what the unquoted one would and no SQL can be smuggled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
