@@ -117,6 +117,9 @@ fn bench(c: &mut Criterion) {
         let provider = providers::lookup(name).expect("known provider");
         let mut t = tenant(name, secret);
         t.options.insert("event".into(), "push".into());
+        // The sample order's signed shop (its `order_status_url`) is this tenant's.
+        t.options
+            .insert("shop_domain".into(), "jsmith.myshopify.com".into());
         let headers = provider
             .sign(
                 body.as_bytes(),
