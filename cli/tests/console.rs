@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{einmal, http, repo, Reply};
+use common::{einmal, http, http_host, repo, Reply};
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -80,42 +80,6 @@ fn session_cookie(login: &Reply) -> String {
         .unwrap()
         .trim()
         .to_owned()
-}
-
-/// One HTTP/1.1 request with the `Host` header given (the shared helper sends the
-/// address).
-fn http_host(
-    method: &str,
-    addr: &str,
-    host: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Reply {
-    use std::io::{Read, Write};
-    let mut s = TcpStream::connect(addr).expect("the server answers");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if method == "POST" {
-        req.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).unwrap();
-    let mut resp = Vec::new();
-    let _ = s.read_to_end(&mut resp);
-    let text = String::from_utf8_lossy(&resp).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Reply {
-        status: head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("not HTTP: {head}")),
-        head: head.to_owned(),
-        body: body.to_owned(),
-    }
 }
 
 fn json(r: &Reply) -> serde_json::Value {

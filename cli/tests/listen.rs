@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{http, repo};
+use common::{http, http_host, repo};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 
@@ -177,19 +177,15 @@ async fn listen_forwards_a_sent_event_signed_with_the_printed_secret() {
     );
     assert_eq!(http("GET", &addr, "/console", &[], "").status, 200);
     let port = addr.rsplit(':').next().unwrap();
-    let rebound = {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.write_all(
-            format!("GET /console HTTP/1.1\r\nHost: attacker.example:{port}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    };
-    assert!(rebound.starts_with("HTTP/1.1 421 "), "{rebound}");
+    let rebound = http_host(
+        "GET",
+        &addr,
+        &format!("attacker.example:{port}"),
+        "/console",
+        &[],
+        "",
+    );
+    assert_eq!(rebound.status, 421, "{}", rebound.head);
 }
 
 /// An app that answers 400 (the handler being fixed) gets the event again instead of

@@ -31,8 +31,20 @@ pub struct Reply {
 
 /// One HTTP/1.1 request over a plain socket (no client crate needed for this).
 pub fn http(method: &str, addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    http_host(method, addr, addr, path, headers, body)
+}
+
+/// [`http`] with the `Host` header given (a rebinding page's name, a proxy's).
+pub fn http_host(
+    method: &str,
+    addr: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
     let mut s = TcpStream::connect(addr).expect("the server answers");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
