@@ -1,7 +1,7 @@
 //! `einmal config check` and `einmal serve` on invalid configurations, through the
 //! real binary.
 
-mod common;
+use crate::common;
 
 use common::repo;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! send` posted, signed with the secret `listen` printed first, and `listen` prints a
 //! line naming the delivered event.
 
-mod common;
+use crate::common;
 
 use common::{http, http_host, repo};
 use std::io::{BufRead, BufReader};

@@ -7,7 +7,7 @@
 //! Without chromium/chromedriver the browser test says so and passes, unless
 //! `EINMAL_REQUIRE_CHROMIUM=1` (as `tests/run.sh` sets), where it fails.
 
-mod common;
+use crate::common;
 
 use common::{einmal, http, http_host, repo, Reply};
 

@@ -1,5 +1,4 @@
-//! Helpers every CLI test binary shares (each file under `tests/` is its own crate,
-//! so each uses only some of them).
+//! Helpers the CLI scenario families share (one test binary, `cli/tests/it/main.rs`).
 #![allow(dead_code)]
 
 use std::io::{Read, Write};

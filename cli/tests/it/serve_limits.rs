@@ -4,7 +4,7 @@
 //! timeouts (flags) so no test sleeps long; every wait is bounded by a generous
 //! [`GUARD`] that only a hang would reach, never a figure being measured.
 
-mod common;
+use crate::common;
 
 use common::repo;
 use std::io::{Read, Write};

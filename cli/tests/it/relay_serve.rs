@@ -7,7 +7,7 @@
 //! database is up. SIGHUP reloads the configuration, destinations and their secrets
 //! included.
 
-mod common;
+use crate::common;
 
 use common::{einmal, repo};
 use std::net::TcpListener;

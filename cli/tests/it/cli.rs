@@ -1,7 +1,7 @@
 //! End-to-end through the real binary: `einmal serve` on a free port with a temp
 //! store, `einmal send` signing the demo samples, `einmal events` reading the store.
 
-mod common;
+use crate::common;
 
 use common::{einmal, repo};
 use std::net::TcpListener;

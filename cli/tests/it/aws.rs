@@ -10,7 +10,8 @@
 //! on loopback), and checks both their output and the stores afterwards. Bad input (an unknown id,
 //! an unknown provider) gets a clear message and a non-zero exit.
 
-mod common;
+use crate::common;
+use einmal::domain::state::CommitOne;
 
 use common::{http, repo, Reply};
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@
 //!
 //! moto serves one request at a time, so the server polls with `--poll-wait-secs 0`.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! run that says "would", one exit code per kind of failure, `--json` errors, a
 //! mistyped --data-dir refused, completions and the man page, `einmal setup`.
 
-mod common;
+use crate::common;
 
 use common::{einmal, repo};
 use std::path::Path;

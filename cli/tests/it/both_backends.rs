@@ -19,7 +19,7 @@
 //!
 //! Sizes are small (moto serves ~30 calls/s, one at a time) and set by `EINMAL_BB_*`.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
