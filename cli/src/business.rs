@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use einmal::domain::reference::Sku;
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateWrite};
+use einmal::domain::state::{CommitOne, CommitOutcome, StateKey, StateRecord, StateWrite};
 
 use crate::store::StoreArgs;
 use einmal_cli::error::CliError;

@@ -401,6 +401,40 @@ impl ItemVersion {
     }
 }
 
+/// How [`InboxProcessing::begin`] handed a run its item, which decides what its
+/// [`InboxProcessing::finish`] is conditioned on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handout {
+    /// Claimed under this owner's lease (the claim counted the attempt).
+    Leased { owner: String },
+    /// Handed out without a lease, with its attempt count and the item as the run read
+    /// it.
+    Unleased { attempts: u32, seen: ItemVersion },
+}
+
+impl Handout {
+    pub fn leased(owner: &str) -> Self {
+        Handout::Leased {
+            owner: owner.to_string(),
+        }
+    }
+
+    /// What `worker`'s run of `item` (as `begin` returned it) holds: a lease when the
+    /// claim names it.
+    pub fn of(item: &InboxItem, worker: &str) -> Self {
+        if item.lease_owner.as_deref() == Some(worker) {
+            Handout::Leased {
+                owner: worker.to_string(),
+            }
+        } else {
+            Handout::Unleased {
+                attempts: item.attempts,
+                seen: ItemVersion::of(item),
+            }
+        }
+    }
+}
+
 /// The end of one processing attempt, written by [`InboxProcessing::finish`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
@@ -449,62 +483,45 @@ pub trait InboxProcessing: Send + Sync {
         lease_ms: i64,
     ) -> Result<ClaimOutcome, StoreError>;
 
-    /// Start the attempt of one delivery: by default [`InboxProcessing::claim`] of its
-    /// item. A store may instead hand the item out without a lease (DynamoDB: from the
-    /// message that carried it, [`Delivery::item`], or one read for a pointer): the
-    /// queue's visibility timeout then stands in for the lease, business commits are
-    /// guarded by versions and effect keys either way, and the run finishes with
-    /// [`InboxProcessing::finish_unleased`]. `attempts` counts this attempt.
+    /// Start the attempt of one delivery. A store that leases (the embedded one) claims
+    /// its item ([`InboxProcessing::claim`]). A store may instead hand the item out
+    /// without a lease (DynamoDB: from the message that carried it, [`Delivery::item`],
+    /// or one read for a pointer): the queue's visibility timeout then stands in for
+    /// the lease, and business commits are guarded by versions and effect keys either
+    /// way. [`Handout::of`] says which the run got. `attempts` counts this attempt.
     async fn begin(
         &self,
         delivery: &Delivery,
         owner: &str,
         now_ms: i64,
         lease_ms: i64,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.claim(&delivery.message.pk, owner, now_ms, lease_ms)
-            .await
-    }
+    ) -> Result<ClaimOutcome, StoreError>;
 
-    /// Only while still `processing` and leased by `owner` (else `Ok(false)`): set the
-    /// final or retry state, error class and message, result, `updated_at_ms`, and
-    /// release the lease.
+    /// Set the final or retry state, error class and message, result, `updated_at_ms`,
+    /// and release the lease, only while the run still holds the item (else
+    /// `Ok(false)`):
+    /// - [`Handout::Leased`]: while still `processing` and leased by that owner;
+    /// - [`Handout::Unleased`]: while the item is still as the run read it (`seen`:
+    ///   another run finished or parked it, a replay queued it, a worker claimed it),
+    ///   or when the sweeper's [`mark_dead_letter`] marked exactly that version
+    ///   meanwhile (this run was committing it); `attempts` set to the count `begin`
+    ///   handed out. So a stale run never overwrites a newer state (a `waiting` with
+    ///   `retryable`, leaving the item in neither of the sweeper's indexes). A store
+    ///   whose `begin` always claims refuses it ([`StoreError::Rejected`]).
+    ///
+    /// [`mark_dead_letter`]: InboxProcessing::mark_dead_letter
     async fn finish(
         &self,
         key: &InboxKey,
-        owner: &str,
+        run: &Handout,
         finish: &Finish,
     ) -> Result<bool, StoreError>;
-
-    /// The finish of a run [`InboxProcessing::begin`] handed out without a lease: as
-    /// [`InboxProcessing::finish`], only while the item is still as the run read it
-    /// (`seen`; else `Ok(false)`: another run finished or parked it, a replay queued
-    /// it, a worker claimed it), or when the sweeper's [`mark_dead_letter`] marked
-    /// exactly that version meanwhile (this run was committing it); `attempts` set to
-    /// `attempts` (the count `begin` handed out). So a stale run never overwrites a
-    /// newer state (a `waiting` with `retryable`, leaving the item in neither of the
-    /// sweeper's indexes). Stores whose `begin` always claims never get this call;
-    /// the default finishes as an owner no lease names, which changes nothing.
-    ///
-    /// [`mark_dead_letter`]: InboxProcessing::mark_dead_letter
-    async fn finish_unleased(
-        &self,
-        key: &InboxKey,
-        attempts: u32,
-        seen: ItemVersion,
-        finish: &Finish,
-    ) -> Result<bool, StoreError> {
-        let _ = (attempts, seen);
-        self.finish(key, "", finish).await
-    }
 
     /// Redrive bookkeeping: mark the item `dead_letter` with `reason`, only while it is
     /// still as the caller read it (`seen`: not terminal, nothing changed since) and no
     /// live lease holds it (that worker finishes it). `Ok(false)` when it did not
     /// apply (a missing item included). A run without a lease that began from that
-    /// same version may still finish over the mark ([`finish_unleased`]).
-    ///
-    /// [`finish_unleased`]: InboxProcessing::finish_unleased
+    /// same version may still finish over the mark ([`Handout::Unleased`]).
     async fn mark_dead_letter(
         &self,
         key: &InboxKey,

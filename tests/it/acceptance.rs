@@ -6,6 +6,7 @@
 //! shipment, stock movement or notification, stock = seeded − reserved + restocked,
 //! every inbox item terminal.
 
+use einmal::ports::Handout;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -381,7 +382,7 @@ async fn crash_after_claim_is_completed_after_the_lease(kind: Kind) {
     };
     assert!(!b
         .processing
-        .finish(&create.inbox_key(), "dead-worker", &late)
+        .finish(&create.inbox_key(), &Handout::leased("dead-worker"), &late)
         .await
         .unwrap());
 

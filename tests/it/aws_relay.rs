@@ -3,6 +3,7 @@
 //! per-object order cursors, each checked on the stored data and on the calls made
 //! (index Queries and single UpdateItems, never a Scan).
 
+use einmal::ports::Handout;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -89,7 +90,10 @@ async fn finished(
         deliveries: Some(deliveries),
         relay_due_ms,
     };
-    assert!(store.finish(&it.key, "w1", &done).await.unwrap());
+    assert!(store
+        .finish(&it.key, &Handout::leased("w1"), &done)
+        .await
+        .unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,6 +36,7 @@
 //! costs the same write units. A read check (a record the decision read and does not write) is
 //! costed too: a `ConditionCheck` in the commit's transaction.
 
+use einmal::domain::state::CommitOne;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -1,6 +1,7 @@
 //! The ingest conformance suite: the same scenarios on the embedded store (a real
 //! SQLite file in a temp dir) and on the AWS adapter (DynamoDB + SQS in moto).
 
+use einmal::ports::Handout;
 use std::sync::Arc;
 
 use einmal::envelope::InboxKey;
@@ -401,7 +402,11 @@ async fn finished_with(
         deliveries: Some(deliveries),
         relay_due_ms,
     };
-    assert!(b.processing.finish(&key, "w1", &finish).await.unwrap());
+    assert!(b
+        .processing
+        .finish(&key, &Handout::leased("w1"), &finish)
+        .await
+        .unwrap());
     key
 }
 
@@ -804,7 +809,11 @@ async fn a_replayed_dead_letter_completes_without_its_error_and_a_forced_replay_
 
     claim(&b, &key, "w1").await;
     let dead = finish_as(InboxState::DeadLetter, Some("unknown SKU SKU-NOPE"), None);
-    assert!(b.processing.finish(&key, "w1", &dead).await.unwrap());
+    assert!(b
+        .processing
+        .finish(&key, &Handout::leased("w1"), &dead)
+        .await
+        .unwrap());
     let failed = item(&b).await;
     assert_eq!(failed.last_error.as_deref(), Some("unknown SKU SKU-NOPE"));
 
@@ -825,7 +834,11 @@ async fn a_replayed_dead_letter_completes_without_its_error_and_a_forced_replay_
     );
     claim(&b, &key, "w2").await;
     let done = finish_as(InboxState::Completed, None, Some("order 1001 paid"));
-    assert!(b.processing.finish(&key, "w2", &done).await.unwrap());
+    assert!(b
+        .processing
+        .finish(&key, &Handout::leased("w2"), &done)
+        .await
+        .unwrap());
     let completed = item(&b).await;
     assert_eq!(completed.state, InboxState::Completed);
     assert_eq!(
@@ -850,7 +863,11 @@ async fn a_replayed_dead_letter_completes_without_its_error_and_a_forced_replay_
     assert_eq!(forced.result.as_deref(), Some("order 1001 paid"));
     claim(&b, &key, "w3").await;
     let rerun = finish_as(InboxState::Completed, None, None);
-    assert!(b.processing.finish(&key, "w3", &rerun).await.unwrap());
+    assert!(b
+        .processing
+        .finish(&key, &Handout::leased("w3"), &rerun)
+        .await
+        .unwrap());
     let rerun = item(&b).await;
     assert_eq!(rerun.state, InboxState::Completed);
     assert_eq!(rerun.result.as_deref(), Some("order 1001 paid"));

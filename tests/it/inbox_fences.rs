@@ -7,6 +7,7 @@
 //! - the sweeper's DLQ marking applies only to the item as it read it, and never
 //!   dead-letters an item another run is committing.
 
+use einmal::ports::Handout;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -69,14 +70,10 @@ async fn begin(
 /// The run's finish as the processor writes it: under its lease, or unleased with the
 /// item as the run read it.
 async fn finish(b: &Backend, run: &InboxItem, worker: &str, f: &Finish) -> bool {
-    if run.lease_owner.as_deref() == Some(worker) {
-        b.processing.finish(&run.key, worker, f).await
-    } else {
-        b.processing
-            .finish_unleased(&run.key, run.attempts, ItemVersion::of(run), f)
-            .await
-    }
-    .expect("finish")
+    b.processing
+        .finish(&run.key, &Handout::of(run, worker), f)
+        .await
+        .expect("finish")
 }
 
 fn ending(state: InboxState, now_ms: i64) -> Finish {

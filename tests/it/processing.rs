@@ -10,6 +10,7 @@
 //! else is ignored. Transient failures come from the state store's `load`, failed the
 //! first `load_failures` times (fault injection over the real store).
 
+use einmal::ports::Handout;
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,10 +20,7 @@ use async_trait::async_trait;
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::domain::state::{
-    Commit, CommitAnswer, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
-    Waiters,
-};
+use einmal::domain::state::{Commit, CommitAnswer, StateKey, StateRecord, StateStore};
 use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
@@ -155,25 +153,8 @@ impl StateStore for FlakyLoads {
         }
         self.inner.load(keys).await
     }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.inner.commit(writes).await
-    }
     // Every other method forwarded, so these scenarios run the production paths (read
     // checks, wait marks reported by the commit, commits gathered per batch).
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        self.inner.commit_checked(writes, reads).await
-    }
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
-        self.inner.commit_waking(writes, reads).await
-    }
     async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
         self.inner.mark_waited(key, keep_until_ms).await
     }
@@ -481,18 +462,6 @@ struct FinishFailsOnce {
 
 #[async_trait]
 impl InboxProcessing for FinishFailsOnce {
-    async fn finish_unleased(
-        &self,
-        key: &InboxKey,
-        attempts: u32,
-        seen: ItemVersion,
-        f: &Finish,
-    ) -> Result<bool, StoreError> {
-        if !self.failed.swap(true, Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("injected: finish lost".into()));
-        }
-        self.inner.finish_unleased(key, attempts, seen, f).await
-    }
     async fn begin(
         &self,
         delivery: &Delivery,
@@ -514,13 +483,13 @@ impl InboxProcessing for FinishFailsOnce {
     async fn finish(
         &self,
         key: &InboxKey,
-        owner: &str,
+        run: &Handout,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
         if !self.failed.swap(true, Ordering::SeqCst) {
             return Err(StoreError::Unavailable("injected: finish lost".into()));
         }
-        self.inner.finish(key, owner, finish).await
+        self.inner.finish(key, run, finish).await
     }
     async fn mark_dead_letter(
         &self,
@@ -579,12 +548,19 @@ async fn claim_lease_and_finish_on_the_port(b: Backend) {
         relay_due_ms: None,
     };
     assert!(
-        !p.finish(&item.key, "w1", &done).await.unwrap(),
+        !p.finish(&item.key, &Handout::leased("w1"), &done)
+            .await
+            .unwrap(),
         "the old owner cannot finish"
     );
-    assert!(p.finish(&item.key, "w2", &done).await.unwrap());
+    assert!(p
+        .finish(&item.key, &Handout::leased("w2"), &done)
+        .await
+        .unwrap());
     assert!(
-        !p.finish(&item.key, "w2", &done).await.unwrap(),
+        !p.finish(&item.key, &Handout::leased("w2"), &done)
+            .await
+            .unwrap(),
         "finished once"
     );
     let stored = b.item(&item.key).await;
@@ -645,7 +621,10 @@ async fn retryable_then_completed_clears_the_last_error(b: Backend) {
         deliveries: None,
         relay_due_ms: None,
     };
-    assert!(p.finish(&item.key, "w1", &retry).await.unwrap());
+    assert!(p
+        .finish(&item.key, &Handout::leased("w1"), &retry)
+        .await
+        .unwrap());
     let stored = b.item(&item.key).await;
     assert_eq!(stored.state, InboxState::Retryable);
     assert_eq!(stored.last_error_class.as_deref(), Some("transient"));
@@ -665,7 +644,10 @@ async fn retryable_then_completed_clears_the_last_error(b: Backend) {
         deliveries: None,
         relay_due_ms: None,
     };
-    assert!(p.finish(&item.key, "w2", &done).await.unwrap());
+    assert!(p
+        .finish(&item.key, &Handout::leased("w2"), &done)
+        .await
+        .unwrap());
     let stored = b.item(&item.key).await;
     assert_eq!((stored.state, stored.attempts), (InboxState::Completed, 2));
     // A completed event carries no error; its attempts tell it was retried.

@@ -5,6 +5,7 @@
 //! changes nothing and writes no audit record; a replay whose pointer was never sent
 //! is sent by the sweeper.
 
+use einmal::domain::state::CommitOne;
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

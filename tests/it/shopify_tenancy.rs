@@ -12,6 +12,7 @@
 //! The configuration that shares the secret without naming the shops is refused at
 //! load (unit tests in `shared/src/config.rs`; here, that it never reaches ingest).
 
+use einmal::domain::state::CommitOne;
 use std::sync::Arc;
 
 use einmal::config::Config;

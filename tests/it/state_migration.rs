@@ -3,6 +3,7 @@
 //! out, and `migrate_state_table` (the `einmal-migrate-state` binary) copies every
 //! record into the new layout, safely re-runnable, never over a newer version.
 
+use einmal::domain::state::CommitOne;
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{

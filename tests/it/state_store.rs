@@ -2,6 +2,7 @@
 //! SQLite file in a temp dir) and on the DynamoDB adapter (moto on loopback), plus the
 //! round trips the AWS adapter makes and the embedded store's durability across reopen.
 
+use einmal::domain::state::{Commit, CommitAnswer, CommitOne};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -618,16 +619,15 @@ impl StateStore for SameSnapshot {
         }
         records
     }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.commit_checked(writes, &[]).await
-    }
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
         let _one = self.one_commit_at_a_time.lock().await;
-        self.inner.commit_checked(writes, reads).await
+        self.inner.commit_each(commits).await
+    }
+    fn gathers_commits(&self) -> bool {
+        self.inner.gathers_commits()
+    }
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        self.inner.mark_waited(key, keep_until_ms).await
     }
     async fn list(
         &self,

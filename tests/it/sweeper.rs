@@ -4,6 +4,7 @@
 //! dead letters marked, and (on moto) index queries only, never a scan; a claim and
 //! a retry leave the sweeper's index entry alone.
 
+use einmal::ports::Handout;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -390,7 +391,10 @@ async fn aws_claim_and_retry_leave_the_index_key_alone() {
         deliveries: None,
         relay_due_ms: None,
     };
-    assert!(store.finish(&key, "w1", &retry).await.expect("finish"));
+    assert!(store
+        .finish(&key, &Handout::leased("w1"), &retry)
+        .await
+        .expect("finish"));
     assert_eq!(index_key(&dynamodb, &table, &pk).await, entered, "retry");
 
     // Still found by the sweeper, from the table's current item.
@@ -422,7 +426,10 @@ async fn aws_claim_and_retry_leave_the_index_key_alone() {
         deliveries: None,
         relay_due_ms: None,
     };
-    assert!(store.finish(&key, "w2", &done).await.expect("finish"));
+    assert!(store
+        .finish(&key, &Handout::leased("w2"), &done)
+        .await
+        .expect("finish"));
     let left = index_key(&dynamodb, &table, &pk).await;
     assert_eq!(left.0, None, "a terminal item leaves the index");
     assert!(store.stuck(i64::MAX, 10).await.expect("stuck").is_empty());

@@ -5,6 +5,7 @@
 //! a committer's load and its commit, a transaction over marked and unmarked records,
 //! and a commit whose wake was cut off (the mark is gone with it).
 
+use einmal::domain::state::{Commit, CommitAnswer, CommitOne};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,24 +154,23 @@ impl StateStore for Gate {
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
         self.inner.load(keys).await
     }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.inner.commit(writes).await
-    }
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
         let first = self.commits.fetch_add(1, Ordering::SeqCst) == 0;
         if first && !self.lose_answer {
             self.loaded.notify_one();
             self.go.notified().await;
         }
-        let outcome = self.inner.commit_waking(writes, reads).await?;
+        let answers = self.inner.commit_each(commits).await;
         if first && self.lose_answer {
-            return Err(StoreError::Unavailable("injected: answer lost".into()));
+            return answers
+                .into_iter()
+                .map(|_| Err(StoreError::Unavailable("injected: answer lost".into())))
+                .collect();
         }
-        Ok(outcome)
+        answers
+    }
+    fn gathers_commits(&self) -> bool {
+        self.inner.gathers_commits()
     }
     async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
         self.inner.mark_waited(key, keep_until_ms).await

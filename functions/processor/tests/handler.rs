@@ -14,7 +14,7 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
-use einmal::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use einmal::domain::state::{Commit, CommitAnswer, StateKey, StateRecord, StateStore};
 use einmal::domain::{Change, Decision, Domain, DomainError, DomainEvent};
 use einmal::envelope::{Envelope, InboxKey};
 use einmal::pipeline::process::{ProcessSettings, Processor};
@@ -81,8 +81,14 @@ impl StateStore for Unreachable {
         }
         self.0.load(keys).await
     }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.0.commit(writes).await
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        self.0.commit_each(commits).await
+    }
+    fn gathers_commits(&self) -> bool {
+        self.0.gathers_commits()
+    }
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
+        self.0.mark_waited(key, keep_until_ms).await
     }
     async fn list(
         &self,

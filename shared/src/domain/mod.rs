@@ -32,6 +32,7 @@ pub mod payment_view;
 pub mod reference;
 pub mod state;
 
+use std::any::Any;
 use thiserror::Error;
 
 use crate::destinations::Output;
@@ -115,10 +116,68 @@ pub enum DomainError {
     Wait(String),
 }
 
+/// An event as a domain prepared it ([`Domain::prepare`]): the records it targets and,
+/// optionally, what the domain parsed from it, so that every decision on it (a
+/// conflict decides again on new versions) reuses the parse.
+pub struct Prepared {
+    pub targets: Vec<StateKey>,
+    parsed: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Prepared {
+    /// Targets alone: [`Domain::decide_prepared`] decides from the event.
+    pub fn new(targets: Vec<StateKey>) -> Self {
+        Prepared {
+            targets,
+            parsed: None,
+        }
+    }
+
+    /// Targets and the domain's own parse of the event.
+    pub fn with_parsed<T: Any + Send + Sync>(targets: Vec<StateKey>, parsed: T) -> Self {
+        Prepared {
+            targets,
+            parsed: Some(Box::new(parsed)),
+        }
+    }
+
+    /// The parse [`Prepared::with_parsed`] kept, if it is a `T`.
+    pub fn parsed<T: Any>(&self) -> Option<&T> {
+        self.parsed.as_ref()?.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("targets", &self.targets)
+            .field("parsed", &self.parsed.is_some())
+            .finish()
+    }
+}
+
 pub trait Domain: Send + Sync {
     /// The records this event reads and may change. Empty = nothing to load
     /// (`decide` is then called with no records, typically to ignore the event).
     fn targets(&self, event: &DomainEvent<'_>) -> Result<Vec<StateKey>, DomainError>;
+
+    /// The event prepared once per run: its targets, and what a domain that parses its
+    /// events keeps for [`Domain::decide_prepared`]. Default: [`Domain::targets`].
+    fn prepare(&self, event: &DomainEvent<'_>) -> Result<Prepared, DomainError> {
+        Ok(Prepared::new(self.targets(event)?))
+    }
+
+    /// [`Domain::decide`] on a prepared event (the processor calls this one, once per
+    /// round). Default: [`Domain::decide`].
+    fn decide_prepared(
+        &self,
+        event: &DomainEvent<'_>,
+        prepared: &Prepared,
+        current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        let _ = prepared;
+        self.decide(event, current)
+    }
 
     /// Decide given the current records, in the order `targets` returned them.
     /// Must be deterministic: a replay with the same records decides the same.

@@ -146,77 +146,41 @@ pub enum Waiters {
     Marked(Vec<StateKey>),
 }
 
-/// One commit of [`StateStore::commit_each`]: the arguments of
-/// [`StateStore::commit_waking`].
+/// One commit of [`StateStore::commit_each`]: its writes and its read checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Commit {
     pub writes: Vec<StateWrite>,
     pub reads: Vec<ReadCheck>,
 }
 
-/// The answer to one [`StateStore::commit_waking`].
+/// The answer to one commit of [`StateStore::commit_each`].
 pub type CommitAnswer = Result<(CommitOutcome, Waiters), StoreError>;
 
+/// The business records' store. Every method is the adapter's own (no defaults), so
+/// a wrapper (a fault injector in the tests) that forgets one does not compile, and
+/// every scenario runs the protocol the production stores run.
 #[async_trait]
 pub trait StateStore: Send + Sync {
     /// Strongly consistent read of several records, in the order of `keys`.
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError>;
-    /// All writes or none, each conditioned on its expected version.
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError>;
-    /// [`StateStore::commit`] that also holds only if every record of `reads` is still
-    /// at its version (checked in the same atomic commit; a mismatch is `Conflict`).
-    /// Both adapters implement it; the default serves stores (test wrappers) that only
-    /// forward plain commits and refuses read checks rather than dropping them.
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        if reads.is_empty() {
-            return self.commit(writes).await;
-        }
-        Err(StoreError::Rejected(
-            "this state store cannot check the versions of read records".into(),
-        ))
-    }
-    /// [`StateStore::commit_checked`] that also says which written records may have
-    /// waiters (the processor looks up only those). The default cannot tell.
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
-        Ok((self.commit_checked(writes, reads).await?, Waiters::Unknown))
-    }
+    /// Several independent commits, answered in their order. Each is all of its
+    /// writes or none, each write conditioned on its expected version, and holds only
+    /// if every record of its `reads` is still at its version (checked in the same
+    /// atomic commit; a mismatch is `Conflict`). One commit's conflict or refusal
+    /// leaves the others alone. Each answer says which written records may have
+    /// waiters ([`Waiters`]: the processor looks up only those).
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer>;
     /// Whether [`StateStore::commit_each`] puts several commits under one durable
     /// write (the embedded store: one transaction, one fsync), so that a caller with
     /// several commits at hand (the processor: a batch's business commits) does better
-    /// to gather them first. The default does not.
-    fn gathers_commits(&self) -> bool {
-        false
-    }
-    /// Several independent commits, each a [`StateStore::commit_waking`] of its own
-    /// (all of it or none of it; one's conflict or refusal leaves the others alone),
-    /// answered in their order. The default runs them concurrently, one by one.
-    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
-        futures::future::join_all(
-            commits
-                .iter()
-                .map(|c| self.commit_waking(&c.writes, &c.reads)),
-        )
-        .await
-    }
+    /// to gather them first.
+    fn gathers_commits(&self) -> bool;
     /// Mark `key` (existing or not) as waited on, before an event parks on it, so that
-    /// the next [`StateStore::commit_waking`] of it reports it as
-    /// [`Waiters::Marked`]. A mark on a record that does not exist lives at least
-    /// until `keep_until_ms`. The default does nothing: such a store answers
-    /// [`Waiters::Unknown`]. A store that marks must report every commit that
-    /// removes a mark; its plain `commit` / `commit_checked` may remove one silently
-    /// (the parked events then wait for the sweeper's re-check).
-    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
-        let _ = (key, keep_until_ms);
-        Ok(())
-    }
+    /// the next commit of it reports it as [`Waiters::Marked`]. A mark on a record that
+    /// does not exist lives at least until `keep_until_ms`. A store that does not mark
+    /// (does nothing here) answers [`Waiters::Unknown`]; a store that marks must report
+    /// every commit that removes a mark.
+    async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError>;
     /// Records of one kind for a tenant (operator views; small result sets).
     async fn list(
         &self,
@@ -224,6 +188,51 @@ pub trait StateStore: Send + Sync {
         kind: &str,
         limit: usize,
     ) -> Result<Vec<StateRecord>, StoreError>;
+}
+
+/// One commit through [`StateStore::commit_each`], for callers with a single commit at
+/// hand. Derived for every store, never overridden: a single commit takes the same
+/// path as a batch of them.
+#[async_trait]
+pub trait CommitOne {
+    /// All writes or none, each conditioned on its expected version.
+    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError>;
+    /// [`CommitOne::commit`] that also holds only if every record of `reads` is still
+    /// at its version.
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError>;
+    /// [`CommitOne::commit_checked`] that also says which written records may have
+    /// waiters.
+    async fn commit_waking(&self, writes: &[StateWrite], reads: &[ReadCheck]) -> CommitAnswer;
+}
+
+#[async_trait]
+impl<S: StateStore + ?Sized> CommitOne for S {
+    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
+        Ok(self.commit_waking(writes, &[]).await?.0)
+    }
+
+    async fn commit_checked(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<CommitOutcome, StoreError> {
+        Ok(self.commit_waking(writes, reads).await?.0)
+    }
+
+    async fn commit_waking(&self, writes: &[StateWrite], reads: &[ReadCheck]) -> CommitAnswer {
+        let commit = Commit {
+            writes: writes.to_vec(),
+            reads: reads.to_vec(),
+        };
+        self.commit_each(std::slice::from_ref(&commit))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Unavailable("commit was not answered".into())))
+    }
 }
 
 /// Checks every adapter applies before it touches storage, so both answer the same

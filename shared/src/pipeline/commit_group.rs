@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 
 use crate::domain::state::{
-    Commit, CommitAnswer, CommitOutcome, ReadCheck, StateStore, StateWrite,
+    Commit, CommitAnswer, CommitOne, CommitOutcome, ReadCheck, StateStore, StateWrite,
 };
 use crate::ports::StoreError;
 
@@ -119,7 +119,7 @@ pub(crate) struct Member {
 }
 
 impl Member {
-    /// [`StateStore::commit_waking`], gathered with the batch's other commits.
+    /// One commit ([`CommitOne::commit_waking`]), gathered with the batch's other commits.
     pub(crate) async fn commit_waking(
         &self,
         writes: &[StateWrite],

@@ -142,7 +142,9 @@ use thiserror::Error;
 
 use crate::config::TenantConfig;
 use crate::domain::payment_view::PaymentView;
-use crate::domain::state::{CommitOutcome, StateKey, StateRecord, StateStore, StateWrite};
+use crate::domain::state::{
+    CommitOne, CommitOutcome, StateKey, StateRecord, StateStore, StateWrite,
+};
 use crate::envelope::Envelope;
 use crate::lookup::{classify_status, HttpLookup, LookupError, ResourceLookup, API_BASE_OPTION};
 use crate::pipeline::ingest::{IngestError, Ingestor};

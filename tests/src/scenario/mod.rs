@@ -20,16 +20,15 @@ use einmal::domain::reference::{
     order_key, seed_sku, sku_key, Order, ReferenceDomain, Sku, ORDER, SKU,
 };
 use einmal::domain::state::{
-    Commit, CommitAnswer, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite,
-    Waiters,
+    Commit, CommitAnswer, CommitOne, CommitOutcome, StateKey, StateRecord, StateStore,
 };
 use einmal::domain::Domain;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::ingest::Ingestor;
 use einmal::pipeline::process::{AckMode, MessageOutcome, ProcessSettings, Processor};
 use einmal::ports::{
-    ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing, ItemVersion,
-    Queue, StoreError,
+    ClaimOutcome, Delivery, Finish, Handout, Inbox, InboxFilter, InboxItem, InboxProcessing,
+    ItemVersion, Queue, StoreError,
 };
 use einmal::providers;
 use einmal::request::WebhookRequest;
@@ -866,20 +865,6 @@ impl FinishFails {
 
 #[async_trait]
 impl InboxProcessing for FinishFails {
-    async fn finish_unleased(
-        &self,
-        key: &InboxKey,
-        attempts: u32,
-        seen: ItemVersion,
-        f: &Finish,
-    ) -> Result<bool, StoreError> {
-        if self.left.take() {
-            return Err(StoreError::Unavailable(
-                "injected: crashed before finish".into(),
-            ));
-        }
-        self.inner.finish_unleased(key, attempts, seen, f).await
-    }
     async fn begin(
         &self,
         delivery: &Delivery,
@@ -898,13 +883,13 @@ impl InboxProcessing for FinishFails {
     ) -> Result<ClaimOutcome, StoreError> {
         self.inner.claim(key, owner, now_ms, lease_ms).await
     }
-    async fn finish(&self, key: &InboxKey, owner: &str, f: &Finish) -> Result<bool, StoreError> {
+    async fn finish(&self, key: &InboxKey, run: &Handout, f: &Finish) -> Result<bool, StoreError> {
         if self.left.take() {
             return Err(StoreError::Unavailable(
                 "injected: crashed before finish".into(),
             ));
         }
-        self.inner.finish(key, owner, f).await
+        self.inner.finish(key, run, f).await
     }
     async fn mark_dead_letter(
         &self,
@@ -940,32 +925,6 @@ impl CommitFails {
 impl StateStore for CommitFails {
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
         self.inner.load(keys).await
-    }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        if self.left.take() {
-            return Err(StoreError::Unavailable("injected: throttled".into()));
-        }
-        self.inner.commit(writes).await
-    }
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        if self.left.take() {
-            return Err(StoreError::Unavailable("injected: throttled".into()));
-        }
-        self.inner.commit_checked(writes, reads).await
-    }
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
-        if self.left.take() {
-            return Err(StoreError::Unavailable("injected: throttled".into()));
-        }
-        self.inner.commit_waking(writes, reads).await
     }
     fn gathers_commits(&self) -> bool {
         self.inner.gathers_commits()
@@ -1026,32 +985,6 @@ impl StateStore for SlowCommits {
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
         self.inner.load(keys).await
     }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        if self.left.take() {
-            tokio::time::sleep(self.delay).await;
-        }
-        self.inner.commit(writes).await
-    }
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        if self.left.take() {
-            tokio::time::sleep(self.delay).await;
-        }
-        self.inner.commit_checked(writes, reads).await
-    }
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
-        if self.left.take() {
-            tokio::time::sleep(self.delay).await;
-        }
-        self.inner.commit_waking(writes, reads).await
-    }
     fn gathers_commits(&self) -> bool {
         self.inner.gathers_commits()
     }
@@ -1106,26 +1039,6 @@ impl StateStore for Outage {
     async fn load(&self, keys: &[StateKey]) -> Result<Vec<StateRecord>, StoreError> {
         self.check()?;
         self.inner.load(keys).await
-    }
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.check()?;
-        self.inner.commit(writes).await
-    }
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        self.check()?;
-        self.inner.commit_checked(writes, reads).await
-    }
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
-        self.check()?;
-        self.inner.commit_waking(writes, reads).await
     }
     fn gathers_commits(&self) -> bool {
         self.inner.gathers_commits()

@@ -13,7 +13,7 @@
 //! visibility timeout), `ApproximateReceiveCount` counts the attempts, and business
 //! commits are guarded by versions and effect keys, so a concurrent duplicate run
 //! commits nothing twice. Such a run finishes with
-//! [`InboxProcessing::finish_unleased`]: any item not yet terminal (and not held by a
+//! [`Handout::Unleased`] finish: any item not yet terminal (and not held by a
 //! live lease of a worker that did claim it: `claim` still exists, and a previous
 //! release's processor uses it during an update), so a terminal state is never
 //! overwritten; it records the attempt count (from SQS's receive count, or the
@@ -31,8 +31,8 @@ use super::item::{self, n_attr, s_attr};
 use super::{AwsStore, DEFAULT_LIST_LIMIT};
 use crate::envelope::InboxKey;
 use crate::ports::{
-    may_lack_body, ClaimOutcome, Delivery, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing,
-    InboxState, ItemVersion, PutOutcome, StoreError, WaitChange, BODY_MISSING,
+    may_lack_body, ClaimOutcome, Delivery, Finish, Handout, Inbox, InboxFilter, InboxItem,
+    InboxProcessing, InboxState, ItemVersion, PutOutcome, StoreError, WaitChange, BODY_MISSING,
 };
 use crate::ports::{InboxPage, InboxQuery, SearchError, StateCounts};
 
@@ -515,21 +515,10 @@ impl InboxProcessing for AwsStore {
     async fn finish(
         &self,
         key: &InboxKey,
-        owner: &str,
+        run: &Handout,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
-        self.finish_item(key, Leased(owner), finish).await
-    }
-
-    async fn finish_unleased(
-        &self,
-        key: &InboxKey,
-        attempts: u32,
-        seen: ItemVersion,
-        finish: &Finish,
-    ) -> Result<bool, StoreError> {
-        self.finish_item(key, Unleased(attempts, seen), finish)
-            .await
+        self.finish_item(key, run, finish).await
     }
 
     async fn mark_dead_letter(
@@ -581,7 +570,7 @@ impl AwsStore {
     async fn finish_item(
         &self,
         key: &InboxKey,
-        run: Run<'_>,
+        run: &Handout,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
         let mut set = vec!["#state = :state".to_string(), "#updated = :now".to_string()];
@@ -598,11 +587,11 @@ impl AwsStore {
             .expression_attribute_values(":now", n_attr(finish.now_ms))
             .expression_attribute_names("#dead_over", item::DEAD_OVER);
         request = match run {
-            Leased(owner) => request
+            Handout::Leased { owner } => request
                 .condition_expression("#state = :processing AND #lease_owner = :owner")
                 .expression_attribute_values(":processing", s_attr(InboxState::Processing.as_str()))
                 .expression_attribute_values(":owner", s_attr(owner)),
-            Unleased(attempts, seen) => {
+            Handout::Unleased { attempts, seen } => {
                 set.push("#attempts = :attempts".into());
                 // The item as this run read it (every state change stamps `updated`, a
                 // claim included), or the sweeper's marking of exactly that version.
@@ -613,7 +602,7 @@ impl AwsStore {
                     )
                     .expression_attribute_names("#pk", item::PK)
                     .expression_attribute_names("#attempts", item::ATTEMPTS)
-                    .expression_attribute_values(":attempts", n_attr(i64::from(attempts)))
+                    .expression_attribute_values(":attempts", n_attr(i64::from(*attempts)))
                     .expression_attribute_values(":seen_state", s_attr(seen.state.as_str()))
                     .expression_attribute_values(":seen_updated", n_attr(seen.updated_at_ms))
                     .expression_attribute_values(":dead", s_attr(InboxState::DeadLetter.as_str()))
@@ -742,19 +731,6 @@ impl AwsStore {
         conditional_update(result)
     }
 }
-
-/// Whose finish [`AwsStore::finish_item`] writes.
-enum Run<'a> {
-    /// A claimed run: only while this owner's lease holds the item (the claim counted
-    /// the attempt).
-    Leased(&'a str),
-    /// A run `begin` handed out without a lease, with its attempt count and the item as
-    /// it read it: only while the item is unchanged since (a duplicate run never
-    /// overwrites another's outcome or park; a claimed worker's claim changed it), or
-    /// the sweeper's dead-letter marking of that version.
-    Unleased(u32, ItemVersion),
-}
-use Run::{Leased, Unleased};
 
 /// A conditional UpdateItem's outcome: `true` when applied, `false` when its condition
 /// failed (the caller decides whether that is a no-op); other failures are errors.

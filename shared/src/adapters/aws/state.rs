@@ -83,7 +83,8 @@ use super::error::describe;
 use super::setup::{created_or_existing, key_attribute, key_element};
 use super::AwsSetupError;
 use crate::domain::state::{
-    check_writes, CommitOutcome, ReadCheck, StateKey, StateRecord, StateStore, StateWrite, Waiters,
+    check_writes, Commit, CommitAnswer, CommitOutcome, ReadCheck, StateKey, StateRecord,
+    StateStore, StateWrite, Waiters,
 };
 use crate::ports::StoreError;
 use crate::time::now_millis;
@@ -354,6 +355,26 @@ impl DynamoStateStore {
     /// version), else create the mark-only item with a TTL, so a mark for a record that
     /// never comes does not stay forever. A record created between the two tries costs
     /// a third; more than [`MARK_TRIES`] is `Unavailable` (retried like any).
+    async fn commit_one(
+        &self,
+        writes: &[StateWrite],
+        reads: &[ReadCheck],
+    ) -> Result<(CommitOutcome, Waiters), StoreError> {
+        let items = writes.len() + reads.len();
+        if items > MAX_TRANSACTION_ITEMS {
+            return Err(StoreError::Rejected(format!(
+                "invalid commit: a transaction of {items} items exceeds DynamoDB's {MAX_TRANSACTION_ITEMS}"
+            )));
+        }
+        check_writes(writes, reads)?;
+        match (writes, reads) {
+            // Checks without writes change nothing, so there is nothing to make atomic.
+            ([], _) => Ok((CommitOutcome::Committed, Waiters::Marked(Vec::new()))),
+            ([one], []) => self.put_one(one).await,
+            (several, reads) => self.transact(several, reads).await,
+        }
+    }
+
     async fn mark(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
         let now = AttributeValue::N(now_millis().to_string());
         let expires = AttributeValue::N(keep_until_ms.div_euclid(1000).to_string());
@@ -586,40 +607,19 @@ impl StateStore for DynamoStateStore {
             .collect::<Result<_, _>>()?)
     }
 
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.commit_checked(writes, &[]).await
-    }
-
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        Ok(self.commit_waking(writes, reads).await?.0)
-    }
-
     async fn mark_waited(&self, key: &StateKey, keep_until_ms: i64) -> Result<(), StoreError> {
         self.mark(key, keep_until_ms).await
     }
 
-    async fn commit_waking(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<(CommitOutcome, Waiters), StoreError> {
-        let items = writes.len() + reads.len();
-        if items > MAX_TRANSACTION_ITEMS {
-            return Err(StoreError::Rejected(format!(
-                "invalid commit: a transaction of {items} items exceeds DynamoDB's {MAX_TRANSACTION_ITEMS}"
-            )));
-        }
-        check_writes(writes, reads)?;
-        match (writes, reads) {
-            // Checks without writes change nothing, so there is nothing to make atomic.
-            ([], _) => Ok((CommitOutcome::Committed, Waiters::Marked(Vec::new()))),
-            ([one], []) => self.put_one(one).await,
-            (several, reads) => self.transact(several, reads).await,
-        }
+    fn gathers_commits(&self) -> bool {
+        false
+    }
+
+    /// Each commit is its own request (a conditional put or a transaction), all of
+    /// them under way at once: DynamoDB has no write that spans transactions.
+    async fn commit_each(&self, commits: &[Commit]) -> Vec<CommitAnswer> {
+        futures::future::join_all(commits.iter().map(|c| self.commit_one(&c.writes, &c.reads)))
+            .await
     }
 
     /// In `id` order, one Query on the table itself (eventually consistent, like the

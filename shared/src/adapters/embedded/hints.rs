@@ -89,7 +89,7 @@ mod tests {
     use super::*;
     use crate::adapters::embedded::{EmbeddedOptions, DB_FILE};
     use crate::envelope::Envelope;
-    use crate::ports::{Finish, Inbox, InboxItem, InboxProcessing, Source};
+    use crate::ports::{Finish, Handout, Inbox, InboxItem, InboxProcessing, Source};
 
     fn stored(provider: &str, tenant: &str, event_type: &str, object: &str, at: i64) -> InboxItem {
         let envelope = Envelope {
@@ -200,7 +200,10 @@ mod tests {
             deliveries: None,
             relay_due_ms: None,
         };
-        assert!(store.finish(&first.key, "w1", &finish).await.unwrap());
+        assert!(store
+            .finish(&first.key, &Handout::leased("w1"), &finish)
+            .await
+            .unwrap());
         let hints = store.hints_since("gopay", "t1", t, 100).await.unwrap();
         assert_eq!(hints[0].state, InboxState::Ignored);
     }

@@ -7,8 +7,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use super::{relay, waiting, DbError, EmbeddedStore};
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
-    may_lack_body, ClaimOutcome, Finish, Inbox, InboxFilter, InboxItem, InboxProcessing,
-    InboxState, ItemVersion, PutOutcome, Source, StoreError, WaitChange, Waiting,
+    may_lack_body, ClaimOutcome, Delivery, Finish, Handout, Inbox, InboxFilter, InboxItem,
+    InboxProcessing, InboxState, ItemVersion, PutOutcome, Source, StoreError, WaitChange, Waiting,
 };
 use crate::ports::{InboxPage, InboxQuery, SearchError, StateCounts};
 
@@ -378,14 +378,32 @@ impl InboxProcessing for EmbeddedStore {
             .await?)
     }
 
+    /// Claims, so an item handed out otherwise is not this store's.
+    async fn begin(
+        &self,
+        delivery: &Delivery,
+        owner: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim(&delivery.message.pk, owner, now_ms, lease_ms)
+            .await
+    }
+
     async fn finish(
         &self,
         key: &InboxKey,
-        owner: &str,
+        run: &Handout,
         finish: &Finish,
     ) -> Result<bool, StoreError> {
+        let Handout::Leased { owner } = run else {
+            return Err(StoreError::Rejected(
+                "the embedded store leases every run it hands out; an unleased finish is not its own"
+                    .into(),
+            ));
+        };
         let pk = key.as_str().to_string();
-        let owner = owner.to_string();
+        let owner = owner.clone();
         let durable_finish = finish.deliveries.is_some();
         let finish = finish.clone();
         let work = move |conn: &Connection| finish_item(conn, &pk, &owner, &finish);
@@ -681,19 +699,29 @@ mod tests {
 
         // The old owner can no longer finish.
         assert!(!store
-            .finish(&a.key, "w1", &finish(InboxState::Completed, 41_000))
+            .finish(
+                &a.key,
+                &Handout::leased("w1"),
+                &finish(InboxState::Completed, 41_000)
+            )
             .await
             .unwrap());
         let mut done = finish(InboxState::Completed, 41_000);
         done.result = Some("counter +1".into());
-        assert!(store.finish(&a.key, "w2", &done).await.unwrap());
+        assert!(store
+            .finish(&a.key, &Handout::leased("w2"), &done)
+            .await
+            .unwrap());
         let stored = store.get(&a.key).await.unwrap().unwrap();
         assert_eq!(stored.state, InboxState::Completed);
         assert_eq!(stored.result.as_deref(), Some("counter +1"));
         assert_eq!((stored.lease_owner, stored.lease_until_ms), (None, None));
         assert_eq!(stored.updated_at_ms, 41_000);
         // Finished twice: the lease is gone.
-        assert!(!store.finish(&a.key, "w2", &done).await.unwrap());
+        assert!(!store
+            .finish(&a.key, &Handout::leased("w2"), &done)
+            .await
+            .unwrap());
 
         assert_eq!(
             store.claim(&a.key, "w3", 99_000, 30_000).await.unwrap(),
@@ -768,7 +796,10 @@ mod tests {
             deliveries: None,
             relay_due_ms: None,
         };
-        assert!(store.finish(&a.key, "w1", &retry).await.unwrap());
+        assert!(store
+            .finish(&a.key, &Handout::leased("w1"), &retry)
+            .await
+            .unwrap());
         let claimed = match store.claim(&a.key, "w2", 300, 1_000).await.unwrap() {
             ClaimOutcome::Claimed(item) => item,
             other => panic!("expected a claim, got {other:?}"),
@@ -777,7 +808,11 @@ mod tests {
         assert_eq!(claimed.last_error_class.as_deref(), Some("transient"));
         // Completing clears it: a completed event carries no error (its attempts tell).
         assert!(store
-            .finish(&a.key, "w2", &finish(InboxState::Completed, 400))
+            .finish(
+                &a.key,
+                &Handout::leased("w2"),
+                &finish(InboxState::Completed, 400)
+            )
             .await
             .unwrap());
         let stored = store.get(&a.key).await.unwrap().unwrap();
@@ -798,7 +833,11 @@ mod tests {
         store.claim(&live.key, "w1", 100, 10_000).await.unwrap();
         store.claim(&done.key, "w1", 100, 10_000).await.unwrap();
         assert!(store
-            .finish(&done.key, "w1", &finish(InboxState::Completed, 150))
+            .finish(
+                &done.key,
+                &Handout::leased("w1"),
+                &finish(InboxState::Completed, 150)
+            )
             .await
             .unwrap());
         for it in [&waiting, &live, &done] {

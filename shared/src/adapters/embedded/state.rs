@@ -445,34 +445,14 @@ impl StateStore for EmbeddedStateStore {
             .await?)
     }
 
-    async fn commit(&self, writes: &[StateWrite]) -> Result<CommitOutcome, StoreError> {
-        self.commit_checked(writes, &[]).await
-    }
-
-    async fn commit_checked(
-        &self,
-        writes: &[StateWrite],
-        reads: &[ReadCheck],
-    ) -> Result<CommitOutcome, StoreError> {
-        // Checks without writes change nothing, so there is nothing to make atomic.
-        if writes.is_empty() {
-            return Ok(CommitOutcome::Committed);
-        }
-        check_writes(writes, reads)?;
-        check_sizes(writes)?;
-        let (writes, reads) = (writes.to_vec(), reads.to_vec());
-        // Durable: an effect is reported (and handed to destinations) only once fsynced.
-        Ok(self
-            .store
-            .submit(
-                move |conn| commit_in(conn, &writes, &reads),
-                super::writer::Durability::Effect,
-            )
-            .await?)
-    }
-
     fn gathers_commits(&self) -> bool {
         true
+    }
+
+    /// No marks: every commit answers [`Waiters::Unknown`] (the processor asks the
+    /// waiters' index for every changed record; an index lookup here is one local read).
+    async fn mark_waited(&self, _key: &StateKey, _keep_until_ms: i64) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// One durable job for all: the commits share one fsync.
@@ -551,6 +531,7 @@ impl StateStore for EmbeddedStateStore {
 mod tests {
     use super::*;
     use crate::adapters::embedded::DB_FILE;
+    use crate::domain::state::CommitOne;
     use serde_json::json;
 
     fn record(

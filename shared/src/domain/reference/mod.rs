@@ -32,7 +32,7 @@ mod view;
 use serde_json::Value;
 
 use super::state::{StateKey, StateRecord};
-use super::{Change, Decision, Domain, DomainError, DomainEvent};
+use super::{Change, Decision, Domain, DomainError, DomainEvent, Prepared};
 use crate::destinations::Output;
 pub use model::{
     order_key, seed_sku, sku_key, EffectKeys, Invoice, LineItem, Notification, NotificationKind,
@@ -100,30 +100,34 @@ impl Domain for ReferenceDomain {
         })
     }
 
+    /// Parsed once: the conflict rounds of a hot record decide on the same parse.
+    fn prepare(&self, event: &DomainEvent<'_>) -> Result<Prepared, DomainError> {
+        let mapped = parse(event)?;
+        let targets = match &mapped {
+            Some(Mapped::Event(e)) => e.targets(&event.envelope.tenant),
+            Some(Mapped::Ignore(_)) | None => Vec::new(),
+        };
+        Ok(Prepared::with_parsed(targets, mapped))
+    }
+
     fn decide(
         &self,
         event: &DomainEvent<'_>,
         current: &[StateRecord],
     ) -> Result<Decision, DomainError> {
-        let parsed = match parse(event)? {
-            Some(Mapped::Event(e)) => e,
-            Some(Mapped::Ignore(reason)) => return Ok(Decision::Ignore { reason }),
-            None => {
-                return Ok(Decision::Ignore {
-                    reason: unsupported(event),
-                })
-            }
-        };
-        let tenant = &event.envelope.tenant;
-        let targets = parsed.targets(tenant);
-        if current.len() != targets.len() || current.iter().zip(&targets).any(|(r, k)| r.key != *k)
-        {
-            return Err(DomainError::Permanent(format!(
-                "records given to {} do not match its targets",
-                event.envelope.event_type
-            )));
+        decide_mapped(event, parse(event)?.as_ref(), current)
+    }
+
+    fn decide_prepared(
+        &self,
+        event: &DomainEvent<'_>,
+        prepared: &Prepared,
+        current: &[StateRecord],
+    ) -> Result<Decision, DomainError> {
+        match prepared.parsed::<Option<Mapped>>() {
+            Some(mapped) => decide_mapped(event, mapped.as_ref(), current),
+            None => self.decide(event, current),
         }
-        decide::decide(&parsed, tenant, current)
     }
 
     /// SKU reads are not guarded: a decision uses a SKU only to move its stock, and
@@ -187,6 +191,36 @@ fn unsupported(event: &DomainEvent<'_>) -> String {
         "unsupported event type {} {}",
         event.envelope.provider, event.envelope.event_type
     )
+}
+
+/// The decision on an event as [`parse`] mapped it.
+fn decide_mapped(
+    event: &DomainEvent<'_>,
+    mapped: Option<&Mapped>,
+    current: &[StateRecord],
+) -> Result<Decision, DomainError> {
+    let parsed = match mapped {
+        Some(Mapped::Event(e)) => e,
+        Some(Mapped::Ignore(reason)) => {
+            return Ok(Decision::Ignore {
+                reason: reason.clone(),
+            })
+        }
+        None => {
+            return Ok(Decision::Ignore {
+                reason: unsupported(event),
+            })
+        }
+    };
+    let tenant = &event.envelope.tenant;
+    let targets = parsed.targets(tenant);
+    if current.len() != targets.len() || current.iter().zip(&targets).any(|(r, k)| r.key != *k) {
+        return Err(DomainError::Permanent(format!(
+            "records given to {} do not match its targets",
+            event.envelope.event_type
+        )));
+    }
+    decide::decide(parsed, tenant, current)
 }
 
 /// What a provider parser made of a supported event.
