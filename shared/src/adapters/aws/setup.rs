@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
     TimeToLiveSpecification, TimeToLiveStatus,
 };
-use aws_sdk_dynamodb::types::{GlobalSecondaryIndex, Projection, ProjectionType};
+use aws_sdk_dynamodb::types::{GlobalSecondaryIndex, Projection, ProjectionType, TableDescription};
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_sdk_ssm::operation::get_parameter::GetParameterError;
 use thiserror::Error;
@@ -403,7 +403,7 @@ pub async fn create_tables(
         out.table_description().and_then(|d| d.table_status()) == Some(&TableStatus::Active)
     });
     if !active {
-        wait_table_active(dynamodb, table).await?;
+        wait_table_active(dynamodb, table, |_| Ok(())).await?;
     }
     enable_ttl(dynamodb, table).await
 }
@@ -542,9 +542,12 @@ fn inbox_index(
         .map_err(|e| AwsSetupError::Resource(format!("table {table}: {e}")))
 }
 
-async fn wait_table_active(
+/// Poll until `table` is ACTIVE, refusing it early when `check` finds its description
+/// wrong (a state table of an older key layout): the one wait of every table created.
+pub(super) async fn wait_table_active(
     dynamodb: &aws_sdk_dynamodb::Client,
     table: &str,
+    check: impl Fn(&TableDescription) -> Result<(), AwsSetupError>,
 ) -> Result<(), AwsSetupError> {
     let started = Instant::now();
     loop {
@@ -554,6 +557,9 @@ async fn wait_table_active(
             .send()
             .await
             .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTable", &e)))?;
+        if let Some(description) = out.table() {
+            check(description)?;
+        }
         if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
             return Ok(());
         }

@@ -76,7 +76,6 @@
 //! mark-only item: the key, `wait_mark` (N, ms) and `expires_at` (N, TTL seconds).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::{Duration, Instant};
 
 use super::batch_get::{batch_get, BATCH_GET_MAX};
 use super::error::describe;
@@ -109,9 +108,6 @@ const VALIDATION_ERROR_REASON: &str = "ValidationError";
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// `list` with `limit == 0` returns this many records (as the inbox listing does).
 pub const DEFAULT_LIST_LIMIT: usize = 100;
-
-/// A new PAY_PER_REQUEST table (and its GSI) is usually ACTIVE within seconds.
-const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
 const TENANT_KIND: &str = "tenant_kind";
 const TENANT: &str = "tenant";
@@ -703,18 +699,9 @@ pub async fn create_state_table(
 
 /// Poll until the table is ACTIVE; a table with another key is an error.
 async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(), AwsSetupError> {
-    let started = Instant::now();
-    loop {
-        let out = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(|e| AwsSetupError::Resource(describe("DynamoDB DescribeTable", &e)))?;
-        let description = out.table();
+    super::setup::wait_table_active(client, table, |description| {
         let keys: Vec<(&str, &str)> = description
-            .map(|t| t.key_schema())
-            .unwrap_or_default()
+            .key_schema()
             .iter()
             .map(|k| (k.attribute_name(), k.key_type().as_str()))
             .collect();
@@ -724,17 +711,9 @@ async fn wait_active(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<(
                  of the previous layout; copy it into a new table with `einmal-migrate-state`"
             )));
         }
-        if description.and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
-            return Ok(());
-        }
-        if started.elapsed() > TABLE_ACTIVE_TIMEOUT {
-            return Err(AwsSetupError::Resource(format!(
-                "table {table} is not ACTIVE after {}s",
-                TABLE_ACTIVE_TIMEOUT.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Ok(())
+    })
+    .await
 }
 
 /// What [`migrate_state_table`] did.
