@@ -94,7 +94,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, BillingMode, ConditionCheck, KeyType, KeysAndAttributes, Put, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TransactWriteItem,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TransactWriteItem,
 };
 
 /// State table name.
