@@ -27,6 +27,7 @@ pub mod mailgun;
 pub mod mollie;
 pub mod paddle;
 pub mod paypal;
+pub mod plain_json;
 pub mod reconcile_source;
 pub mod shopify;
 pub mod sig;
