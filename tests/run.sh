@@ -49,12 +49,17 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
 fi
 export EINMAL_REQUIRE_CHROMIUM=1
 # The HTTP destination's signatures are checked with Python's `standardwebhooks` too (the
-# library a user's app verifies with), in the venv's Python.
-if ! .venv/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then
-  echo "== installing standardwebhooks into .venv"
-  .venv/bin/pip install --quiet 'standardwebhooks>=1.0.1,<2'
+# library a user's app verifies with), and the providers' official SDKs check einmal's
+# provider schemes (tests/it/provider_sdks.rs), all in the venv's Python: one pip command,
+# skipped when every package is there.
+if ! .venv/bin/python -c 'import standardwebhooks, razorpay, coinbase_commerce, onlinepayments.sdk, svix, hubspot' >/dev/null 2>&1; then
+  echo "== installing standardwebhooks and the provider SDKs into .venv"
+  .venv/bin/pip install --quiet 'standardwebhooks>=1.0.1,<2' 'razorpay>=1.4,<3' \
+    'coinbase-commerce==1.0.1' 'onlinepayments-sdk-python3>=7,<11' 'svix>=1.80,<3' \
+    'hubspot-api-client>=11,<13'
 fi
 export EINMAL_REQUIRE_PYTHON_VERIFIER=1
+export EINMAL_REQUIRE_PROVIDER_SDKS=1
 if [ -x .venv/bin/moto_server ]; then
   export EINMAL_MOTO_BIN="$PWD/.venv/bin/moto_server"
 fi

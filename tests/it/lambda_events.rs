@@ -19,8 +19,10 @@ use serde_json::Value;
 const TIMESTAMPED: &[&str] = &[
     "generic",
     "gitlab",
+    "hubspot",
     "mailgun",
     "paddle",
+    "resend",
     "slack",
     "standard-webhooks",
     "stripe",

@@ -30,6 +30,7 @@ mod lost_bodies;
 mod outage;
 mod paypal_certs;
 mod processing;
+mod provider_sdks;
 mod reconcile;
 mod reconcile_thin;
 mod replay;

@@ -16,7 +16,7 @@
 
 use http::HeaderName;
 
-use super::json::{self, Raw};
+use super::plain_json::{PlainJson, TenantField};
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::{Secret, TenantConfig};
@@ -78,37 +78,29 @@ fn verify(
     Err(ProviderError::SignatureMismatch)
 }
 
-fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, occurred, subject] = json::json_fields(
-        body,
-        [
-            &["metadata", "event_id"],
-            &["metadata", "event_type"],
-            &["metadata", "occurred_at"],
-            &["metadata", "subject_account_id"],
-        ],
-    )?;
-    let id = json::required_event_id(
-        id,
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "klarna",
+    event_id: (
+        &["metadata", "event_id"],
         "missing `metadata.event_id`",
         "`metadata.event_id` is not a string",
-    )?;
-    let kind = json::required_str(kind, "missing `metadata.event_type`")?;
-    if let Some(want) = tenant.option("subject_account_id") {
-        if subject.and_then(Raw::str).as_deref() != Some(want) {
-            return Err(ProviderError::TenantMismatch("subject_account_id"));
-        }
-    }
-    Ok(Envelope {
-        provider: "klarna".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: None,
-        object_version: None,
-        occurred_at: occurred.and_then(Raw::time),
-        delivery_id: None,
-    })
+    ),
+    event_type: (
+        &[&["metadata", "event_type"]],
+        "missing `metadata.event_type`",
+    ),
+    object_id: &[],
+    occurred_at: Some(&["metadata", "occurred_at"]),
+    delivery_id: None,
+    tenant: Some(TenantField {
+        option: "subject_account_id",
+        path: &["metadata", "subject_account_id"],
+        absent_passes: false,
+    }),
+};
+
+fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
+    ENVELOPE.extract(body, tenant)
 }
 
 impl Provider for Klarna {

@@ -14,11 +14,14 @@ use crate::request::WebhookRequest;
 use reconcile_source::ReconcileSource;
 
 pub mod adyen;
+pub mod body_hmac;
 pub mod braintree;
+pub mod coinbase_commerce;
 pub mod generic;
 pub mod github;
 pub mod gitlab;
 pub mod gopay;
+pub mod hubspot;
 pub mod json;
 pub mod klarna;
 pub mod klarna_push;
@@ -27,7 +30,11 @@ pub mod mailgun;
 pub mod mollie;
 pub mod paddle;
 pub mod paypal;
+pub mod paystack;
+pub mod plain_json;
+pub mod razorpay;
 pub mod reconcile_source;
+pub mod resend;
 pub mod shopify;
 pub mod sig;
 pub mod slack;
@@ -37,6 +44,7 @@ pub mod stripe;
 pub mod thin;
 pub mod twilio;
 pub mod woocommerce;
+pub mod worldline;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ProviderError {
@@ -260,6 +268,13 @@ static ALL: &[&dyn Provider] = &[
     &adyen::Adyen,
     &paypal::PayPal,
     &generic::GenericHmac,
+    // Issue 28 providers:
+    &razorpay::Razorpay,
+    &paystack::Paystack,
+    &worldline::Worldline,
+    &coinbase_commerce::CoinbaseCommerce,
+    &resend::Resend,
+    &hubspot::HubSpot,
     // Thin-event providers (hints; the processor fetches the state):
     &gopay::GoPay,
     &klarna_push::KlarnaPush,

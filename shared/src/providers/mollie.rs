@@ -27,12 +27,10 @@
 //! `createdAt`, and take the optional `entityId` as object id. The tenant is the
 //! webhook URL (no payload check).
 
-use std::borrow::Cow;
-
 use bytes::Bytes;
 use http::HeaderName;
 
-use super::json::{self, Raw};
+use super::plain_json::PlainJson;
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::sig;
 use super::thin::{self, ThinResource};
@@ -56,21 +54,18 @@ pub static RESOURCE: ThinResource = ThinResource {
 const HEADER: &str = "x-mollie-signature";
 static SIGNATURE: HeaderName = HeaderName::from_static(HEADER);
 
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "mollie",
+    event_id: (&["id"], "missing event `id`", "event `id` is not a string"),
+    event_type: (&[&["type"]], "missing event `type`"),
+    object_id: &[&["entityId"]],
+    occurred_at: Some(&["createdAt"]),
+    delivery_id: None,
+    tenant: None,
+};
+
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, created, entity] =
-        json::json_fields(body, [&["id"], &["type"], &["createdAt"], &["entityId"]])?;
-    let id = json::required_event_id(id, "missing event `id`", "event `id` is not a string")?;
-    let kind = json::required_str(kind, "missing event `type`")?;
-    Ok(Envelope {
-        provider: "mollie".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: entity.and_then(Raw::text).map(Cow::into_owned),
-        object_version: None,
-        occurred_at: created.and_then(Raw::time),
-        delivery_id: None,
-    })
+    ENVELOPE.extract(body, tenant)
 }
 
 /// The classic thin webhook: form body `id=tr_…`, authenticated by the path token.

@@ -9,11 +9,9 @@
 //! `notification_id` (one per destination; kept as the delivery id). Paddle puts no
 //! seller id in the payload: the tenant is the destination URL and its secret.
 
-use std::borrow::Cow;
-
 use http::HeaderName;
 
-use super::json::{self, Raw};
+use super::plain_json::PlainJson;
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -74,29 +72,22 @@ fn parse_header(request: &WebhookRequest) -> Result<Vec<Group>, ProviderError> {
     Ok(groups)
 }
 
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "paddle",
+    event_id: (
+        &["event_id"],
+        "missing `event_id`",
+        "`event_id` is not a string",
+    ),
+    event_type: (&[&["event_type"]], "missing `event_type`"),
+    object_id: &[&["data", "id"]],
+    occurred_at: Some(&["occurred_at"]),
+    delivery_id: Some(&["notification_id"]),
+    tenant: None,
+};
+
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, object_id, occurred, notification] = json::json_fields(
-        body,
-        [
-            &["event_id"],
-            &["event_type"],
-            &["data", "id"],
-            &["occurred_at"],
-            &["notification_id"],
-        ],
-    )?;
-    let id = json::required_event_id(id, "missing `event_id`", "`event_id` is not a string")?;
-    let kind = json::required_str(kind, "missing `event_type`")?;
-    Ok(Envelope {
-        provider: "paddle".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: object_id.and_then(Raw::text).map(Cow::into_owned),
-        object_version: None,
-        occurred_at: occurred.and_then(Raw::time),
-        delivery_id: notification.and_then(Raw::text).map(Cow::into_owned),
-    })
+    ENVELOPE.extract(body, tenant)
 }
 
 impl Provider for Paddle {

@@ -91,7 +91,6 @@
 //!   as the certificates PayPal signs with, whatever the traffic. A stored chain is
 //!   checked like a fetched one on every request (anchors, validity, common name).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -109,7 +108,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, TrustAnchor, UnixTime};
 use sha2::{Digest, Sha256};
 use webpki::{EndEntityCert, KeyUsage};
 
-use super::json::{self, Raw};
+use super::plain_json::PlainJson;
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -1106,28 +1105,20 @@ fn common_names(certificate: &[u8]) -> Option<Vec<String>> {
         .collect()
 }
 
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "paypal",
+    event_id: (&["id"], "missing event `id`", "event `id` is not a string"),
+    event_type: (&[&["event_type"]], "missing `event_type`"),
+    object_id: &[&["resource", "id"]],
+    occurred_at: Some(&["create_time"]),
+    delivery_id: None,
+    tenant: None,
+};
+
 fn extract(body: &[u8], tenant: &TenantConfig, delivery: &str) -> Result<Envelope, ProviderError> {
-    let [id, kind, object_id, created] = json::json_fields(
-        body,
-        [
-            &["id"],
-            &["event_type"],
-            &["resource", "id"],
-            &["create_time"],
-        ],
-    )?;
-    let id = json::required_event_id(id, "missing event `id`", "event `id` is not a string")?;
-    let kind = json::required_str(kind, "missing `event_type`")?;
-    Ok(Envelope {
-        provider: "paypal".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: object_id.and_then(Raw::text).map(Cow::into_owned),
-        object_version: None,
-        occurred_at: created.and_then(Raw::time),
-        delivery_id: Some(delivery.to_owned()),
-    })
+    let mut envelope = ENVELOPE.extract(body, tenant)?;
+    envelope.delivery_id = Some(delivery.to_owned());
+    Ok(envelope)
 }
 
 /// Environment variable (benchmarks and tests): connect every certificate fetch to

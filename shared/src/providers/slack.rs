@@ -14,6 +14,7 @@
 use http::HeaderName;
 
 use super::json::{self, Raw};
+use super::plain_json::{PlainJson, TenantField};
 use super::sig;
 use super::{Handshake, Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -31,44 +32,32 @@ fn mac(secret: &str, ts: &[u8], body: &[u8]) -> [u8; 32] {
     sig::hmac_sha256(secret.as_bytes(), &[b"v0:", ts, b":", body])
 }
 
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "slack",
+    event_id: (
+        &["event_id"],
+        "missing `event_id`",
+        "`event_id` is not a string",
+    ),
+    // The inner event's type; `url_verification` and the like have only the outer one.
+    event_type: (&[&["event", "type"], &["type"]], "missing event `type`"),
+    object_id: &[],
+    occurred_at: Some(&["event_time"]),
+    delivery_id: None,
+    tenant: Some(TenantField {
+        option: "team_id",
+        path: &["team_id"],
+        absent_passes: false,
+    }),
+};
+
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(sig::payload_error(
             "only Events API JSON is supported (slash commands and interactivity are form-encoded)",
         ));
     }
-    let [id, top_type, event_type, team, time] = json::json_fields(
-        body,
-        [
-            &["event_id"],
-            &["type"],
-            &["event", "type"],
-            &["team_id"],
-            &["event_time"],
-        ],
-    )?;
-    let top_type = top_type.and_then(Raw::str);
-    let id = json::required_event_id(id, "missing `event_id`", "`event_id` is not a string")?;
-    let kind = event_type
-        .and_then(Raw::str)
-        .filter(|k| !k.is_empty())
-        .or(top_type.filter(|k| !k.is_empty()));
-    let kind = kind.ok_or_else(|| sig::payload_error("missing event `type`"))?;
-    if let Some(want) = tenant.option("team_id") {
-        if team.and_then(Raw::str).as_deref() != Some(want) {
-            return Err(ProviderError::TenantMismatch("team_id"));
-        }
-    }
-    Ok(Envelope {
-        provider: "slack".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: None,
-        object_version: None,
-        occurred_at: time.and_then(Raw::time),
-        delivery_id: None,
-    })
+    ENVELOPE.extract(body, tenant)
 }
 
 /// Longest challenge we echo (Slack's are about 50 characters).

@@ -9,11 +9,9 @@
 //! (downgrade protection). Nothing time-related is signed. Dedup on body `event_id`;
 //! if the tenant option `merchant_id` is set, the body `merchant_id` must equal it.
 
-use std::borrow::Cow;
-
 use http::HeaderName;
 
-use super::json::{self, Raw};
+use super::plain_json::{PlainJson, TenantField};
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
@@ -54,34 +52,26 @@ fn candidates(request: &WebhookRequest) -> Result<Vec<Vec<u8>>, ProviderError> {
     Ok(out)
 }
 
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "square",
+    event_id: (
+        &["event_id"],
+        "missing `event_id`",
+        "`event_id` is not a string",
+    ),
+    event_type: (&[&["type"]], "missing event `type`"),
+    object_id: &[&["data", "id"]],
+    occurred_at: Some(&["created_at"]),
+    delivery_id: None,
+    tenant: Some(TenantField {
+        option: "merchant_id",
+        path: &["merchant_id"],
+        absent_passes: false,
+    }),
+};
+
 fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, object_id, created, merchant] = json::json_fields(
-        body,
-        [
-            &["event_id"],
-            &["type"],
-            &["data", "id"],
-            &["created_at"],
-            &["merchant_id"],
-        ],
-    )?;
-    let id = json::required_event_id(id, "missing `event_id`", "`event_id` is not a string")?;
-    let kind = json::required_str(kind, "missing event `type`")?;
-    if let Some(want) = tenant.option("merchant_id") {
-        if merchant.and_then(Raw::str).as_deref() != Some(want) {
-            return Err(ProviderError::TenantMismatch("merchant_id"));
-        }
-    }
-    Ok(Envelope {
-        provider: "square".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: object_id.and_then(Raw::text).map(Cow::into_owned),
-        object_version: None,
-        occurred_at: created.and_then(Raw::time),
-        delivery_id: None,
-    })
+    ENVELOPE.extract(body, tenant)
 }
 
 impl Provider for Square {

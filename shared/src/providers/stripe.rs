@@ -1,11 +1,9 @@
 //! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=…][,v0=…]`, HMAC-SHA256 over
 //! `"{t}.{raw body}"`, keyed with the whole `whsec_…` string as UTF-8 (not decoded).
 
-use std::borrow::Cow;
-
 use http::HeaderName;
 
-use super::json::{self, Raw};
+use super::plain_json::{PlainJson, TenantField};
 use super::reconcile_source::{ReconcileMethod, ReconcileSource};
 use super::sig;
 use super::{Provider, ProviderError, VerifiedEvent};
@@ -85,40 +83,24 @@ fn parse_header(request: &WebhookRequest) -> Result<Vec<Group>, ProviderError> {
     Ok(parsed.groups)
 }
 
-fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
-    let [id, kind, created, account, object_id, related_id] = json::json_fields(
-        body,
-        [
-            &["id"],
-            &["type"],
-            &["created"],
-            &["account"],
-            &["data", "object", "id"],
-            // Thin (v2) events name their object here instead of `data.object`.
-            &["related_object", "id"],
-        ],
-    )?;
-    let id = json::required_event_id(id, "missing event `id`", "event `id` is not a string")?;
-    let kind = json::required_str(kind, "missing event `type`")?;
+static ENVELOPE: PlainJson = PlainJson {
+    provider: "stripe",
+    event_id: (&["id"], "missing event `id`", "event `id` is not a string"),
+    event_type: (&[&["type"]], "missing event `type`"),
+    // Thin (v2) events name their object under `related_object` instead of `data.object`.
+    object_id: &[&["data", "object", "id"], &["related_object", "id"]],
+    occurred_at: Some(&["created"]),
+    delivery_id: None,
     // Connect: an event from another connected account must not land in this tenant.
-    if let (Some(want), Some(got)) = (tenant.option("account"), account.and_then(Raw::str)) {
-        if want != got {
-            return Err(ProviderError::TenantMismatch("account"));
-        }
-    }
-    Ok(Envelope {
-        provider: "stripe".into(),
-        tenant: tenant.tenant.clone(),
-        event_id: id.into_owned(),
-        event_type: kind.into_owned(),
-        object_id: object_id
-            .or(related_id)
-            .and_then(Raw::text)
-            .map(Cow::into_owned),
-        object_version: None,
-        occurred_at: created.and_then(Raw::time),
-        delivery_id: None,
-    })
+    tenant: Some(TenantField {
+        option: "account",
+        path: &["account"],
+        absent_passes: true,
+    }),
+};
+
+fn extract(body: &[u8], tenant: &TenantConfig) -> Result<Envelope, ProviderError> {
+    ENVELOPE.extract(body, tenant)
 }
 
 /// The envelope of one event body as the webhook path extracts it (reconciliation

@@ -48,11 +48,16 @@ pub use suite::Subject;
 
 pub const TENANT: &str = "t1";
 pub const SHOP: &str = "t1.myshopify.com";
+pub const RAZORPAY_SECRET: &str = "scenario-razorpay-webhook-secret";
+/// `keyid:secret` (Worldline picks the key by `X-GCS-KeyId`).
+pub const WORLDLINE_SECRET: &str = "k1:scenario-worldline-webhook-secret";
+pub const PAYSTACK_SECRET: &str = "sk_test_scenario_paystack";
 
 // ---------------------------------------------------------------------------
 // Configuration and signed requests
 
-/// Stripe and Shopify for tenant `t1`.
+/// Stripe, Shopify and three issue-28 payment providers (Razorpay, Worldline, Paystack)
+/// for tenant `t1`.
 pub fn config() -> Arc<Config> {
     let toml = format!(
         r#"
@@ -66,6 +71,21 @@ provider = "shopify"
 tenant = "{TENANT}"
 secrets = ["{SHOPIFY_SECRET}"]
 options = {{ shop_domain = "{SHOP}" }}
+
+[[tenant]]
+provider = "razorpay"
+tenant = "{TENANT}"
+secrets = ["{RAZORPAY_SECRET}"]
+
+[[tenant]]
+provider = "worldline"
+tenant = "{TENANT}"
+secrets = ["{WORLDLINE_SECRET}"]
+
+[[tenant]]
+provider = "paystack"
+tenant = "{TENANT}"
+secrets = ["{PAYSTACK_SECRET}"]
 "#
     );
     Arc::new(Config::from_toml(&toml).expect("acceptance config parses"))
@@ -100,8 +120,9 @@ impl Event {
     pub fn with_event_id(&self, event_id: &str) -> Event {
         let mut e = self.clone();
         e.event_id = event_id.to_owned();
-        if self.provider == "stripe" {
-            let mut body: Value = serde_json::from_slice(&self.body).expect("stripe body");
+        // Stripe and Worldline carry the event id in the body (Razorpay in a header).
+        if matches!(self.provider, "stripe" | "worldline") {
+            let mut body: Value = serde_json::from_slice(&self.body).expect("JSON body");
             body["id"] = json!(event_id);
             e.body = body.to_string().into_bytes();
         }
@@ -167,6 +188,93 @@ pub fn shop_time(secs: i64) -> String {
 /// Canonical UTC form (what the order stores as `shopify_updated_at`).
 pub fn utc(secs: i64) -> String {
     format_rfc3339(secs)
+}
+
+/// Razorpay `payment.captured` / `payment.failed`; the shop's order id in `notes`.
+pub fn razorpay_payment(kind: &str, order: &str, pay: &str, amount: i64, at: i64) -> Event {
+    let body = json!({
+        "entity": "event", "account_id": "acc_t1", "event": kind, "contains": ["payment"],
+        "payload": {"payment": {"entity": {"id": pay, "entity": "payment", "amount": amount,
+            "currency": "INR", "status": if kind == "payment.failed" { "failed" } else { "captured" },
+            "notes": {"order_id": order}}}},
+        "created_at": at
+    });
+    Event {
+        provider: "razorpay",
+        kind: kind.into(),
+        event_id: format!("evt_rzp_{pay}_{at}"),
+        body: body.to_string().into_bytes(),
+    }
+}
+
+/// Razorpay `refund.processed`: the refund (no notes) and its payment (the order).
+pub fn razorpay_refund(order: &str, pay: &str, refund: &str, amount: i64, at: i64) -> Event {
+    let body = json!({
+        "entity": "event", "account_id": "acc_t1", "event": "refund.processed",
+        "contains": ["refund", "payment"],
+        "payload": {
+            "refund": {"entity": {"id": refund, "entity": "refund", "amount": amount,
+                "currency": "INR", "payment_id": pay, "notes": [], "status": "processed"}},
+            "payment": {"entity": {"id": pay, "entity": "payment", "notes": {"order_id": order}}}
+        },
+        "created_at": at
+    });
+    Event {
+        provider: "razorpay",
+        kind: "refund.processed".into(),
+        event_id: format!("evt_rzp_{refund}"),
+        body: body.to_string().into_bytes(),
+    }
+}
+
+/// Worldline `payment.captured` / `payment.rejected`, or `refund.refunded` (`refund`
+/// set): the shop's order id in `references.merchantReference`.
+pub fn worldline_event(
+    kind: &str,
+    order: &str,
+    id: &str,
+    amount: i64,
+    at: i64,
+    refund_of: Option<&str>,
+) -> Event {
+    let money = json!({"amount": amount, "currencyCode": "EUR"});
+    let refs = json!({"merchantReference": order});
+    let created = utc(at).replace('Z', ".000+0000");
+    let event_id = format!("wl-{kind}-{id}");
+    let mut body = json!({"apiVersion": "v1", "created": created, "id": event_id,
+                          "merchantId": "t1-merchant", "type": kind});
+    match refund_of {
+        Some(payment) => {
+            body["refund"] = json!({"id": id, "paymentId": payment, "status": "REFUNDED",
+                "refundOutput": {"amountOfMoney": money, "references": refs}})
+        }
+        None => {
+            body["payment"] = json!({"id": id, "paymentOutput": {"amountOfMoney": money,
+                "references": refs}})
+        }
+    }
+    Event {
+        provider: "worldline",
+        kind: kind.into(),
+        event_id,
+        body: body.to_string().into_bytes(),
+    }
+}
+
+/// Paystack `charge.success`: the shop's order id in `metadata`; the dedup id is
+/// `charge.success:{data.id}`.
+pub fn paystack_charge(order: &str, id: u64, amount: i64, at: i64) -> Event {
+    let body = json!({"event": "charge.success", "data": {
+        "id": id, "domain": "test", "status": "success", "reference": format!("ref-{id}"),
+        // The scenario's shop sells in EUR (the Stripe events of the same order do).
+        "amount": amount, "currency": "EUR", "paid_at": utc(at),
+        "metadata": {"order_id": order}}});
+    Event {
+        provider: "paystack",
+        kind: "charge.success".into(),
+        event_id: format!("charge.success:{id}"),
+        body: body.to_string().into_bytes(),
+    }
 }
 
 pub fn pi_succeeded(order: &str, pi: &str, amount: i64, created: i64) -> Event {

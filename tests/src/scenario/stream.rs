@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 
 use super::{
     charge_refunded, checkout, fulfillment, order_body, orders_cancelled, orders_create,
-    orders_paid, orders_updated, pi_failed, pi_succeeded, refund_created, restock_only_refund,
-    shopify_event, shopify_refund, stripe_event, utc, Event, TENANT,
+    orders_paid, orders_updated, paystack_charge, pi_failed, pi_succeeded, razorpay_payment,
+    razorpay_refund, refund_created, restock_only_refund, shopify_event, shopify_refund,
+    stripe_event, utc, worldline_event, Event, TENANT,
 };
 use super::{check_invariants, Backend, Subject};
 
@@ -101,8 +102,8 @@ impl Stream {
 }
 
 /// Nine Shopify orders (some paid through Stripe, Shopify or both; with payment
-/// failures, 12–18 updates, fulfillments, Stripe and Shopify refunds, cancellations)
-/// and one Stripe-only order; the expected outcome is computed from the documented
+/// failures, 12–18 updates, fulfillments, Stripe and Shopify refunds, cancellations),
+/// one Stripe-only order and three paid through Razorpay, Worldline and Paystack; the expected outcome is computed from the documented
 /// rules, independently of the processor.
 pub fn yesterday(seed: u64) -> Stream {
     let mut rng = Rng::new(seed);
@@ -412,6 +413,113 @@ pub fn yesterday(seed: u64) -> Stream {
         o.notifications.push(Notification {
             kind: NotificationKind::Refunded,
             dedup_key: keys.refund("re_web_4001"),
+        });
+        o.normalize();
+        orders.insert(ids, o);
+    }
+
+    // Three orders paid through the issue-28 payment providers, each with a failure
+    // first, the payment, a refund reported twice (a provider retry under a new id
+    // changes nothing), and for the Paystack order Stripe reporting the same payment:
+    // one invoice per order, one refund per refund id, as for Stripe.
+    for (n, provider) in ["razorpay", "worldline", "paystack"]
+        .into_iter()
+        .enumerate()
+    {
+        let ids = format!("web-{}", 4002 + n);
+        let keys = einmal::domain::reference::EffectKeys::new(TENANT, &ids);
+        let start = day + 41_000 + n as i64 * 1_000;
+        let amount = 3_990 + n as i64 * 1_000;
+        let (pay, refund) = (format!("{provider}_pay_{n}"), format!("{provider}_re_{n}"));
+        let mut o = Order::new(&ids);
+        let fail_at = start + 10;
+        match provider {
+            "razorpay" => {
+                let failed =
+                    razorpay_payment("payment.failed", &ids, &format!("{pay}_x"), amount, fail_at);
+                let paid = razorpay_payment("payment.captured", &ids, &pay, amount, start + 40);
+                let re = razorpay_refund(&ids, &pay, &refund, 1_000, start + 800);
+                timed.push((fail_at, failed));
+                timed.push((start + 40, paid));
+                timed.push((
+                    start + 801,
+                    re.with_event_id(&format!("evt_rzp_{refund}_again")),
+                ));
+                timed.push((start + 800, re));
+                o.currency = Some("INR".into());
+            }
+            "worldline" => {
+                let failed = worldline_event(
+                    "payment.rejected",
+                    &ids,
+                    &format!("{pay}_x"),
+                    amount,
+                    fail_at,
+                    None,
+                );
+                let paid =
+                    worldline_event("payment.captured", &ids, &pay, amount, start + 40, None);
+                let re = worldline_event(
+                    "refund.refunded",
+                    &ids,
+                    &refund,
+                    1_000,
+                    start + 800,
+                    Some(&pay),
+                );
+                timed.push((fail_at, failed));
+                timed.push((start + 40, paid));
+                timed.push((start + 801, re.with_event_id("wl-refund-again")));
+                timed.push((start + 800, re));
+                o.currency = Some("EUR".into());
+            }
+            _ => {
+                let pi = format!("pi_{ids}");
+                timed.push((fail_at, pi_failed(&ids, &pi, amount, fail_at)));
+                timed.push((
+                    start + 40,
+                    paystack_charge(&ids, 77_000 + n as u64, amount, start + 40),
+                ));
+                timed.push((start + 41, pi_succeeded(&ids, &pi, amount, start + 41)));
+                timed.push((
+                    start + 800,
+                    refund_created(&ids, &refund, 1_000, start + 800),
+                ));
+                o.currency = Some("EUR".into());
+                o.payments.push(Payment {
+                    provider: "stripe".into(),
+                    payment_id: pi.clone(),
+                    amount_minor: amount,
+                });
+            }
+        }
+        let pay_id = if provider == "paystack" {
+            (77_000 + n).to_string()
+        } else {
+            pay.clone()
+        };
+        o.total_minor = amount;
+        o.invoices.push(Invoice {
+            invoice_id: format!("inv-{ids}-1"),
+            amount_minor: amount,
+            source_effect: keys.paid(),
+        });
+        o.payments.push(Payment {
+            provider: provider.into(),
+            payment_id: pay_id,
+            amount_minor: amount,
+        });
+        o.refunds.push(Refund {
+            refund_id: refund.clone(),
+            amount_minor: 1_000,
+        });
+        o.notifications.push(Notification {
+            kind: NotificationKind::PaymentReceived,
+            dedup_key: keys.paid(),
+        });
+        o.notifications.push(Notification {
+            kind: NotificationKind::Refunded,
+            dedup_key: keys.refund(&refund),
         });
         o.normalize();
         orders.insert(ids, o);

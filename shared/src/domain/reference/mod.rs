@@ -21,6 +21,8 @@ mod decide;
 pub mod model;
 mod paddle;
 mod paypal;
+mod paystack;
+mod razorpay;
 mod shopify;
 mod square;
 mod stripe;
@@ -28,6 +30,7 @@ mod stripe;
 mod tests;
 mod thin;
 mod view;
+mod worldline;
 
 use serde_json::Value;
 
@@ -73,6 +76,13 @@ pub const SUPPORTED: &[(&str, &str)] = &[
     ("square", "payment.updated"),
     ("square", "refund.created"),
     ("square", "refund.updated"),
+    ("razorpay", "payment.captured"),
+    ("razorpay", "payment.failed"),
+    ("razorpay", "refund.processed"),
+    ("worldline", "payment.captured"),
+    ("worldline", "payment.rejected"),
+    ("worldline", "refund.refunded"),
+    ("paystack", "charge.success"),
     // Thin webhooks: the processor replaced the body with the fetched state.
     ("mollie", "payment"),
     ("gopay", "payment"),
@@ -256,6 +266,9 @@ pub(crate) fn parse(event: &DomainEvent<'_>) -> Result<Option<Mapped>, DomainErr
         "adyen" => adyen::parse(ty, &body, env.occurred_at)?,
         "paddle" => paddle::parse(ty, &body, env.occurred_at)?,
         "square" => square::parse(ty, &body, env.occurred_at)?,
+        "razorpay" => razorpay::parse(ty, &body, env.occurred_at)?,
+        "worldline" => worldline::parse(ty, &body, env.occurred_at)?,
+        "paystack" => paystack::parse(ty, &body)?,
         provider => thin::parse(provider, ty, &body)?,
     };
     Ok(Some(parsed))

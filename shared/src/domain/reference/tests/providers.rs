@@ -896,3 +896,194 @@ fn provider_samples_map_and_converge() {
         assert_eq!(got.data(), w.data(), "seed {seed}");
     }
 }
+
+// ---- Issue 28 payment providers: Razorpay, Worldline, Paystack ---------------------
+
+fn razorpay_payment(ty: &str, pay: &str, order: &str, amount: i64, at: i64) -> Ev {
+    let body = json!({
+        "entity": "event", "account_id": "acc_1", "event": ty, "contains": ["payment"],
+        "payload": {"payment": {"entity": {"id": pay, "amount": amount, "currency": "eur",
+                                           "notes": {"order_id": order}}}},
+        "created_at": at
+    });
+    ev("razorpay", ty, &format!("evt_{ty}_{pay}"), Some(at), body)
+}
+
+fn razorpay_refund(refund: &str, pay: &str, order: Option<&str>, amount: i64) -> Ev {
+    // Razorpay sends `notes` as `[]` when the shop set none.
+    let notes = order.map_or(json!([]), |o| json!({"order_id": o}));
+    let body = json!({
+        "entity": "event", "event": "refund.processed", "contains": ["refund", "payment"],
+        "payload": {
+            "refund": {"entity": {"id": refund, "amount": amount, "payment_id": pay, "notes": []}},
+            "payment": {"entity": {"id": pay, "amount": 4990, "notes": notes}}
+        },
+        "created_at": 1_764_590_000
+    });
+    ev(
+        "razorpay",
+        "refund.processed",
+        &format!("evt_{refund}"),
+        None,
+        body,
+    )
+}
+
+fn worldline(ty: &str, event_id: &str, created: &str, object: Value) -> Ev {
+    let mut body = json!({"apiVersion": "v1", "id": event_id, "created": created,
+                          "merchantId": "M1", "type": ty});
+    let key = if ty.starts_with("refund.") {
+        "refund"
+    } else {
+        "payment"
+    };
+    body[key] = object;
+    ev("worldline", ty, event_id, None, body)
+}
+
+fn worldline_payment(ty: &str, id: &str, order: &str, amount: i64, created: &str) -> Ev {
+    let payment = json!({"id": id, "status": "CAPTURED", "paymentOutput": {
+        "amountOfMoney": {"amount": amount, "currencyCode": "EUR"},
+        "references": {"merchantReference": order}}});
+    worldline(ty, &format!("wl-{ty}-{id}"), created, payment)
+}
+
+fn paystack_charge(id: u64, order: &str, amount: i64) -> Ev {
+    let body = json!({"event": "charge.success", "data": {
+        "id": id, "domain": "live", "status": "success", "reference": format!("ref{id}"),
+        "amount": amount, "currency": "EUR", "metadata": {"order_id": order}}});
+    ev(
+        "paystack",
+        "charge.success",
+        &format!("charge.success:{id}"),
+        None,
+        body,
+    )
+}
+
+#[test]
+fn razorpay_payment_failure_and_refunds() {
+    let mut w = World::new();
+    let failed = razorpay_payment("payment.failed", "pay_0", "1101", 4990, 1_764_583_200);
+    assert_eq!(
+        effect_keys(&w.ok(&failed)),
+        ["t1#order-1101#payment_failed#pay_0#1764583200"]
+    );
+    let captured = razorpay_payment("payment.captured", "pay_1", "1101", 4990, 1_764_583_300);
+    assert_eq!(
+        effect_keys(&w.ok(&captured)),
+        ["t1#order-1101#paid", "t1#order-1101#payment#razorpay#pay_1"]
+    );
+    assert_eq!(w.order("1101").currency.as_deref(), Some("EUR"));
+    assert_eq!(invoices(&w, "1101"), 1);
+    // One refund per refund id: the refund's own notes are empty, the payment's name
+    // the order; a second report of the same refund changes nothing.
+    let refund = razorpay_refund("rfnd_1", "pay_1", Some("1101"), 990);
+    assert_eq!(effect_keys(&w.ok(&refund)), ["t1#order-1101#refund#rfnd_1"]);
+    assert_eq!(
+        result(&w.ok(&refund)),
+        "already applied: t1#order-1101#refund#rfnd_1"
+    );
+    assert_eq!(w.order("1101").refunded_minor, 990);
+    assert!(
+        ignored(&w.ok(&razorpay_refund("rfnd_2", "pay_x", None, 10))).contains("names no order")
+    );
+    let no_order = ev(
+        "razorpay",
+        "payment.captured",
+        "e",
+        None,
+        json!({"payload": {"payment": {"entity": {"id": "pay_9", "amount": 1, "notes": []}}}}),
+    );
+    assert!(permanent(w.deliver(&no_order)).contains("no notes.order_id"));
+}
+
+#[test]
+fn worldline_capture_rejection_and_refund() {
+    let mut w = World::new();
+    let rejected = worldline_payment(
+        "payment.rejected",
+        "300_0",
+        "1102",
+        2500,
+        "2025-12-01T10:00:00.000+0100",
+    );
+    // Worldline's colon-less offset is read: 09:00 UTC.
+    assert_eq!(
+        effect_keys(&w.ok(&rejected)),
+        ["t1#order-1102#payment_failed#300_0#1764579600"]
+    );
+    let captured = worldline_payment(
+        "payment.captured",
+        "300_1",
+        "1102",
+        2500,
+        "2025-12-01T10:05:00.000+0100",
+    );
+    assert_eq!(
+        effect_keys(&w.ok(&captured)),
+        [
+            "t1#order-1102#paid",
+            "t1#order-1102#payment#worldline#300_1"
+        ]
+    );
+    let refund = |order: Option<&str>| {
+        let mut output = json!({"amountOfMoney": {"amount": 500, "currencyCode": "EUR"}});
+        if let Some(o) = order {
+            output["references"] = json!({"merchantReference": o});
+        }
+        worldline(
+            "refund.refunded",
+            "wl-r1",
+            "2025-12-02T10:00:00.000+0100",
+            json!({"id": "r_1", "paymentId": "300_1", "refundOutput": output}),
+        )
+    };
+    assert!(ignored(&w.ok(&refund(None))).contains("names no order"));
+    assert_eq!(
+        effect_keys(&w.ok(&refund(Some("1102")))),
+        ["t1#order-1102#refund#r_1"]
+    );
+    let o = w.order("1102");
+    assert_eq!((o.invoices.len(), o.refunded_minor), (1, 500));
+}
+
+#[test]
+fn stripe_razorpay_worldline_and_paystack_report_one_payment_one_invoice() {
+    let events = [
+        pi_succeeded("1103", "pi_1", 4990, 100),
+        razorpay_payment("payment.captured", "pay_3", "1103", 4990, 1_764_583_300),
+        worldline_payment(
+            "payment.captured",
+            "300_3",
+            "1103",
+            4990,
+            "2025-12-01T10:05:00.000+0000",
+        ),
+        paystack_charge(77, "1103", 4990),
+    ];
+    let clean = run(&events, &[0, 1, 2, 3], 1);
+    for order in [[3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1]] {
+        assert_eq!(run(&events, &order, 2).data(), clean.data(), "{order:?}");
+    }
+    let o = clean.order("1103");
+    assert_eq!(
+        (o.invoices.len(), o.paid_minor(), o.notifications.len()),
+        (1, 4990, 1)
+    );
+    assert_eq!(
+        clean.applied(&order_key(T, "1103")),
+        [
+            "t1#order-1103#paid",
+            "t1#order-1103#payment#paystack#77",
+            "t1#order-1103#payment#razorpay#pay_3",
+            "t1#order-1103#payment#stripe#pi_1",
+            "t1#order-1103#payment#worldline#300_3"
+        ]
+    );
+    let mut w = World::new();
+    for e in &events {
+        w.ok(e);
+        assert_idempotent(&mut w, e);
+    }
+}
