@@ -9,7 +9,6 @@
 //! can be committed without secrets.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -17,7 +16,11 @@ use thiserror::Error;
 use toml::Spanned;
 
 use crate::destinations::DestinationConfig;
+pub(crate) use crate::problems::{did_you_mean, line_of};
+pub use crate::problems::{is_valid_name, nearest, Problem};
 use crate::providers;
+pub(crate) use crate::secret::SecretSpec;
+pub use crate::secret::{Secret, SecretLookup, SecretRef};
 
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -61,13 +64,6 @@ impl ConfigError {
             other => vec![other.to_string()],
         }
     }
-}
-
-/// One problem of a configuration, at a 1-based line of its text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub line: usize,
-    pub message: String,
 }
 
 fn parse_raw(text: &str, origin: &str) -> Result<RawConfig, ConfigError> {
@@ -201,109 +197,6 @@ fn render_problems(origin: &str, problems: &[Problem]) -> String {
         out.push_str(&format!("; line {}: {}", p.line, p.message));
     }
     out
-}
-
-/// The 1-based line of byte `offset` in `text`.
-pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    1 + text.as_bytes()[..end]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-}
-
-/// Optimal string alignment distance (edits, with adjacent transpositions counting
-/// one), for "did you mean" suggestions.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            d[i][j] = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
-            }
-        }
-    }
-    d[a.len()][b.len()]
-}
-
-/// The valid name nearest to `name`, when it is close enough to be a typo (at most a
-/// third of its length, and at least one edit, away).
-pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (name.chars().count() / 3).max(1);
-    valid
-        .into_iter()
-        .map(|v| (edit_distance(name, v), v))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, v)| v)
-}
-
-pub(crate) fn did_you_mean(suggestion: Option<&str>) -> String {
-    suggestion.map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"))
-}
-
-/// A secret value. `Debug` and `Display` never print it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub(crate) enum SecretSpec {
-    Inline(String),
-    Env { env: String },
-    Ssm { ssm: String },
-}
-
-/// A secret's reference, resolved by whoever loads the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecretRef<'a> {
-    /// `{ env = "VAR" }`: the process environment.
-    Env(&'a str),
-    /// `{ ssm = "/name" }`: an SSM parameter (SecureString), fetched before parsing.
-    Ssm(&'a str),
-}
-
-/// Resolves secret references while a configuration is parsed.
-pub type SecretLookup<'a> = &'a dyn Fn(SecretRef<'_>) -> Option<String>;
-
-impl SecretSpec {
-    /// The secret's value, or the problem (never containing a value) when its
-    /// reference does not resolve.
-    pub(crate) fn resolve(&self, lookup: SecretLookup<'_>) -> Result<String, String> {
-        match self {
-            SecretSpec::Inline(v) => Ok(v.clone()),
-            SecretSpec::Env { env: var } => lookup(SecretRef::Env(var))
-                .ok_or_else(|| format!("refers to environment variable {var}, which is not set")),
-            SecretSpec::Ssm { ssm: name } => lookup(SecretRef::Ssm(name))
-                .ok_or_else(|| format!("refers to SSM parameter {name}, which was not found")),
-        }
-    }
 }
 
 /// Most SSM secret references one configuration may hold (each is fetched at every
@@ -567,7 +460,7 @@ impl Config {
                 };
                 match value {
                     Some(v) if v.is_empty() => problem("a secret is empty".into()),
-                    Some(v) => secrets.push(Secret(v)),
+                    Some(v) => secrets.push(Secret::new(v)),
                     None => {}
                 }
             }
@@ -686,7 +579,6 @@ impl Config {
     }
 }
 
-/// Names end up in keys joined with `#`, so keep them to a safe alphabet.
 /// Shopify tenants that list a common secret (one public app installed in several
 /// shops: its client secret signs every shop's webhooks). Each must name its own shop
 /// (`shop_domain`, all different), or a body signed for one shop would be taken by
@@ -785,14 +677,6 @@ fn shopify_shared_secrets(
                 .insert(SHARED_APP_OPTION.to_string(), "true".to_string());
         }
     }
-}
-
-pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 #[cfg(test)]
@@ -1128,17 +1012,6 @@ options = { url = "https://x.example/t", shared_key_secret = "env:Z" }
     fn the_demo_configuration_is_valid() {
         let text = include_str!("../../einmal.toml");
         Config::from_toml_with_env(text, |_| Some("from-env".into())).unwrap();
-    }
-
-    #[test]
-    fn nearest_name_is_a_small_edit_away() {
-        let names = ["shop_domain", "topic", "access_token", "api_base"];
-        assert_eq!(nearest("shop_domian", names), Some("shop_domain"));
-        assert_eq!(nearest("shopdomain", names), Some("shop_domain"));
-        assert_eq!(nearest("topc", names), Some("topic"));
-        assert_eq!(nearest("api_key", names), None);
-        assert_eq!(edit_distance("ab", "ba"), 1);
-        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]

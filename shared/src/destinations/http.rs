@@ -21,10 +21,10 @@ use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use thiserror::Error;
 
-use super::address::{is_loopback_host, AddressPolicy};
 use super::config::HttpDestination;
 use super::signing::{SecretError, SigningKeys};
 use super::{Delivered, Message, Sink, SinkError};
+use crate::https::address::{is_loopback_host, AddressPolicy};
 use crate::https::{refused_address, HttpsClient};
 
 /// How much of an answer body is read (the rest is dropped with the connection).

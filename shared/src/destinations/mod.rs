@@ -15,7 +15,6 @@
 //! `adapters::aws::sinks`. The relay that schedules, retries, orders and records
 //! deliveries is `pipeline::relay`.
 
-pub mod address;
 pub mod config;
 pub mod filter;
 pub mod http;

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use toml::{Spanned, Value};
 
-use super::address::{is_loopback_host, AddressPolicy};
 use super::config::*;
 use super::filter::validate_pattern;
 use super::signing::decode_secret;
@@ -17,6 +16,7 @@ use crate::adapters::postgres;
 use crate::config::{
     did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretLookup, SecretSpec,
 };
+use crate::https::address::{is_loopback_host, AddressPolicy};
 use crate::providers;
 
 /// A `[[destination]]` table with each key's position.

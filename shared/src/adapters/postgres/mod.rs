@@ -136,9 +136,7 @@ impl PostgresError {
 pub fn dsn_is_local(dsn: &str) -> Option<bool> {
     let parsed = dsn.parse::<tokio_postgres::Config>().ok()?;
     Some(parsed.get_hosts().iter().all(|host| match host {
-        tokio_postgres::config::Host::Tcp(name) => {
-            crate::destinations::address::is_loopback_host(name)
-        }
+        tokio_postgres::config::Host::Tcp(name) => crate::https::address::is_loopback_host(name),
         #[cfg(unix)]
         tokio_postgres::config::Host::Unix(_) => true,
     }))
