@@ -16,10 +16,10 @@
 //! deliveries is `pipeline::relay`.
 
 pub mod config;
+pub(crate) mod fields;
 pub mod filter;
 pub mod http;
 pub mod parse;
-pub mod signing;
 
 use std::time::Duration;
 
@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-pub use config::{BodyFormat, DestinationConfig, DestinationKind};
+pub use config::{DestinationConfig, DestinationKind};
+pub use http::BodyFormat;
 
 /// What one delivery sends, the same on every attempt and every replay (only the
 /// attempt's timestamp differs). Built by the relay from an inbox item or a domain

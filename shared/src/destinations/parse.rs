@@ -10,13 +10,11 @@ use std::time::Duration;
 use toml::{Spanned, Value};
 
 use super::config::*;
+use super::fields::Fields;
 use super::filter::validate_pattern;
-use super::signing::decode_secret;
+use super::http::config::shown_url;
 use crate::adapters::postgres;
-use crate::config::{
-    did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretLookup, SecretSpec,
-};
-use crate::https::address::{is_loopback_host, AddressPolicy};
+use crate::config::{did_you_mean, is_valid_name, line_of, nearest, Problem, SecretLookup};
 use crate::providers;
 
 /// A `[[destination]]` table with each key's position.
@@ -34,143 +32,15 @@ const COMMON: &[&str] = &[
     "max_age_secs",
 ];
 const KINDS: &[(&str, &[&str])] = &[
-    (
-        "http",
-        &["url", "secrets", "body", "timeout_ms", "allow_private"],
-    ),
+    ("http", super::http::config::FIELDS),
     ("sqs", &["queue_url"]),
     ("eventbridge", &["bus"]),
     ("lambda", &["function"]),
     ("postgres", &["dsn", "table", "tls", "pool_size"]),
 ];
-const MAX_TIMEOUT_MS: u64 = 120_000;
 const MAX_ATTEMPTS_LIMIT: u64 = 1000;
 pub const DEFAULT_POOL_SIZE: usize = 4;
 const MAX_POOL_SIZE: u64 = 64;
-
-/// The fields of one table, taken one by one; what is left at the end is unknown.
-struct Fields {
-    line: usize,
-    fields: BTreeMap<String, (usize, Value)>,
-    /// `destination tenant/name` (or `destination #n` while the name is unknown).
-    label: String,
-    problems: Vec<Problem>,
-}
-
-impl Fields {
-    fn problem(&mut self, line: usize, message: impl std::fmt::Display) {
-        self.problems.push(Problem {
-            line,
-            message: format!("{}: {message}", self.label),
-        });
-    }
-
-    fn take(&mut self, name: &str) -> Option<(usize, Value)> {
-        self.fields.remove(name)
-    }
-
-    fn string(&mut self, name: &str) -> Option<(usize, String)> {
-        match self.take(name)? {
-            (line, Value::String(s)) => Some((line, s)),
-            (line, other) => {
-                self.problem(
-                    line,
-                    format!("`{name}` must be a string, not {}", other.type_str()),
-                );
-                None
-            }
-        }
-    }
-
-    fn required_string(&mut self, name: &str) -> Option<(usize, String)> {
-        if !self.fields.contains_key(name) {
-            let line = self.line;
-            self.problem(line, format!("missing `{name}`"));
-            return None;
-        }
-        self.string(name)
-    }
-
-    fn bool(&mut self, name: &str, default: bool) -> bool {
-        match self.take(name) {
-            None => default,
-            Some((_, Value::Boolean(b))) => b,
-            Some((line, other)) => {
-                self.problem(
-                    line,
-                    format!("`{name}` must be true or false, not {}", other.type_str()),
-                );
-                default
-            }
-        }
-    }
-
-    /// A whole number in `min..=max`.
-    fn number(&mut self, name: &str, default: u64, min: u64, max: u64) -> u64 {
-        match self.take(name) {
-            None => default,
-            Some((_, Value::Integer(n))) if (min as i64..=max as i64).contains(&n) => n as u64,
-            Some((line, _)) => {
-                self.problem(
-                    line,
-                    format!("`{name}` must be a whole number from {min} to {max}"),
-                );
-                default
-            }
-        }
-    }
-
-    fn string_list(&mut self, name: &str) -> (usize, Vec<String>) {
-        let Some((line, value)) = self.take(name) else {
-            return (self.line, Vec::new());
-        };
-        let Value::Array(items) = value else {
-            self.problem(line, format!("`{name}` must be a list of strings"));
-            return (line, Vec::new());
-        };
-        let mut out = Vec::new();
-        for item in items {
-            match item {
-                Value::String(s) => out.push(s),
-                _ => self.problem(line, format!("`{name}` must be a list of strings")),
-            }
-        }
-        (line, out)
-    }
-
-    fn secret(
-        &mut self,
-        name: &str,
-        line: usize,
-        value: Value,
-        lookup: SecretLookup<'_>,
-    ) -> Option<Secret> {
-        let spec: SecretSpec = match value.try_into() {
-            Ok(spec) => spec,
-            Err(_) => {
-                self.problem(
-                    line,
-                    format!(
-                        "`{name}` must be a string, {{ env = \"VARIABLE\" }} or {{ ssm = \"/parameter\" }}"
-                    ),
-                );
-                return None;
-            }
-        };
-        let value = match spec.resolve(lookup) {
-            Ok(value) => value,
-            Err(reason) => {
-                self.problem(line, format!("`{name}` {reason}"));
-                return None;
-            }
-        };
-        if value.is_empty() {
-            self.problem(line, format!("`{name}` is empty"));
-            return None;
-        }
-        Some(Secret::new(value))
-    }
-}
 
 /// Check every destination; problems go to `problems`. `tenants` are the
 /// (provider, tenant) pairs of the `[[tenant]]` tables as written (also those with
@@ -321,7 +191,7 @@ fn parse_one(
         return None;
     };
     let kind = match kind_name.as_str() {
-        "http" => parse_http(f, lookup),
+        "http" => super::http::config::parse(f, lookup).map(DestinationKind::Http),
         "sqs" => parse_sqs(f),
         "eventbridge" => parse_eventbridge(f),
         "lambda" => parse_lambda(f),
@@ -366,143 +236,6 @@ fn parse_one(
         max_age,
         kind,
     })
-}
-
-fn parse_http(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<DestinationKind> {
-    let url = f.required_string("url");
-    let allow_private = f.bool("allow_private", false);
-    let mut ok = true;
-    if let Some((line, url)) = &url {
-        if let Err(reason) = check_url(url, allow_private) {
-            f.problem(*line, reason);
-            ok = false;
-        }
-    }
-    let mut secrets = Vec::new();
-    match f.take("secrets") {
-        None => {
-            let line = f.line;
-            f.problem(line, "missing `secrets`: an HTTP destination signs every delivery (`whsec_` + base64, e.g. from `einmal listen`)");
-            ok = false;
-        }
-        Some((line, Value::Array(items))) if !items.is_empty() => {
-            for item in items {
-                match f.secret("secrets", line, item, lookup) {
-                    Some(secret) => match decode_secret(secret.expose()) {
-                        Ok(_) => secrets.push(secret),
-                        Err(reason) => {
-                            f.problem(line, reason);
-                            ok = false;
-                        }
-                    },
-                    None => ok = false,
-                }
-            }
-        }
-        Some((line, _)) => {
-            f.problem(
-                line,
-                "`secrets` must be a non-empty list of secrets (strings, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })",
-            );
-            ok = false;
-        }
-    }
-    let body = match f.string("body") {
-        None => BodyFormat::Original,
-        Some((_, b)) if b == "original" => BodyFormat::Original,
-        Some((_, b)) if b == "envelope" => BodyFormat::Envelope,
-        Some((line, b)) => {
-            f.problem(
-                line,
-                format!(
-                    "`body` must be \"original\" or \"envelope\", not `{b}`{}",
-                    did_you_mean(nearest(&b, ["original", "envelope"]))
-                ),
-            );
-            ok = false;
-            BodyFormat::Original
-        }
-    };
-    let timeout = Duration::from_millis(f.number(
-        "timeout_ms",
-        DEFAULT_HTTP_TIMEOUT.as_millis() as u64,
-        1,
-        MAX_TIMEOUT_MS,
-    ));
-    let (_, url) = url?;
-    ok.then_some(DestinationKind::Http(HttpDestination {
-        url,
-        secrets,
-        body,
-        timeout,
-        allow_private,
-    }))
-}
-
-/// HTTPS, or plain HTTP to loopback; a host; no credentials; an IP literal the
-/// address policy allows.
-pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("`url` is not a valid URL: {e}"))?;
-    let authority = uri
-        .authority()
-        .ok_or_else(|| format!("`url` {} has no host", shown_url(url)))?;
-    if authority.as_str().contains('@') {
-        return Err("`url` must not contain credentials (user:password@)".into());
-    }
-    let host = authority.host();
-    let loopback = is_loopback_host(host);
-    match uri.scheme_str() {
-        Some("https") => {}
-        Some("http") if loopback => {}
-        Some("http") => {
-            return Err(format!(
-                "`url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not {}",
-                shown_url(url)
-            ))
-        }
-        _ => {
-            return Err(format!(
-                "`url` must be an https:// URL, not {}",
-                shown_url(url)
-            ))
-        }
-    }
-    let literal = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
-        let policy = AddressPolicy {
-            loopback,
-            private: allow_private,
-        };
-        if let Some(reason) = policy.refusal(ip) {
-            return Err(format!("`url`: {reason}"));
-        }
-    }
-    Ok(())
-}
-
-/// A URL as an error may show it: without credentials, query or fragment, which may
-/// carry tokens (`?key=…`, `user:pass@`).
-pub(crate) fn shown_url(url: &str) -> String {
-    let cut = url.find(['?', '#']).unwrap_or(url.len());
-    let had_tail = cut < url.len();
-    let url = &url[..cut];
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            let hidden = if had_tail || host.len() < authority.len() {
-                "…"
-            } else {
-                ""
-            };
-            format!("{scheme}://{host}{path}{hidden}")
-        }
-        None if had_tail => format!("{url}…"),
-        None => url.to_string(),
-    }
 }
 
 fn parse_sqs(f: &mut Fields) -> Option<DestinationKind> {
@@ -599,6 +332,7 @@ fn parse_postgres(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<Destinatio
 mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::destinations::http::{BodyFormat, DEFAULT_HTTP_TIMEOUT};
 
     const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 

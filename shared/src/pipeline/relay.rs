@@ -1315,7 +1315,7 @@ fn content_type_of(raw: &[u8]) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::destinations::config::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
+    use crate::destinations::http::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
 
     fn dest(max_attempts: u32, max_age_secs: u64) -> DestinationConfig {
         DestinationConfig {

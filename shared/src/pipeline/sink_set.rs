@@ -360,7 +360,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::destinations::config::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
+    use crate::destinations::http::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
     use crate::destinations::{BodyFormat, DestinationKind};
 
     fn dest(name: &str) -> DestinationConfig {
