@@ -29,3 +29,4 @@ pub mod secret;
 pub mod telemetry;
 pub mod text;
 pub mod time;
+pub mod wiring;

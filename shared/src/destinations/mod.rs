@@ -19,7 +19,6 @@ pub mod config;
 pub(crate) mod fields;
 pub mod filter;
 pub mod http;
-pub mod parse;
 
 use std::time::Duration;
 

@@ -299,39 +299,13 @@ impl RelayError {
     }
 }
 
-/// Builds the sink of one destination (HTTP, PostgreSQL, AWS kinds: the wiring knows
-/// which technologies it links), classifying a failure ([`BuildFailure`]). Called at
+/// Builds the sink of one destination (`wiring::SinkContext`: the wiring knows which
+/// technologies it links), classifying a failure ([`BuildFailure`]). Called at
 /// start and again, through a [`SinkSlot`], until a build succeeds; a build may do I/O
 /// (a PostgreSQL sink connects and checks its tables).
 #[async_trait::async_trait]
 pub trait SinkFactory: Send + Sync {
     async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
-}
-
-/// The sinks every process links without an AWS configuration: HTTP (on the process's
-/// outbound client) and PostgreSQL (connected and schema-checked; a server that cannot
-/// be reached is [`BuildFailure::Unavailable`], a bad DSN or table name
-/// [`BuildFailure::Config`]). `None` for the other kinds: the caller's factory builds them.
-pub async fn build_common_sink(
-    destination: &DestinationConfig,
-    https: &crate::https::HttpsClient,
-) -> Option<Result<Arc<dyn Sink>, RelayError>> {
-    let built = match &destination.kind {
-        DestinationKind::Http(http) => crate::destinations::http::HttpSink::new(http, https)
-            .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-            .map_err(|e| RelayError::config(destination, e.to_string())),
-        DestinationKind::Postgres(_) => {
-            crate::adapters::postgres::PostgresSink::for_destination(destination)
-                .await
-                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| match e.is_config() {
-                    true => RelayError::config(destination, e.to_string()),
-                    false => RelayError::unavailable(destination, e.to_string()),
-                })
-        }
-        _ => return None,
-    };
-    Some(built)
 }
 
 /// Whether `d` takes the provider event `event_type` of `provider` / `tenant`

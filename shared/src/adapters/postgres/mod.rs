@@ -74,8 +74,10 @@
 //! The detail names the SQLSTATE, the step, and the table, column and constraint the
 //! server reported; never the server's message, which may quote the row's values.
 
+pub(crate) mod parse;
 mod sink;
 
+pub use parse::DEFAULT_POOL_SIZE;
 pub use sink::{PostgresSink, CALL_TIMEOUT, STATEMENT_TIMEOUT};
 
 use thiserror::Error;

@@ -1,5 +1,5 @@
 //! Parsing and checking of the `[[destination]]` tables of the tenant TOML (called
-//! by `crate::config`, whose style it keeps: every problem collected with its line,
+//! by the loader, [`super::load`], whose style it keeps: every problem collected with its line,
 //! the nearest valid name suggested, secrets inline or `{ env = "VAR" }` and never
 //! printed). Fields are read by hand from the table, not by serde, because which
 //! fields are valid depends on `kind`, and each problem must name its destination.
@@ -7,18 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use toml::{Spanned, Value};
-
-use super::config::*;
-use super::fields::Fields;
-use super::filter::validate_pattern;
-use super::http::config::shown_url;
-use crate::adapters::postgres;
-use crate::config::{did_you_mean, is_valid_name, line_of, nearest, Problem, SecretLookup};
+use super::kinds::{self, KINDS};
+use crate::config::RawDestination;
+use crate::destinations::config::*;
+use crate::destinations::fields::Fields;
+use crate::destinations::filter::validate_pattern;
+use crate::problems::{did_you_mean, is_valid_name, line_of, nearest, Problem};
 use crate::providers;
-
-/// A `[[destination]]` table with each key's position.
-pub(crate) type RawDestination = BTreeMap<Spanned<String>, Value>;
+use crate::secret::SecretLookup;
 
 const COMMON: &[&str] = &[
     "name",
@@ -31,16 +27,7 @@ const COMMON: &[&str] = &[
     "max_attempts",
     "max_age_secs",
 ];
-const KINDS: &[(&str, &[&str])] = &[
-    ("http", super::http::config::FIELDS),
-    ("sqs", &["queue_url"]),
-    ("eventbridge", &["bus"]),
-    ("lambda", &["function"]),
-    ("postgres", &["dsn", "table", "tls", "pool_size"]),
-];
 const MAX_ATTEMPTS_LIMIT: u64 = 1000;
-pub const DEFAULT_POOL_SIZE: usize = 4;
-const MAX_POOL_SIZE: u64 = 64;
 
 /// Check every destination; problems go to `problems`. `tenants` are the
 /// (provider, tenant) pairs of the `[[tenant]]` tables as written (also those with
@@ -179,8 +166,8 @@ fn parse_one(
     let max_age =
         Duration::from_secs(f.number("max_age_secs", DEFAULT_MAX_AGE_SECS, 1, 365 * 24 * 3600));
     let (kind_line, kind_name) = f.required_string("kind")?;
-    let Some((_, kind_fields)) = KINDS.iter().find(|(k, _)| *k == kind_name) else {
-        let kinds = KINDS.iter().map(|(k, _)| *k);
+    let Some(kind) = kinds::kind(&kind_name) else {
+        let kinds = KINDS.iter().map(|k| k.name);
         f.problem(
             kind_line,
             format!(
@@ -190,13 +177,7 @@ fn parse_one(
         );
         return None;
     };
-    let kind = match kind_name.as_str() {
-        "http" => super::http::config::parse(f, lookup).map(DestinationKind::Http),
-        "sqs" => parse_sqs(f),
-        "eventbridge" => parse_eventbridge(f),
-        "lambda" => parse_lambda(f),
-        _ => parse_postgres(f, lookup),
-    };
+    let (kind_fields, parsed) = (kind.fields, (kind.parse)(f, lookup));
     // What is left is not a field of this kind.
     let unknown: Vec<(String, usize)> = std::mem::take(&mut f.fields)
         .into_iter()
@@ -205,8 +186,8 @@ fn parse_one(
     for (field, fline) in unknown {
         let owner = KINDS
             .iter()
-            .find(|(_, fields)| fields.contains(&field.as_str()))
-            .map(|(k, _)| *k);
+            .find(|k| k.fields.contains(&field.as_str()))
+            .map(|k| k.name);
         let message = match owner {
             Some(owner) => {
                 format!(
@@ -224,7 +205,7 @@ fn parse_one(
         f.problem(fline, message);
         ok = false;
     }
-    let kind = kind?;
+    let kind = parsed?;
     ok.then(|| DestinationConfig {
         name,
         tenant,
@@ -238,99 +219,10 @@ fn parse_one(
     })
 }
 
-fn parse_sqs(f: &mut Fields) -> Option<DestinationKind> {
-    let (line, queue_url) = f.required_string("queue_url")?;
-    if !(queue_url.starts_with("https://") || queue_url.starts_with("http://"))
-        || queue_url.parse::<http::Uri>().is_err()
-    {
-        f.problem(line, format!("`queue_url` must be the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), not `{}`", shown_url(&queue_url)));
-        return None;
-    }
-    Some(DestinationKind::Sqs(SqsDestination { queue_url }))
-}
-
-fn parse_eventbridge(f: &mut Fields) -> Option<DestinationKind> {
-    let bus = match f.string("bus") {
-        None => "default".to_string(),
-        Some((line, bus)) if bus.trim().is_empty() => {
-            f.problem(
-                line,
-                "`bus` is empty (use \"default\" for the account's default bus)",
-            );
-            return None;
-        }
-        Some((_, bus)) => bus,
-    };
-    Some(DestinationKind::EventBridge(EventBridgeDestination { bus }))
-}
-
-fn parse_lambda(f: &mut Fields) -> Option<DestinationKind> {
-    let (line, function) = f.required_string("function")?;
-    if function.trim().is_empty() {
-        f.problem(line, "`function` is empty");
-        return None;
-    }
-    Some(DestinationKind::Lambda(LambdaDestination { function }))
-}
-
-fn parse_postgres(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<DestinationKind> {
-    let mut ok = true;
-    let dsn = match f.take("dsn") {
-        None => {
-            let line = f.line;
-            f.problem(line, "missing `dsn` (a connection string, inline, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })");
-            None
-        }
-        Some((line, value)) => f.secret("dsn", line, value, lookup).and_then(|dsn| {
-            match postgres::dsn_is_local(dsn.expose()) {
-                Some(local) => Some((line, dsn, local)),
-                // The parser's message may quote the string, which may hold a password.
-                None => {
-                    f.problem(line, "`dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)");
-                    None
-                }
-            }
-        }),
-    };
-    let table = match f.required_string("table") {
-        Some((line, table)) => match postgres::TableName::parse(&table) {
-            Ok(_) => Some(table),
-            Err(why) => {
-                f.problem(line, format!("`table` `{table}` is not a valid table name ({why}): lower-case letters, digits and '_', optionally `schema.table`"));
-                ok = false;
-                None
-            }
-        },
-        None => None,
-    };
-    // TLS unless the server is on this machine (loopback or a Unix socket). Both are
-    // read even when the DSN did not resolve, so they are not reported as unknown.
-    let local = dsn.as_ref().is_some_and(|(_, _, local)| *local);
-    let tls = f.bool("tls", !local);
-    let pool_size = f.number("pool_size", DEFAULT_POOL_SIZE as u64, 1, MAX_POOL_SIZE) as usize;
-    // The sink refuses this at start; say it here, so `config check` agrees with `serve`.
-    if let Some((line, dsn, _)) = &dsn {
-        if !tls && postgres::dsn_requires_tls(dsn.expose()) {
-            f.problem(
-                *line,
-                "`dsn` asks for sslmode=require but `tls = false`: set `tls = true` or drop sslmode",
-            );
-            ok = false;
-        }
-    }
-    let (_, dsn, _) = dsn?;
-    let table = table?;
-    ok.then_some(DestinationKind::Postgres(PostgresDestination {
-        dsn,
-        table,
-        tls,
-        pool_size,
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::postgres::DEFAULT_POOL_SIZE;
     use crate::config::Config;
     use crate::destinations::http::{BodyFormat, DEFAULT_HTTP_TIMEOUT};
 
