@@ -13,12 +13,11 @@ use async_trait::async_trait;
 use clap::Args;
 use einmal::config::{Config, Secret};
 use einmal::destinations::config::{
-    HttpDestination, DEFAULT_HTTP_TIMEOUT, DEFAULT_MAX_AGE_SECS, DEFAULT_MAX_ATTEMPTS,
-    MAX_DESTINATIONS_PER_TENANT,
+    DEFAULT_MAX_AGE_SECS, DEFAULT_MAX_ATTEMPTS, MAX_DESTINATIONS_PER_TENANT,
 };
 use einmal::destinations::filter::validate_pattern;
-use einmal::destinations::parse::check_url;
-use einmal::destinations::signing::{decode_secret, generate_secret};
+use einmal::destinations::http::signing::{decode_secret, generate_secret};
+use einmal::destinations::http::{check_url, HttpDestination, DEFAULT_HTTP_TIMEOUT};
 use einmal::destinations::{
     BodyFormat, Delivered, DestinationConfig, DestinationKind, Message, Sink, SinkError,
 };

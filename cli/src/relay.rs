@@ -1,74 +1,21 @@
-//! The relay of `einmal serve`: the sinks of the configured destinations (one
-//! factory, one match arm per kind), and the retry loop beside the processor.
+//! The relay of `einmal serve`: the sinks of the configured destinations (the one
+//! `wiring::SinkContext`), and the retry loop beside the processor.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use einmal::adapters::aws::AwsSinkFactory;
 use einmal::config_source::ConfigSource;
-use einmal::destinations::{DestinationConfig, Sink};
 use einmal::https::HttpsClient;
-use einmal::pipeline::relay::{
-    build_common_sink, Relay, RelayError, RelaySettings, RelayTally, SinkFactory, DEFAULT_RUN_LIMIT,
-};
+use einmal::pipeline::relay::{Relay, RelaySettings, RelayTally, DEFAULT_RUN_LIMIT};
 use einmal::ports::InboxRelay;
+use einmal::wiring::SinkContext;
 
 /// How often the loop looks for due deliveries.
 pub const RELAY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the backlog is logged (when there is one, or it just cleared).
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Wraps the sink of a destination (`einmal listen` prints every attempt of its own).
-pub type SinkWrap = Arc<dyn Fn(&DestinationConfig, Arc<dyn Sink>) -> Arc<dyn Sink> + Send + Sync>;
-
-/// The sinks `einmal serve` links: the common ones (HTTP, PostgreSQL) and the AWS kinds
-/// (SQS, EventBridge, Lambda) on the SDK's own resolution of region, credentials and
-/// `AWS_ENDPOINT_URL`, loaded the first time an AWS destination is built (a store
-/// without one never reads the AWS environment).
-pub struct ServeSinks {
-    pub https: HttpsClient,
-    pub wrap: Option<SinkWrap>,
-    aws: tokio::sync::OnceCell<AwsSinkFactory>,
-}
-
-impl ServeSinks {
-    pub fn new(https: HttpsClient, wrap: Option<SinkWrap>) -> Self {
-        ServeSinks {
-            https,
-            wrap,
-            aws: tokio::sync::OnceCell::new(),
-        }
-    }
-}
-
-#[async_trait]
-impl SinkFactory for ServeSinks {
-    async fn build(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
-        let sink = self.build_sink(d).await?;
-        Ok(match &self.wrap {
-            Some(wrap) => wrap(d, sink),
-            None => sink,
-        })
-    }
-}
-
-impl ServeSinks {
-    async fn build_sink(&self, d: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError> {
-        if let Some(common) = build_common_sink(d, &self.https).await {
-            return common;
-        }
-        let aws = self
-            .aws
-            .get_or_init(|| async {
-                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                AwsSinkFactory::new(&sdk)
-            })
-            .await;
-        aws.build(d)
-            .map_err(|e| RelayError::config(d, format!("{} sink: {e}", d.kind.name())))
-    }
-}
+pub use einmal::wiring::kinds::SinkWrap;
 
 /// The relay of `source`'s destinations, following its reloads (built with none too:
 /// a reload may add one). Only a destination's configuration error stops the start,
@@ -84,7 +31,7 @@ pub async fn build(
     let relay = Relay::reloading(
         store,
         source,
-        Arc::new(ServeSinks::new(https, wrap)),
+        Arc::new(SinkContext::new(https).wrapped(wrap)),
         settings,
     )
     .await

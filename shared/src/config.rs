@@ -9,15 +9,19 @@
 //! can be committed without secrets.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::path::Path;
 
 use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 
 use crate::destinations::DestinationConfig;
-use crate::providers;
+pub(crate) use crate::problems::line_of;
+pub use crate::problems::{is_valid_name, nearest, Problem};
+pub(crate) use crate::secret::SecretSpec;
+
+/// A `[[destination]]` table with each key's position (its kind's parser reads it).
+pub(crate) type RawDestination = BTreeMap<Spanned<String>, toml::Value>;
+pub use crate::secret::{Secret, SecretLookup, SecretRef};
 
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -63,14 +67,7 @@ impl ConfigError {
     }
 }
 
-/// One problem of a configuration, at a 1-based line of its text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub line: usize,
-    pub message: String,
-}
-
-fn parse_raw(text: &str, origin: &str) -> Result<RawConfig, ConfigError> {
+pub(crate) fn parse_raw(text: &str, origin: &str) -> Result<RawConfig, ConfigError> {
     toml::from_str(text).map_err(|e| {
         let at = e.span().map(|s| s.start);
         ConfigError::Parse {
@@ -203,109 +200,6 @@ fn render_problems(origin: &str, problems: &[Problem]) -> String {
     out
 }
 
-/// The 1-based line of byte `offset` in `text`.
-pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    let end = offset.min(text.len());
-    1 + text.as_bytes()[..end]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-}
-
-/// Optimal string alignment distance (edits, with adjacent transpositions counting
-/// one), for "did you mean" suggestions.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            d[i][j] = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
-            }
-        }
-    }
-    d[a.len()][b.len()]
-}
-
-/// The valid name nearest to `name`, when it is close enough to be a typo (at most a
-/// third of its length, and at least one edit, away).
-pub fn nearest<'a>(name: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (name.chars().count() / 3).max(1);
-    valid
-        .into_iter()
-        .map(|v| (edit_distance(name, v), v))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, v)| v)
-}
-
-pub(crate) fn did_you_mean(suggestion: Option<&str>) -> String {
-    suggestion.map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"))
-}
-
-/// A secret value. `Debug` and `Display` never print it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub(crate) enum SecretSpec {
-    Inline(String),
-    Env { env: String },
-    Ssm { ssm: String },
-}
-
-/// A secret's reference, resolved by whoever loads the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecretRef<'a> {
-    /// `{ env = "VAR" }`: the process environment.
-    Env(&'a str),
-    /// `{ ssm = "/name" }`: an SSM parameter (SecureString), fetched before parsing.
-    Ssm(&'a str),
-}
-
-/// Resolves secret references while a configuration is parsed.
-pub type SecretLookup<'a> = &'a dyn Fn(SecretRef<'_>) -> Option<String>;
-
-impl SecretSpec {
-    /// The secret's value, or the problem (never containing a value) when its
-    /// reference does not resolve.
-    pub(crate) fn resolve(&self, lookup: SecretLookup<'_>) -> Result<String, String> {
-        match self {
-            SecretSpec::Inline(v) => Ok(v.clone()),
-            SecretSpec::Env { env: var } => lookup(SecretRef::Env(var))
-                .ok_or_else(|| format!("refers to environment variable {var}, which is not set")),
-            SecretSpec::Ssm { ssm: name } => lookup(SecretRef::Ssm(name))
-                .ok_or_else(|| format!("refers to SSM parameter {name}, which was not found")),
-        }
-    }
-}
-
 /// Most SSM secret references one configuration may hold (each is fetched at every
 /// reload; GetParameters takes 10 names a call).
 pub const MAX_SSM_REFERENCES: usize = 100;
@@ -344,7 +238,9 @@ pub fn env_and_fetched(
 }
 
 /// The process environment, and no SSM values (the loader had none to fetch).
-fn env_only(env: &dyn Fn(&str) -> Option<String>) -> impl Fn(SecretRef<'_>) -> Option<String> + '_ {
+pub(crate) fn env_only(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> impl Fn(SecretRef<'_>) -> Option<String> + '_ {
     move |reference| match reference {
         SecretRef::Env(var) => env(var),
         SecretRef::Ssm(_) => None,
@@ -353,35 +249,35 @@ fn env_only(env: &dyn Fn(&str) -> Option<String>) -> impl Fn(SecretRef<'_>) -> O
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct RawDefaults {
-    retention_days: Option<u32>,
-    max_body_bytes: Option<usize>,
-    max_stored_body_bytes: Option<usize>,
-    tolerance_secs: Option<u64>,
+pub(crate) struct RawDefaults {
+    pub(crate) retention_days: Option<u32>,
+    pub(crate) max_body_bytes: Option<usize>,
+    pub(crate) max_stored_body_bytes: Option<usize>,
+    pub(crate) tolerance_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawTenant {
-    provider: Spanned<String>,
-    tenant: String,
+pub(crate) struct RawTenant {
+    pub(crate) provider: Spanned<String>,
+    pub(crate) tenant: String,
     #[serde(default)]
-    secrets: Vec<SecretSpec>,
-    tolerance_secs: Option<u64>,
+    pub(crate) secrets: Vec<SecretSpec>,
+    pub(crate) tolerance_secs: Option<u64>,
     /// Keys with their position, so an unknown option is reported at its line.
     #[serde(default)]
-    options: BTreeMap<Spanned<String>, String>,
+    pub(crate) options: BTreeMap<Spanned<String>, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawConfig {
+pub(crate) struct RawConfig {
     #[serde(default)]
-    defaults: RawDefaults,
+    pub(crate) defaults: RawDefaults,
     #[serde(default, rename = "tenant")]
-    tenants: Vec<RawTenant>,
+    pub(crate) tenants: Vec<RawTenant>,
     #[serde(default, rename = "destination")]
-    destinations: Vec<crate::destinations::parse::RawDestination>,
+    pub(crate) destinations: Vec<RawDestination>,
 }
 
 /// Limits and retention that apply to every tenant.
@@ -424,227 +320,14 @@ impl TenantConfig {
     }
 }
 
-/// How much of a configuration a command reads.
-#[derive(Debug, Clone, Copy)]
-enum Scope {
-    Whole,
-    TenantsOnly,
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub ingest: IngestSettings,
-    tenants: BTreeMap<(String, String), TenantConfig>,
-    destinations: Vec<DestinationConfig>,
+    pub(crate) tenants: BTreeMap<(String, String), TenantConfig>,
+    pub(crate) destinations: Vec<DestinationConfig>,
 }
 
 impl Config {
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml_named(&text, &path.display().to_string(), |name| {
-            std::env::var(name).ok()
-        })
-    }
-
-    /// Parse TOML and resolve `{ env = "VAR" }` secrets from the process environment.
-    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        Self::from_toml_with_env(text, |name| std::env::var(name).ok())
-    }
-
-    pub fn from_toml_with_env(
-        text: &str,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::from_toml_named(text, "config", env)
-    }
-
-    /// Parse and check a configuration strictly; `origin` (a file name, a parameter)
-    /// names it in errors. A structural TOML error stops at once; otherwise every
-    /// problem is collected: unknown providers, tenants without secrets, options the
-    /// provider does not declare (with the nearest valid name), unset environment
-    /// variables, empty secrets, unsafe names, tenants configured twice, and invalid
-    /// generic-HMAC schemes; and for destinations ([`crate::destinations::parse`]):
-    /// unknown kinds and fields, missing or malformed secrets, unsafe URLs, bad table
-    /// names, unknown tenants and providers, duplicate names, too many per tenant,
-    /// invalid patterns, destinations that would receive nothing.
-    pub fn from_toml_named(
-        text: &str,
-        origin: &str,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        Self::from_toml_resolved(text, origin, &env_only(&env))
-    }
-
-    /// [`Config::from_toml_named`] with every kind of secret reference resolved by
-    /// `lookup` (the SSM values fetched beforehand, see [`ssm_references`]).
-    pub fn from_toml_resolved(
-        text: &str,
-        origin: &str,
-        lookup: SecretLookup<'_>,
-    ) -> Result<Self, ConfigError> {
-        Self::parse(text, origin, lookup, Scope::Whole)
-    }
-
-    /// Only the tenants, for a command that signs as a provider (`einmal send`): the
-    /// destinations are not read, so their secrets need not be set here.
-    pub fn tenants_from_toml_resolved(
-        text: &str,
-        origin: &str,
-        lookup: SecretLookup<'_>,
-    ) -> Result<Self, ConfigError> {
-        Self::parse(text, origin, lookup, Scope::TenantsOnly)
-    }
-
-    fn parse(
-        text: &str,
-        origin: &str,
-        lookup: SecretLookup<'_>,
-        scope: Scope,
-    ) -> Result<Self, ConfigError> {
-        let raw = parse_raw(text, origin)?;
-        let defaults = IngestSettings::default();
-        let ingest = IngestSettings {
-            retention_days: raw
-                .defaults
-                .retention_days
-                .unwrap_or(defaults.retention_days),
-            max_body_bytes: raw
-                .defaults
-                .max_body_bytes
-                .unwrap_or(defaults.max_body_bytes),
-            max_stored_body_bytes: raw
-                .defaults
-                .max_stored_body_bytes
-                .unwrap_or(defaults.max_stored_body_bytes),
-        };
-        let default_tolerance = raw
-            .defaults
-            .tolerance_secs
-            .unwrap_or(DEFAULT_TOLERANCE_SECS);
-        let mut tenants = BTreeMap::new();
-        let mut lines = BTreeMap::new();
-        let mut problems = Vec::new();
-        let written: std::collections::BTreeSet<(String, String)> = raw
-            .tenants
-            .iter()
-            .map(|t| (t.provider.get_ref().clone(), t.tenant.clone()))
-            .collect();
-        for t in raw.tenants {
-            let line = line_of(text, t.provider.span().start);
-            let provider_name = t.provider.get_ref().clone();
-            let mut problem = |message: String| {
-                problems.push(Problem {
-                    line,
-                    message: format!("tenant {provider_name}/{}: {message}", t.tenant),
-                })
-            };
-            if !is_valid_name(&provider_name) || !is_valid_name(&t.tenant) {
-                problem(
-                    "provider and tenant names may only use letters, digits, '-', '_' and '.'"
-                        .into(),
-                );
-                continue;
-            }
-            let Some(provider) = providers::lookup(&provider_name) else {
-                let known = providers::all().iter().map(|p| p.name());
-                problem(format!(
-                    "unknown provider `{provider_name}`{}",
-                    did_you_mean(nearest(&provider_name, known))
-                ));
-                continue;
-            };
-            let mut secrets = Vec::with_capacity(t.secrets.len());
-            for spec in &t.secrets {
-                let value = match spec.resolve(lookup) {
-                    Ok(value) => Some(value),
-                    Err(reason) => {
-                        problem(format!("secret {reason}"));
-                        None
-                    }
-                };
-                match value {
-                    Some(v) if v.is_empty() => problem("a secret is empty".into()),
-                    Some(v) => secrets.push(Secret(v)),
-                    None => {}
-                }
-            }
-            let mut options = BTreeMap::new();
-            for (name, value) in t.options {
-                let (span, name) = (name.span(), name.into_inner());
-                if !provider.options().contains(&name.as_str()) {
-                    problems.push(Problem {
-                        line: line_of(text, span.start),
-                        message: format!(
-                            "tenant {provider_name}/{}: unknown option `{name}` for provider {provider_name}{}",
-                            t.tenant,
-                            did_you_mean(nearest(&name, provider.options().iter().copied()))
-                        ),
-                    });
-                    continue;
-                }
-                options.insert(name, value);
-            }
-            let tenant = TenantConfig {
-                provider: provider_name.clone(),
-                tenant: t.tenant.clone(),
-                secrets,
-                tolerance_secs: t.tolerance_secs.unwrap_or(default_tolerance),
-                options,
-            };
-            let mut problem = |message: String| {
-                problems.push(Problem {
-                    line,
-                    message: format!("tenant {provider_name}/{}: {message}", t.tenant),
-                })
-            };
-            if t.secrets.is_empty() && provider.needs_secret(&tenant) {
-                problem("no secrets: `secrets` must list at least one".into());
-            }
-            if !t.secrets.is_empty() {
-                if let Err(reason) = provider.validate_tenant(&tenant) {
-                    problem(reason);
-                }
-            }
-            let key = (tenant.provider.clone(), tenant.tenant.clone());
-            if tenants.contains_key(&key) {
-                problem("configured twice".into());
-                continue;
-            }
-            // The hint intake limit (thin providers) must be a number, not a typo.
-            if let Err(reason) = crate::pipeline::hint_limit::max_hints_per_minute(&tenant) {
-                problem(reason);
-            }
-            lines.insert(key.clone(), line);
-            tenants.insert(key, tenant);
-        }
-        shopify_shared_secrets(&mut tenants, &lines, &mut problems);
-        let destinations = match scope {
-            Scope::Whole => crate::destinations::parse::parse_destinations(
-                text,
-                raw.destinations,
-                &written,
-                lookup,
-                &mut problems,
-            ),
-            Scope::TenantsOnly => Vec::new(),
-        };
-        if !problems.is_empty() {
-            problems.sort_by_key(|p| p.line);
-            return Err(ConfigError::Invalid {
-                origin: origin.to_string(),
-                problems,
-            });
-        }
-        Ok(Config {
-            ingest,
-            tenants,
-            destinations,
-        })
-    }
-
     pub fn tenant(&self, provider: &str, tenant: &str) -> Option<&TenantConfig> {
         self.tenants
             .get(&(provider.to_string(), tenant.to_string()))
@@ -684,115 +367,6 @@ impl Config {
         self.tenants
             .insert((tenant.provider.clone(), tenant.tenant.clone()), tenant);
     }
-}
-
-/// Names end up in keys joined with `#`, so keep them to a safe alphabet.
-/// Shopify tenants that list a common secret (one public app installed in several
-/// shops: its client secret signs every shop's webhooks). Each must name its own shop
-/// (`shop_domain`, all different), or a body signed for one shop would be taken by
-/// another's tenant; each is then marked `shared_app`, so it takes only bodies that
-/// name its shop (`providers::shopify`). The problem names the tenants, never the
-/// secret.
-fn shopify_shared_secrets(
-    tenants: &mut BTreeMap<(String, String), TenantConfig>,
-    lines: &BTreeMap<(String, String), usize>,
-    problems: &mut Vec<Problem>,
-) {
-    use crate::providers::shopify::{SHARED_APP_OPTION, SHOP_DOMAIN_OPTION};
-    let shopify: Vec<&TenantConfig> = tenants
-        .values()
-        .filter(|t| t.provider == "shopify")
-        .collect();
-    // Tenants connected by a common secret form one group (union by pairs).
-    let mut group: Vec<usize> = (0..shopify.len()).collect();
-    fn root(group: &mut [usize], mut i: usize) -> usize {
-        while group[i] != i {
-            group[i] = group[group[i]];
-            i = group[i];
-        }
-        i
-    }
-    for a in 0..shopify.len() {
-        for b in a + 1..shopify.len() {
-            let common = shopify[a]
-                .secrets
-                .iter()
-                .any(|x| shopify[b].secrets.iter().any(|y| x.expose() == y.expose()));
-            if common {
-                let (ra, rb) = (root(&mut group, a), root(&mut group, b));
-                group[rb] = ra;
-            }
-        }
-    }
-    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for i in 0..shopify.len() {
-        groups.entry(root(&mut group, i)).or_default().push(i);
-    }
-    let mut shared = Vec::new();
-    for members in groups.into_values().filter(|m| m.len() > 1) {
-        let names: Vec<String> = members
-            .iter()
-            .map(|&i| format!("shopify/{}", shopify[i].tenant))
-            .collect();
-        let line = members
-            .iter()
-            .filter_map(|&i| {
-                let t = shopify[i];
-                lines.get(&(t.provider.clone(), t.tenant.clone())).copied()
-            })
-            .min()
-            .unwrap_or(0);
-        let unnamed: Vec<&str> = members
-            .iter()
-            .filter(|&&i| shopify[i].option(SHOP_DOMAIN_OPTION).is_none())
-            .map(|&i| shopify[i].tenant.as_str())
-            .collect();
-        let mut domains: Vec<String> = members
-            .iter()
-            .filter_map(|&i| shopify[i].option(SHOP_DOMAIN_OPTION))
-            .map(str::to_ascii_lowercase)
-            .collect();
-        domains.sort();
-        let repeated = domains.windows(2).any(|w| w[0] == w[1]);
-        if !unnamed.is_empty() {
-            problems.push(Problem {
-                line,
-                message: format!(
-                    "tenants {} share a secret (one app's client secret signs every shop's webhooks): each must name its shop with `{SHOP_DOMAIN_OPTION}`, missing for {}",
-                    names.join(", "),
-                    unnamed.join(", ")
-                ),
-            });
-        } else if repeated {
-            problems.push(Problem {
-                line,
-                message: format!(
-                    "tenants {} share a secret and name the same `{SHOP_DOMAIN_OPTION}`: a shop's webhooks can belong to one tenant only",
-                    names.join(", ")
-                ),
-            });
-        } else {
-            shared.extend(
-                members
-                    .iter()
-                    .map(|&i| ("shopify".to_string(), shopify[i].tenant.clone())),
-            );
-        }
-    }
-    for key in shared {
-        if let Some(t) = tenants.get_mut(&key) {
-            t.options
-                .insert(SHARED_APP_OPTION.to_string(), "true".to_string());
-        }
-    }
-}
-
-pub fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 #[cfg(test)]
@@ -1128,17 +702,6 @@ options = { url = "https://x.example/t", shared_key_secret = "env:Z" }
     fn the_demo_configuration_is_valid() {
         let text = include_str!("../../einmal.toml");
         Config::from_toml_with_env(text, |_| Some("from-env".into())).unwrap();
-    }
-
-    #[test]
-    fn nearest_name_is_a_small_edit_away() {
-        let names = ["shop_domain", "topic", "access_token", "api_base"];
-        assert_eq!(nearest("shop_domian", names), Some("shop_domain"));
-        assert_eq!(nearest("shopdomain", names), Some("shop_domain"));
-        assert_eq!(nearest("topc", names), Some("topic"));
-        assert_eq!(nearest("api_key", names), None);
-        assert_eq!(edit_distance("ab", "ba"), 1);
-        assert_eq!(edit_distance("", "abc"), 3);
     }
 
     #[test]

@@ -52,7 +52,7 @@ use base64::Engine;
 use einmal::adapters::aws::{create_queues, create_tables, AwsStore};
 use einmal::adapters::aws::{create_state_table, DynamoStateStore};
 use einmal::config::Secret;
-use einmal::destinations::config::HttpDestination;
+use einmal::destinations::http::HttpDestination;
 use einmal::destinations::http::HttpSink;
 use einmal::destinations::{BodyFormat, DestinationConfig, DestinationKind};
 use einmal::domain::reference::{order_key, seed_sku, sku_key, ReferenceDomain, Sku};

@@ -29,7 +29,7 @@ use einmal::audit::AuditLog;
 use einmal::config::Config;
 use einmal::config::Secret;
 use einmal::config_source::{ConfigLoader, ConfigSource};
-use einmal::destinations::config::HttpDestination;
+use einmal::destinations::http::HttpDestination;
 use einmal::destinations::http::HttpSink;
 use einmal::destinations::Output;
 use einmal::destinations::{

@@ -310,7 +310,7 @@ impl Aws {
 
 /// An HTTP destination `erp` for the Shopify orders of the test tenant.
 fn erp(url: &str) -> einmal::destinations::DestinationConfig {
-    use einmal::destinations::config::HttpDestination;
+    use einmal::destinations::http::HttpDestination;
     use einmal::destinations::{BodyFormat, DestinationConfig, DestinationKind};
     DestinationConfig {
         name: "erp".into(),

@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use einmal::adapters::aws::{
     config_source_from_env, function_relay, AwsSetupError, AwsStore, DynamoStateStore,
-    FunctionSinks,
 };
 use einmal::config_source::ConfigSource;
 use einmal::domain::state::StateStore;
@@ -47,6 +46,7 @@ use einmal::pipeline::relay::RelaySettings;
 use einmal::ports::Delivery;
 use einmal::telemetry::emf::{self, WorkerTally};
 use einmal::telemetry::trace::AWS_TRACE_HEADER;
+use einmal::wiring::SinkContext;
 
 /// The error the Lambda runtime reports (so a user's `main` needs no other import).
 pub use lambda_runtime::Error;
@@ -132,7 +132,7 @@ pub async fn engine(
         einmal::telemetry::redact::register_config(&source.snapshot());
         let https = HttpsClient::new();
         // The destinations, delivered right after each commit (the sweeper retries).
-        let sinks = Arc::new(FunctionSinks::new(sdk_config, https.clone()));
+        let sinks = Arc::new(SinkContext::with_aws(https.clone(), sdk_config));
         let relay = function_relay(store, source.clone(), sinks, relay_settings).await?;
         engine = engine
             .with_relay(relay)

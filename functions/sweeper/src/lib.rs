@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use einmal::adapters::aws::{
-    config_source_from_env, function_relay, relay_pass, AwsSetupError, AwsStore, FunctionSinks,
+    config_source_from_env, function_relay, relay_pass, AwsSetupError, AwsStore,
 };
 use einmal::https::HttpsClient;
 use einmal::pipeline::relay::{Relay, RelaySettings};
 use einmal::pipeline::sweep::{SweepSettings, Sweeper};
+use einmal::wiring::SinkContext;
 use serde_json::{json, Value};
 
 /// The error the Lambda runtime reports.
@@ -41,7 +42,7 @@ impl Sweep {
             // reached at start is retried per delivery, never a failed init.
             Ok(source) => {
                 einmal::telemetry::redact::register_config(&source.snapshot());
-                let sinks = Arc::new(FunctionSinks::new(sdk_config, HttpsClient::new()));
+                let sinks = Arc::new(SinkContext::with_aws(HttpsClient::new(), sdk_config));
                 Some(function_relay(store, source, sinks, RelaySettings::from_env()?).await?)
             }
             Err(AwsSetupError::NoConfigSource) => None,

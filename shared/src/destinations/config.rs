@@ -18,12 +18,12 @@
 
 use std::time::Duration;
 
-use crate::config::Secret;
+use super::http::HttpDestination;
+use crate::secret::Secret;
 
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// Three days: as long as the providers themselves retry (Stripe, Shopify).
 pub const DEFAULT_MAX_AGE_SECS: u64 = 3 * 24 * 3600;
-pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Destinations one tenant may have: each event's delivery record holds one entry per
 /// destination, so this bounds its size.
 pub const MAX_DESTINATIONS_PER_TENANT: usize = 8;
@@ -66,30 +66,6 @@ impl DestinationKind {
             DestinationKind::Postgres(_) => "postgres",
         }
     }
-}
-
-/// What an HTTP destination receives as its body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BodyFormat {
-    /// The verified original body, byte for byte.
-    #[default]
-    Original,
-    /// einmal's normalised envelope: `{type, timestamp, data: {provider, tenant,
-    /// event_id, object_id, object_version, occurred_at, body}}`.
-    Envelope,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct HttpDestination {
-    pub url: String,
-    /// Standard Webhooks secrets (`whsec_` + base64); every one signs, so a rotation
-    /// lists the new and the old.
-    pub secrets: Vec<Secret>,
-    pub body: BodyFormat,
-    pub timeout: Duration,
-    /// Allow private, link-local and loopback-looking addresses other than loopback
-    /// itself (an internal service); off by default against SSRF.
-    pub allow_private: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -76,6 +76,24 @@ impl DestinationConfig {
     }
 }
 
+/// Whether `d` takes the provider event `event_type` of `provider` / `tenant`
+/// (tenant here, provider and patterns in [`DestinationConfig::matches_event`]).
+pub fn matches_event(
+    d: &DestinationConfig,
+    provider: &str,
+    tenant: &str,
+    event_type: &str,
+) -> bool {
+    d.tenant == tenant && d.matches_event(provider, event_type)
+}
+
+/// Whether `d` takes the domain output `kind` of an event of `provider` / `tenant`.
+pub fn matches_output(d: &DestinationConfig, provider: &str, tenant: &str, kind: &str) -> bool {
+    d.tenant == tenant
+        && d.provider.as_deref().is_none_or(|p| p == provider)
+        && d.matches_output(kind)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

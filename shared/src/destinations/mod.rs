@@ -15,12 +15,10 @@
 //! `adapters::aws::sinks`. The relay that schedules, retries, orders and records
 //! deliveries is `pipeline::relay`.
 
-pub mod address;
 pub mod config;
+pub(crate) mod fields;
 pub mod filter;
 pub mod http;
-pub mod parse;
-pub mod signing;
 
 use std::time::Duration;
 
@@ -29,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-pub use config::{BodyFormat, DestinationConfig, DestinationKind};
+pub use config::{DestinationConfig, DestinationKind};
+pub use http::BodyFormat;
 
 /// What one delivery sends, the same on every attempt and every replay (only the
 /// attempt's timestamp differs). Built by the relay from an inbox item or a domain

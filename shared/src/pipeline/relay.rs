@@ -41,16 +41,16 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use thiserror::Error;
 
-pub use super::sink_set::RelayDestination;
+pub use super::sink_set::{BuildFailure, RelayDestination, RelayError, SinkFactory};
 use super::sink_set::{DestinationSet, SinkSlot};
 use crate::body;
 use crate::config_source::ConfigSource;
+use crate::destinations::filter::{matches_event, matches_output};
 use crate::destinations::http::envelope_body;
 use crate::destinations::{
     delivery_key, output_delivery_key, BodyFormat, DestinationConfig, DestinationKind, Message,
-    Output, Sink, SinkError,
+    Output, SinkError,
 };
 use crate::envelope::{Envelope, InboxKey};
 use crate::ports::{
@@ -249,107 +249,6 @@ impl RelaySettings {
         }
         Ok(settings)
     }
-}
-
-/// Why a destination's sink could not be built, naming it (never a secret).
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
-#[error("destination {destination} (tenant {tenant}): {reason}")]
-pub struct RelayError {
-    pub destination: String,
-    pub tenant: String,
-    pub reason: String,
-    pub failure: BuildFailure,
-}
-
-/// What kind of build failure: only a configuration error stops a start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BuildFailure {
-    /// The configuration can never work (a malformed DSN, a refused URL, an unknown
-    /// kind, a missing field): fixed only by changing it.
-    Config,
-    /// The destination cannot be reached now (down, DNS, TLS, permissions): its
-    /// deliveries are retried while the sink is built again later.
-    Unavailable,
-}
-
-impl RelayError {
-    pub fn config(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
-        Self::with(destination, reason, BuildFailure::Config)
-    }
-
-    pub fn unavailable(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
-        Self::with(destination, reason, BuildFailure::Unavailable)
-    }
-
-    fn with(
-        destination: &DestinationConfig,
-        reason: impl Into<String>,
-        failure: BuildFailure,
-    ) -> Self {
-        RelayError {
-            destination: destination.name.clone(),
-            tenant: destination.tenant.clone(),
-            reason: reason.into(),
-            failure,
-        }
-    }
-
-    pub fn is_config(&self) -> bool {
-        self.failure == BuildFailure::Config
-    }
-}
-
-/// Builds the sink of one destination (HTTP, PostgreSQL, AWS kinds: the wiring knows
-/// which technologies it links), classifying a failure ([`BuildFailure`]). Called at
-/// start and again, through a [`SinkSlot`], until a build succeeds; a build may do I/O
-/// (a PostgreSQL sink connects and checks its tables).
-#[async_trait::async_trait]
-pub trait SinkFactory: Send + Sync {
-    async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
-}
-
-/// The sinks every process links without an AWS configuration: HTTP (on the process's
-/// outbound client) and PostgreSQL (connected and schema-checked; a server that cannot
-/// be reached is [`BuildFailure::Unavailable`], a bad DSN or table name
-/// [`BuildFailure::Config`]). `None` for the other kinds: the caller's factory builds them.
-pub async fn build_common_sink(
-    destination: &DestinationConfig,
-    https: &crate::https::HttpsClient,
-) -> Option<Result<Arc<dyn Sink>, RelayError>> {
-    let built = match &destination.kind {
-        DestinationKind::Http(http) => crate::destinations::http::HttpSink::new(http, https)
-            .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-            .map_err(|e| RelayError::config(destination, e.to_string())),
-        DestinationKind::Postgres(_) => {
-            crate::adapters::postgres::PostgresSink::for_destination(destination)
-                .await
-                .map(|sink| Arc::new(sink) as Arc<dyn Sink>)
-                .map_err(|e| match e.is_config() {
-                    true => RelayError::config(destination, e.to_string()),
-                    false => RelayError::unavailable(destination, e.to_string()),
-                })
-        }
-        _ => return None,
-    };
-    Some(built)
-}
-
-/// Whether `d` takes the provider event `event_type` of `provider` / `tenant`
-/// (tenant here, provider and patterns in [`DestinationConfig::matches_event`]).
-pub fn matches_event(
-    d: &DestinationConfig,
-    provider: &str,
-    tenant: &str,
-    event_type: &str,
-) -> bool {
-    d.tenant == tenant && d.matches_event(provider, event_type)
-}
-
-/// Whether `d` takes the domain output `kind` of an event of `provider` / `tenant`.
-pub fn matches_output(d: &DestinationConfig, provider: &str, tenant: &str, kind: &str) -> bool {
-    d.tenant == tenant
-        && d.provider.as_deref().is_none_or(|p| p == provider)
-        && d.matches_output(kind)
 }
 
 /// The order position of an event: its object version as a number or an RFC 3339
@@ -1315,7 +1214,7 @@ fn content_type_of(raw: &[u8]) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::destinations::config::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
+    use crate::destinations::http::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
 
     fn dest(max_attempts: u32, max_age_secs: u64) -> DestinationConfig {
         DestinationConfig {

@@ -30,9 +30,67 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use super::relay::{RelayError, SinkFactory};
+use thiserror::Error;
+
 use crate::config::Config;
 use crate::destinations::{Delivered, DestinationConfig, Message, Sink, SinkError};
+
+/// Why a destination's sink could not be built, naming it (never a secret).
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[error("destination {destination} (tenant {tenant}): {reason}")]
+pub struct RelayError {
+    pub destination: String,
+    pub tenant: String,
+    pub reason: String,
+    pub failure: BuildFailure,
+}
+
+/// What kind of build failure: only a configuration error stops a start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildFailure {
+    /// The configuration can never work (a malformed DSN, a refused URL, an unknown
+    /// kind, a missing field): fixed only by changing it.
+    Config,
+    /// The destination cannot be reached now (down, DNS, TLS, permissions): its
+    /// deliveries are retried while the sink is built again later.
+    Unavailable,
+}
+
+impl RelayError {
+    pub fn config(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
+        Self::with(destination, reason, BuildFailure::Config)
+    }
+
+    pub fn unavailable(destination: &DestinationConfig, reason: impl Into<String>) -> Self {
+        Self::with(destination, reason, BuildFailure::Unavailable)
+    }
+
+    fn with(
+        destination: &DestinationConfig,
+        reason: impl Into<String>,
+        failure: BuildFailure,
+    ) -> Self {
+        RelayError {
+            destination: destination.name.clone(),
+            tenant: destination.tenant.clone(),
+            reason: reason.into(),
+            failure,
+        }
+    }
+
+    pub fn is_config(&self) -> bool {
+        self.failure == BuildFailure::Config
+    }
+}
+
+/// Builds the sink of one destination (`wiring::SinkContext`: the wiring knows which
+/// technologies it links), classifying a failure ([`BuildFailure`]). Called at
+/// start and again, through a [`SinkSlot`], until a build succeeds; a build may do I/O
+/// (a PostgreSQL sink connects and checks its tables).
+#[async_trait::async_trait]
+pub trait SinkFactory: Send + Sync {
+    async fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, RelayError>;
+}
 
 /// One build attempt gives up after this long (a start waits at most this long for a
 /// destination before it goes on without it).
@@ -360,7 +418,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::destinations::config::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
+    use crate::destinations::http::{HttpDestination, DEFAULT_HTTP_TIMEOUT};
     use crate::destinations::{BodyFormat, DestinationKind};
 
     fn dest(name: &str) -> DestinationConfig {

@@ -48,7 +48,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 pub use audit::{create_audit_table, DynamoAuditLog, AUDIT_TABLE_ENV};
 pub use item::RELAY_INDEX_PROJECTION;
 pub use queue::{decode_message_body, MAX_CARRIED_BYTES};
-pub use relay_setup::{function_relay, relay_pass, FunctionSinks, RelayPass};
+pub use relay_setup::{function_relay, relay_pass, RelayPass};
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, fetch_ssm_references,
     load_config_from_env, load_config_from_ssm, load_config_with, parse_resolving, AwsNames,

@@ -39,6 +39,9 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use super::error::{classify, describe, Failure};
+use crate::destinations::config::{EventBridgeDestination, LambdaDestination, SqsDestination};
+use crate::destinations::fields::Fields;
+use crate::destinations::http::config::shown_url;
 use crate::destinations::{Delivered, Message, Sink, SinkError};
 use crate::destinations::{DestinationConfig, DestinationKind};
 
@@ -202,6 +205,51 @@ impl AwsSinkFactory {
             }),
         }
     }
+}
+
+/// The options of kind `sqs`.
+pub(crate) const SQS_FIELDS: &[&str] = &["queue_url"];
+/// The options of kind `eventbridge`.
+pub(crate) const EVENTBRIDGE_FIELDS: &[&str] = &["bus"];
+/// The options of kind `lambda`.
+pub(crate) const LAMBDA_FIELDS: &[&str] = &["function"];
+
+/// The options of kind `sqs`: the queue's URL.
+pub(crate) fn parse_sqs(f: &mut Fields) -> Option<SqsDestination> {
+    let (line, queue_url) = f.required_string("queue_url")?;
+    if !(queue_url.starts_with("https://") || queue_url.starts_with("http://"))
+        || queue_url.parse::<http::Uri>().is_err()
+    {
+        f.problem(line, format!("`queue_url` must be the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), not `{}`", shown_url(&queue_url)));
+        return None;
+    }
+    Some(SqsDestination { queue_url })
+}
+
+/// The options of kind `eventbridge`: the bus (`default` unless named).
+pub(crate) fn parse_eventbridge(f: &mut Fields) -> Option<EventBridgeDestination> {
+    let bus = match f.string("bus") {
+        None => "default".to_string(),
+        Some((line, bus)) if bus.trim().is_empty() => {
+            f.problem(
+                line,
+                "`bus` is empty (use \"default\" for the account's default bus)",
+            );
+            return None;
+        }
+        Some((_, bus)) => bus,
+    };
+    Some(EventBridgeDestination { bus })
+}
+
+/// The options of kind `lambda`: the function.
+pub(crate) fn parse_lambda(f: &mut Fields) -> Option<LambdaDestination> {
+    let (line, function) = f.required_string("function")?;
+    if function.trim().is_empty() {
+        f.problem(line, "`function` is empty");
+        return None;
+    }
+    Some(LambdaDestination { function })
 }
 
 /// `http(s)://host/ACCOUNT/NAME`: the SDK sends the URL as a parameter, the service

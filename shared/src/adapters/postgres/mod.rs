@@ -74,8 +74,10 @@
 //! The detail names the SQLSTATE, the step, and the table, column and constraint the
 //! server reported; never the server's message, which may quote the row's values.
 
+pub(crate) mod parse;
 mod sink;
 
+pub use parse::DEFAULT_POOL_SIZE;
 pub use sink::{PostgresSink, CALL_TIMEOUT, STATEMENT_TIMEOUT};
 
 use thiserror::Error;
@@ -136,9 +138,7 @@ impl PostgresError {
 pub fn dsn_is_local(dsn: &str) -> Option<bool> {
     let parsed = dsn.parse::<tokio_postgres::Config>().ok()?;
     Some(parsed.get_hosts().iter().all(|host| match host {
-        tokio_postgres::config::Host::Tcp(name) => {
-            crate::destinations::address::is_loopback_host(name)
-        }
+        tokio_postgres::config::Host::Tcp(name) => crate::https::address::is_loopback_host(name),
         #[cfg(unix)]
         tokio_postgres::config::Host::Unix(_) => true,
     }))

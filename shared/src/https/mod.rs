@@ -9,7 +9,7 @@
 //! [`AddressPolicy`] and refuses the connection unless all pass, and the connector then
 //! connects to exactly those checked addresses (no second lookup, so no DNS
 //! rebinding between check and connect). IP literals never reach a resolver; the
-//! caller checks them ([`crate::destinations::http`] does).
+//! caller checks them (the HTTP destination does).
 
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
@@ -24,7 +24,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 
-use crate::destinations::address::{is_loopback_host, AddressPolicy};
+pub mod address;
+
+use address::{is_loopback_host, AddressPolicy};
 
 /// Idle pooled connections close after this long (a Lambda may freeze in between).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,5 +1,5 @@
 //! Parsing and checking of the `[[destination]]` tables of the tenant TOML (called
-//! by `crate::config`, whose style it keeps: every problem collected with its line,
+//! by the loader, [`super::load`], whose style it keeps: every problem collected with its line,
 //! the nearest valid name suggested, secrets inline or `{ env = "VAR" }` and never
 //! printed). Fields are read by hand from the table, not by serde, because which
 //! fields are valid depends on `kind`, and each problem must name its destination.
@@ -7,20 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use toml::{Spanned, Value};
-
-use super::address::{is_loopback_host, AddressPolicy};
-use super::config::*;
-use super::filter::validate_pattern;
-use super::signing::decode_secret;
-use crate::adapters::postgres;
-use crate::config::{
-    did_you_mean, is_valid_name, line_of, nearest, Problem, Secret, SecretLookup, SecretSpec,
-};
+use super::kinds::{self, KINDS};
+use crate::config::RawDestination;
+use crate::destinations::config::*;
+use crate::destinations::fields::Fields;
+use crate::destinations::filter::validate_pattern;
+use crate::problems::{did_you_mean, is_valid_name, line_of, nearest, Problem};
 use crate::providers;
-
-/// A `[[destination]]` table with each key's position.
-pub(crate) type RawDestination = BTreeMap<Spanned<String>, Value>;
+use crate::secret::SecretLookup;
 
 const COMMON: &[&str] = &[
     "name",
@@ -33,144 +27,7 @@ const COMMON: &[&str] = &[
     "max_attempts",
     "max_age_secs",
 ];
-const KINDS: &[(&str, &[&str])] = &[
-    (
-        "http",
-        &["url", "secrets", "body", "timeout_ms", "allow_private"],
-    ),
-    ("sqs", &["queue_url"]),
-    ("eventbridge", &["bus"]),
-    ("lambda", &["function"]),
-    ("postgres", &["dsn", "table", "tls", "pool_size"]),
-];
-const MAX_TIMEOUT_MS: u64 = 120_000;
 const MAX_ATTEMPTS_LIMIT: u64 = 1000;
-pub const DEFAULT_POOL_SIZE: usize = 4;
-const MAX_POOL_SIZE: u64 = 64;
-
-/// The fields of one table, taken one by one; what is left at the end is unknown.
-struct Fields {
-    line: usize,
-    fields: BTreeMap<String, (usize, Value)>,
-    /// `destination tenant/name` (or `destination #n` while the name is unknown).
-    label: String,
-    problems: Vec<Problem>,
-}
-
-impl Fields {
-    fn problem(&mut self, line: usize, message: impl std::fmt::Display) {
-        self.problems.push(Problem {
-            line,
-            message: format!("{}: {message}", self.label),
-        });
-    }
-
-    fn take(&mut self, name: &str) -> Option<(usize, Value)> {
-        self.fields.remove(name)
-    }
-
-    fn string(&mut self, name: &str) -> Option<(usize, String)> {
-        match self.take(name)? {
-            (line, Value::String(s)) => Some((line, s)),
-            (line, other) => {
-                self.problem(
-                    line,
-                    format!("`{name}` must be a string, not {}", other.type_str()),
-                );
-                None
-            }
-        }
-    }
-
-    fn required_string(&mut self, name: &str) -> Option<(usize, String)> {
-        if !self.fields.contains_key(name) {
-            let line = self.line;
-            self.problem(line, format!("missing `{name}`"));
-            return None;
-        }
-        self.string(name)
-    }
-
-    fn bool(&mut self, name: &str, default: bool) -> bool {
-        match self.take(name) {
-            None => default,
-            Some((_, Value::Boolean(b))) => b,
-            Some((line, other)) => {
-                self.problem(
-                    line,
-                    format!("`{name}` must be true or false, not {}", other.type_str()),
-                );
-                default
-            }
-        }
-    }
-
-    /// A whole number in `min..=max`.
-    fn number(&mut self, name: &str, default: u64, min: u64, max: u64) -> u64 {
-        match self.take(name) {
-            None => default,
-            Some((_, Value::Integer(n))) if (min as i64..=max as i64).contains(&n) => n as u64,
-            Some((line, _)) => {
-                self.problem(
-                    line,
-                    format!("`{name}` must be a whole number from {min} to {max}"),
-                );
-                default
-            }
-        }
-    }
-
-    fn string_list(&mut self, name: &str) -> (usize, Vec<String>) {
-        let Some((line, value)) = self.take(name) else {
-            return (self.line, Vec::new());
-        };
-        let Value::Array(items) = value else {
-            self.problem(line, format!("`{name}` must be a list of strings"));
-            return (line, Vec::new());
-        };
-        let mut out = Vec::new();
-        for item in items {
-            match item {
-                Value::String(s) => out.push(s),
-                _ => self.problem(line, format!("`{name}` must be a list of strings")),
-            }
-        }
-        (line, out)
-    }
-
-    fn secret(
-        &mut self,
-        name: &str,
-        line: usize,
-        value: Value,
-        lookup: SecretLookup<'_>,
-    ) -> Option<Secret> {
-        let spec: SecretSpec = match value.try_into() {
-            Ok(spec) => spec,
-            Err(_) => {
-                self.problem(
-                    line,
-                    format!(
-                        "`{name}` must be a string, {{ env = \"VARIABLE\" }} or {{ ssm = \"/parameter\" }}"
-                    ),
-                );
-                return None;
-            }
-        };
-        let value = match spec.resolve(lookup) {
-            Ok(value) => value,
-            Err(reason) => {
-                self.problem(line, format!("`{name}` {reason}"));
-                return None;
-            }
-        };
-        if value.is_empty() {
-            self.problem(line, format!("`{name}` is empty"));
-            return None;
-        }
-        Some(Secret::new(value))
-    }
-}
 
 /// Check every destination; problems go to `problems`. `tenants` are the
 /// (provider, tenant) pairs of the `[[tenant]]` tables as written (also those with
@@ -309,8 +166,8 @@ fn parse_one(
     let max_age =
         Duration::from_secs(f.number("max_age_secs", DEFAULT_MAX_AGE_SECS, 1, 365 * 24 * 3600));
     let (kind_line, kind_name) = f.required_string("kind")?;
-    let Some((_, kind_fields)) = KINDS.iter().find(|(k, _)| *k == kind_name) else {
-        let kinds = KINDS.iter().map(|(k, _)| *k);
+    let Some(kind) = kinds::kind(&kind_name) else {
+        let kinds = KINDS.iter().map(|k| k.name);
         f.problem(
             kind_line,
             format!(
@@ -320,13 +177,7 @@ fn parse_one(
         );
         return None;
     };
-    let kind = match kind_name.as_str() {
-        "http" => parse_http(f, lookup),
-        "sqs" => parse_sqs(f),
-        "eventbridge" => parse_eventbridge(f),
-        "lambda" => parse_lambda(f),
-        _ => parse_postgres(f, lookup),
-    };
+    let (kind_fields, parsed) = (kind.fields, (kind.parse)(f, lookup));
     // What is left is not a field of this kind.
     let unknown: Vec<(String, usize)> = std::mem::take(&mut f.fields)
         .into_iter()
@@ -335,8 +186,8 @@ fn parse_one(
     for (field, fline) in unknown {
         let owner = KINDS
             .iter()
-            .find(|(_, fields)| fields.contains(&field.as_str()))
-            .map(|(k, _)| *k);
+            .find(|k| k.fields.contains(&field.as_str()))
+            .map(|k| k.name);
         let message = match owner {
             Some(owner) => {
                 format!(
@@ -354,7 +205,7 @@ fn parse_one(
         f.problem(fline, message);
         ok = false;
     }
-    let kind = kind?;
+    let kind = parsed?;
     ok.then(|| DestinationConfig {
         name,
         tenant,
@@ -368,237 +219,12 @@ fn parse_one(
     })
 }
 
-fn parse_http(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<DestinationKind> {
-    let url = f.required_string("url");
-    let allow_private = f.bool("allow_private", false);
-    let mut ok = true;
-    if let Some((line, url)) = &url {
-        if let Err(reason) = check_url(url, allow_private) {
-            f.problem(*line, reason);
-            ok = false;
-        }
-    }
-    let mut secrets = Vec::new();
-    match f.take("secrets") {
-        None => {
-            let line = f.line;
-            f.problem(line, "missing `secrets`: an HTTP destination signs every delivery (`whsec_` + base64, e.g. from `einmal listen`)");
-            ok = false;
-        }
-        Some((line, Value::Array(items))) if !items.is_empty() => {
-            for item in items {
-                match f.secret("secrets", line, item, lookup) {
-                    Some(secret) => match decode_secret(secret.expose()) {
-                        Ok(_) => secrets.push(secret),
-                        Err(reason) => {
-                            f.problem(line, reason);
-                            ok = false;
-                        }
-                    },
-                    None => ok = false,
-                }
-            }
-        }
-        Some((line, _)) => {
-            f.problem(
-                line,
-                "`secrets` must be a non-empty list of secrets (strings, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })",
-            );
-            ok = false;
-        }
-    }
-    let body = match f.string("body") {
-        None => BodyFormat::Original,
-        Some((_, b)) if b == "original" => BodyFormat::Original,
-        Some((_, b)) if b == "envelope" => BodyFormat::Envelope,
-        Some((line, b)) => {
-            f.problem(
-                line,
-                format!(
-                    "`body` must be \"original\" or \"envelope\", not `{b}`{}",
-                    did_you_mean(nearest(&b, ["original", "envelope"]))
-                ),
-            );
-            ok = false;
-            BodyFormat::Original
-        }
-    };
-    let timeout = Duration::from_millis(f.number(
-        "timeout_ms",
-        DEFAULT_HTTP_TIMEOUT.as_millis() as u64,
-        1,
-        MAX_TIMEOUT_MS,
-    ));
-    let (_, url) = url?;
-    ok.then_some(DestinationKind::Http(HttpDestination {
-        url,
-        secrets,
-        body,
-        timeout,
-        allow_private,
-    }))
-}
-
-/// HTTPS, or plain HTTP to loopback; a host; no credentials; an IP literal the
-/// address policy allows.
-pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("`url` is not a valid URL: {e}"))?;
-    let authority = uri
-        .authority()
-        .ok_or_else(|| format!("`url` {} has no host", shown_url(url)))?;
-    if authority.as_str().contains('@') {
-        return Err("`url` must not contain credentials (user:password@)".into());
-    }
-    let host = authority.host();
-    let loopback = is_loopback_host(host);
-    match uri.scheme_str() {
-        Some("https") => {}
-        Some("http") if loopback => {}
-        Some("http") => {
-            return Err(format!(
-                "`url` must use https:// (plain http:// only to loopback: localhost, 127.0.0.1, [::1]), not {}",
-                shown_url(url)
-            ))
-        }
-        _ => {
-            return Err(format!(
-                "`url` must be an https:// URL, not {}",
-                shown_url(url)
-            ))
-        }
-    }
-    let literal = host.trim_start_matches('[').trim_end_matches(']');
-    if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
-        let policy = AddressPolicy {
-            loopback,
-            private: allow_private,
-        };
-        if let Some(reason) = policy.refusal(ip) {
-            return Err(format!("`url`: {reason}"));
-        }
-    }
-    Ok(())
-}
-
-/// A URL as an error may show it: without credentials, query or fragment, which may
-/// carry tokens (`?key=…`, `user:pass@`).
-pub(crate) fn shown_url(url: &str) -> String {
-    let cut = url.find(['?', '#']).unwrap_or(url.len());
-    let had_tail = cut < url.len();
-    let url = &url[..cut];
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            let hidden = if had_tail || host.len() < authority.len() {
-                "…"
-            } else {
-                ""
-            };
-            format!("{scheme}://{host}{path}{hidden}")
-        }
-        None if had_tail => format!("{url}…"),
-        None => url.to_string(),
-    }
-}
-
-fn parse_sqs(f: &mut Fields) -> Option<DestinationKind> {
-    let (line, queue_url) = f.required_string("queue_url")?;
-    if !(queue_url.starts_with("https://") || queue_url.starts_with("http://"))
-        || queue_url.parse::<http::Uri>().is_err()
-    {
-        f.problem(line, format!("`queue_url` must be the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>), not `{}`", shown_url(&queue_url)));
-        return None;
-    }
-    Some(DestinationKind::Sqs(SqsDestination { queue_url }))
-}
-
-fn parse_eventbridge(f: &mut Fields) -> Option<DestinationKind> {
-    let bus = match f.string("bus") {
-        None => "default".to_string(),
-        Some((line, bus)) if bus.trim().is_empty() => {
-            f.problem(
-                line,
-                "`bus` is empty (use \"default\" for the account's default bus)",
-            );
-            return None;
-        }
-        Some((_, bus)) => bus,
-    };
-    Some(DestinationKind::EventBridge(EventBridgeDestination { bus }))
-}
-
-fn parse_lambda(f: &mut Fields) -> Option<DestinationKind> {
-    let (line, function) = f.required_string("function")?;
-    if function.trim().is_empty() {
-        f.problem(line, "`function` is empty");
-        return None;
-    }
-    Some(DestinationKind::Lambda(LambdaDestination { function }))
-}
-
-fn parse_postgres(f: &mut Fields, lookup: SecretLookup<'_>) -> Option<DestinationKind> {
-    let mut ok = true;
-    let dsn = match f.take("dsn") {
-        None => {
-            let line = f.line;
-            f.problem(line, "missing `dsn` (a connection string, inline, { env = \"VARIABLE\" } or { ssm = \"/parameter\" })");
-            None
-        }
-        Some((line, value)) => f.secret("dsn", line, value, lookup).and_then(|dsn| {
-            match postgres::dsn_is_local(dsn.expose()) {
-                Some(local) => Some((line, dsn, local)),
-                // The parser's message may quote the string, which may hold a password.
-                None => {
-                    f.problem(line, "`dsn` is not a valid PostgreSQL connection string (key=value or postgresql:// URL)");
-                    None
-                }
-            }
-        }),
-    };
-    let table = match f.required_string("table") {
-        Some((line, table)) => match postgres::TableName::parse(&table) {
-            Ok(_) => Some(table),
-            Err(why) => {
-                f.problem(line, format!("`table` `{table}` is not a valid table name ({why}): lower-case letters, digits and '_', optionally `schema.table`"));
-                ok = false;
-                None
-            }
-        },
-        None => None,
-    };
-    // TLS unless the server is on this machine (loopback or a Unix socket). Both are
-    // read even when the DSN did not resolve, so they are not reported as unknown.
-    let local = dsn.as_ref().is_some_and(|(_, _, local)| *local);
-    let tls = f.bool("tls", !local);
-    let pool_size = f.number("pool_size", DEFAULT_POOL_SIZE as u64, 1, MAX_POOL_SIZE) as usize;
-    // The sink refuses this at start; say it here, so `config check` agrees with `serve`.
-    if let Some((line, dsn, _)) = &dsn {
-        if !tls && postgres::dsn_requires_tls(dsn.expose()) {
-            f.problem(
-                *line,
-                "`dsn` asks for sslmode=require but `tls = false`: set `tls = true` or drop sslmode",
-            );
-            ok = false;
-        }
-    }
-    let (_, dsn, _) = dsn?;
-    let table = table?;
-    ok.then_some(DestinationKind::Postgres(PostgresDestination {
-        dsn,
-        table,
-        tls,
-        pool_size,
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::postgres::DEFAULT_POOL_SIZE;
     use crate::config::Config;
+    use crate::destinations::http::{BodyFormat, DEFAULT_HTTP_TIMEOUT};
 
     const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 

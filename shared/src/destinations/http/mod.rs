@@ -21,10 +21,14 @@ use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use thiserror::Error;
 
-use super::address::{is_loopback_host, AddressPolicy};
-use super::config::HttpDestination;
-use super::signing::{SecretError, SigningKeys};
+pub mod config;
+pub mod signing;
+
+pub use config::{check_url, BodyFormat, HttpDestination, DEFAULT_HTTP_TIMEOUT};
+use signing::{SecretError, SigningKeys};
+
 use super::{Delivered, Message, Sink, SinkError};
+use crate::https::address::{is_loopback_host, AddressPolicy};
 use crate::https::{refused_address, HttpsClient};
 
 /// How much of an answer body is read (the rest is dropped with the connection).
@@ -487,7 +491,7 @@ mod tests {
         let client = HttpsClient::new();
         let config = |url: &str| HttpDestination {
             url: url.into(),
-            secrets: vec![crate::destinations::signing::generate_secret()],
+            secrets: vec![signing::generate_secret()],
             body: Default::default(),
             timeout: Duration::from_secs(1),
             allow_private: false,

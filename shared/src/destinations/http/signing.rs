@@ -10,7 +10,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use thiserror::Error;
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 pub const SECRET_PREFIX: &str = "whsec_";
 /// The spec's bounds for a symmetric secret's decoded length.
