@@ -12,6 +12,7 @@ pub mod relay;
 pub mod serve;
 pub mod serve_aws;
 pub mod serve_http;
+pub mod store_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -89,6 +89,15 @@ enum Command {
     /// The web console (events, dead letters and replays, audit log, reconciliation)
     /// on the chosen store; `einmal serve` also serves it at /console.
     Console(ConsoleArgs),
+    /// The embedded store's figures.
+    Store {
+        #[command(subcommand)]
+        command: einmal_cli::store_cmd::StoreCommand,
+    },
+    /// Copy the embedded store consistently while `einmal serve` runs.
+    Backup(einmal_cli::store_cmd::BackupArgs),
+    /// Restore a copy made by `einmal backup` into a store no `einmal serve` runs on.
+    Restore(einmal_cli::store_cmd::RestoreArgs),
 }
 
 #[derive(clap::Args)]
@@ -242,6 +251,9 @@ async fn main() -> ExitCode {
         Command::Completions(args) => completions::completions(args, Cli::command()),
         Command::Man(args) => completions::man(args, Cli::command()),
         Command::Console(args) => run_console(args).await,
+        Command::Store { command } => einmal_cli::store_cmd::run_store(command, json).await,
+        Command::Backup(args) => einmal_cli::store_cmd::run_backup(args, json).await,
+        Command::Restore(args) => einmal_cli::store_cmd::run_restore(args, json).await,
     };
     match result {
         Ok(code) => code,

@@ -34,6 +34,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use einmal::adapters::embedded::EmbeddedStore;
 use einmal::pipeline::relay::{Relay, RelayTally};
 use einmal::ports::InboxSweep;
 use einmal::telemetry::catalog::{self, MetricSpec, Unit};
@@ -51,6 +52,9 @@ use prometheus_client::registry::{self, Registry};
 const PENDING_SCAN_MAX: usize = 100;
 /// How long the backlog gauges read from the store serve scrapes.
 pub const BACKLOG_TTL: Duration = Duration::from_secs(5);
+/// How long the embedded store's figures (`einmal_store_*`) serve scrapes: counting
+/// rows reads each table's index.
+pub const STORE_STATS_TTL: Duration = Duration::from_secs(60);
 /// The shortest metrics token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
 
@@ -84,6 +88,20 @@ struct Series {
     delivery_backlog_age: Family<Labels, Gauge>,
     delivery_held_objects: Gauge,
     delivery_dead_letters: Family<Labels, Gauge>,
+}
+
+/// The embedded store's figures (`einmal store stats`), outside the EMF catalogue:
+/// they exist only on `einmal serve`.
+#[derive(Default)]
+struct StoreSeries {
+    rows: Family<Labels, Gauge>,
+    file_bytes: Gauge,
+    wal_bytes: Gauge,
+    free_pages: Gauge,
+    oldest_item_age: Gauge,
+    next_purge_in: Gauge,
+    /// 1 while the store refuses writes (disk full, I/O errors), else 0.
+    writes_failing: Gauge,
 }
 
 /// What was drained but not yet logged, and the intake as last seen.
@@ -125,6 +143,9 @@ pub struct ServeMetrics {
     /// When the backlog gauges were last read; held across the read, so concurrent
     /// scrapes wait for one read instead of each doing their own.
     backlog_read: tokio::sync::Mutex<Option<Instant>>,
+    store: Option<Arc<EmbeddedStore>>,
+    store_series: StoreSeries,
+    store_read: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// `WebhooksAccepted` → `webhooks_accepted`.
@@ -243,6 +264,82 @@ impl ServeMetrics {
             sweep,
             destinations,
             backlog_read: tokio::sync::Mutex::new(None),
+            store: None,
+            store_series: StoreSeries::default(),
+            store_read: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Also expose the embedded store's figures (`einmal_store_*`).
+    pub fn with_embedded_store(mut self, store: Arc<EmbeddedStore>) -> Self {
+        let s = &self.store_series;
+        let r = &mut self.registry;
+        r.register(
+            "store_rows",
+            "Rows per table of the embedded store",
+            s.rows.clone(),
+        );
+        r.register_with_unit(
+            "store_file",
+            "Size of einmal.sqlite",
+            registry::Unit::Bytes,
+            s.file_bytes.clone(),
+        );
+        r.register_with_unit(
+            "store_wal",
+            "Size of einmal.sqlite-wal",
+            registry::Unit::Bytes,
+            s.wal_bytes.clone(),
+        );
+        r.register(
+            "store_free_pages",
+            "Free pages of einmal.sqlite that new rows reuse",
+            s.free_pages.clone(),
+        );
+        r.register_with_unit(
+            "store_oldest_item_age",
+            "Age of the oldest inbox item",
+            registry::Unit::Seconds,
+            s.oldest_item_age.clone(),
+        );
+        r.register_with_unit(
+            "store_next_purge",
+            "Time until the next retention purge pass",
+            registry::Unit::Seconds,
+            s.next_purge_in.clone(),
+        );
+        r.register(
+            "store_writes_failing",
+            "1 while the store refuses writes (disk full, I/O error)",
+            s.writes_failing.clone(),
+        );
+        self.store = Some(store);
+        self
+    }
+
+    /// The store's figures as of `now_ms` (see [`STORE_STATS_TTL`]).
+    async fn read_store(&self, store: &EmbeddedStore, now_ms: i64) {
+        let s = &self.store_series;
+        match store.stats().await {
+            Ok(stats) => {
+                for t in &stats.tables {
+                    s.rows
+                        .get_or_create(&vec![("table", t.table.clone())])
+                        .set(t.rows as i64);
+                }
+                s.file_bytes.set(stats.file_bytes as i64);
+                s.wal_bytes.set(stats.wal_bytes as i64);
+                s.free_pages.set(stats.free_pages as i64);
+                let age = stats
+                    .oldest_item_received_ms
+                    .map_or(0, |at| now_ms.saturating_sub(at).max(0) / 1000);
+                s.oldest_item_age.set(age);
+                let next = stats
+                    .next_purge_ms
+                    .map_or(0, |at| at.saturating_sub(now_ms).max(0) / 1000);
+                s.next_purge_in.set(next);
+            }
+            Err(e) => tracing::warn!(error = %e, "metrics: cannot read the store's figures"),
         }
     }
 
@@ -398,6 +495,17 @@ impl ServeMetrics {
             let mut last = self.backlog_read.lock().await;
             if last.is_none_or(|at| at.elapsed() >= BACKLOG_TTL) {
                 self.read_backlog(now_ms).await;
+                *last = Some(Instant::now());
+            }
+        }
+        if let Some(store) = &self.store {
+            self.store_series
+                .writes_failing
+                .set(i64::from(store.writes_failing()));
+            let mut last = self.store_read.lock().await;
+            if last.is_none_or(|at| at.elapsed() >= STORE_STATS_TTL) {
+                self.read_store(store, einmal::adapters::embedded::purge_clock_ms())
+                    .await;
                 *last = Some(Instant::now());
             }
         }

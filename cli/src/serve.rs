@@ -78,6 +78,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub limits: ClientLimits,
     #[command(flatten)]
+    pub purge: crate::store_cmd::PurgeArgs,
+    #[command(flatten)]
     pub aws: crate::serve_aws::AwsServeArgs,
 }
 
@@ -131,6 +133,10 @@ pub async fn run_with_source(
     let config = source.snapshot();
     // The log redaction masks the tenants' secrets and API credentials.
     einmal::telemetry::redact::register_config(&config);
+    std::fs::create_dir_all(&args.data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", args.data_dir.display()))?;
+    // Held until the process ends: `einmal restore` refuses a directory in use.
+    let _serving = crate::store_cmd::lock_serving(&args.data_dir)?;
     let store = Arc::new(
         EmbeddedStore::open(&args.data_dir, EmbeddedOptions::default())
             .map_err(|e| format!("cannot open the store in {}: {e}", args.data_dir.display()))?,
@@ -180,7 +186,10 @@ pub async fn run_with_source(
     let relay = Some(relay);
     let worker_metrics = processor.metrics().clone();
     let sweeper = Sweeper::from_store(store.clone());
+    let purge_settings = args.purge.settings(config.ingest.retention_days);
+    let purge_store = store.clone();
     let store_for_metrics = store.clone();
+    let store_figures = store.clone();
     let commit_stats = store.clone();
     let console = crate::console::for_serve(
         store.clone(),
@@ -220,18 +229,21 @@ pub async fn run_with_source(
     );
     let metrics = ingestor.metrics().clone();
     // `/metrics` and the minute log line drain the same tallies.
-    let serve_metrics = Arc::new(crate::metrics::ServeMetrics::new(
-        metrics.clone(),
-        worker_metrics,
-        relay.clone(),
-        store_for_metrics,
-        ingestor
-            .config()
-            .destinations()
-            .iter()
-            .map(|d| d.name.clone())
-            .collect(),
-    ));
+    let serve_metrics = Arc::new(
+        crate::metrics::ServeMetrics::new(
+            metrics.clone(),
+            worker_metrics,
+            relay.clone(),
+            store_for_metrics,
+            ingestor
+                .config()
+                .destinations()
+                .iter()
+                .map(|d| d.name.clone())
+                .collect(),
+        )
+        .with_embedded_store(store_figures),
+    );
     let (figures_stop_tx, mut figures_stop) = tokio::sync::watch::channel(false);
     let figures = {
         let intake = metrics.clone();
@@ -287,6 +299,15 @@ pub async fn run_with_source(
             })
             .await;
     });
+    // Retention: expired inbox items, stale cursors, old dead letters.
+    let mut purge_stop = stop_tx.subscribe();
+    let purge = tokio::spawn(einmal::adapters::embedded::run_purge_loop(
+        purge_store,
+        purge_settings,
+        async move {
+            let _ = purge_stop.wait_for(|stopped| *stopped).await;
+        },
+    ));
     let bodies = BodyBudget::new(&args.limits);
     let mut app = router(ingestor, args.limits.body_timeout(), bodies);
     // `/metrics`: on its own listener; else on `--addr` with the token, or without one
@@ -344,6 +365,7 @@ pub async fn run_with_source(
     let _ = stop_tx.send(true);
     let processed = worker.await.unwrap_or_default();
     let _ = sweep.await;
+    let _ = purge.await;
     if let Some(relay_loop) = relay_loop {
         let _ = relay_loop.await;
     }

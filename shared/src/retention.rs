@@ -21,6 +21,17 @@ pub fn retention_days(provider: &str, configured: u32) -> u32 {
     configured.max(retry_window_days(provider) + REPLAY_MARGIN_DAYS)
 }
 
+/// The longest retention any item can get with `configured` days: what an order
+/// cursor, which items of every provider may queue on, must outlive.
+pub fn longest_retention_days(configured: u32) -> u32 {
+    providers::all()
+        .iter()
+        .map(|p| retention_days(p.name(), configured))
+        .max()
+        .unwrap_or(configured)
+        .max(retention_days("", configured))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +47,11 @@ mod tests {
         assert_eq!(retention_days("stripe", 5), 10);
         assert_eq!(retention_days("shopify", 1), 8);
         assert_eq!(retention_days("adyen", 90), 90, "a longer setting is kept");
+        assert_eq!(
+            longest_retention_days(1),
+            37,
+            "Adyen's is the longest window"
+        );
+        assert_eq!(longest_retention_days(90), 90);
     }
 }

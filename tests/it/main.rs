@@ -18,6 +18,7 @@ mod destination_aws;
 mod destination_http;
 mod destination_postgres;
 mod destinations;
+mod disk_full;
 mod hint_limits;
 mod hot_record;
 mod inbox_fences;

@@ -509,6 +509,16 @@ pub async fn embedded(max_receive_count: u32) -> Backend {
         EmbeddedStore::open(dir.path(), EmbeddedOptions { max_receive_count })
             .expect("store opens"),
     );
+    embedded_on(store, max_receive_count, Box::new(dir))
+}
+
+/// The embedded backend on `store` (a test that also drives the store itself);
+/// `keep` lives as long as the backend (the store's temp dir).
+pub fn embedded_on(
+    store: Arc<EmbeddedStore>,
+    max_receive_count: u32,
+    keep: Box<dyn Any + Send + Sync>,
+) -> Backend {
     // The records share the store's file and writer, as in `einmal serve`.
     let state = Arc::new(EmbeddedStateStore::new(store.clone()));
     Backend {
@@ -523,7 +533,7 @@ pub async fn embedded(max_receive_count: u32) -> Backend {
         max_receive_count,
         idle_poll: Duration::from_millis(10),
         domain: Arc::new(ReferenceDomain),
-        _keep: Box::new(dir),
+        _keep: keep,
     }
 }
 

@@ -4,7 +4,7 @@
 //! acks share group commits; the audit log (`audit.sqlite`) has its own file.
 //!
 //! One file per port (`inbox`, `queue`, `sweep`, `hints`, `replay`, `state`,
-//! `audit`, `certs`); `writer` is the group-commit writer thread every write of
+//! `audit`, `certs`, `purge`); `writer` is the group-commit writer thread every write of
 //! `einmal.sqlite` goes through, `schema` the tables and migrations, `waiting` the
 //! parked items.
 //!
@@ -12,21 +12,31 @@
 //! run while the writer commits. A read that starts after a write returned sees it.
 
 mod audit;
+mod backup;
 mod certs;
 mod hints;
 mod inbox;
+mod purge;
 mod queue;
 mod relay;
 mod replay;
 mod schema;
 mod search;
 mod state;
+mod stats;
 mod sweep;
 mod waiting;
 mod writer;
 
 pub use audit::EmbeddedAuditLog;
+pub use backup::{backup_file, check_copy, restore_file, CheckedCopy, CopyProgress, Restored};
+pub use purge::defaults as purge_defaults;
+pub use purge::{
+    purge_clock_ms, run_purge_loop, PurgeReport, PurgeSettings, CLOCK_OFFSET_ENV,
+    DEAD_LETTER_RETENTION_MS,
+};
 pub use state::{EmbeddedStateStore, LEGACY_STATE_DB_FILE};
+pub use stats::{wal_path, StoreStats, TableRows, TABLES};
 pub use writer::CommitStats;
 
 use std::path::{Path, PathBuf};
@@ -197,9 +207,29 @@ enum DbError {
     Rejected(String),
 }
 
+/// How an error of a write the disk refused starts (SQLite's `SQLITE_FULL`, an I/O
+/// error): the writer watches for it to say when the store cannot write
+/// ([`EmbeddedStore::writes_failing`]).
+pub(super) const DISK_REFUSED: &str = "the disk refused a write";
+
+impl DbError {
+    /// A write the disk refused (full, I/O error): heals when space returns.
+    pub(super) fn is_disk_refusal(&self) -> bool {
+        matches!(self, DbError::Unavailable(m) if m.starts_with(DISK_REFUSED))
+    }
+}
+
 impl From<rusqlite::Error> for DbError {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::Error as E;
+        if let E::SqliteFailure(f, _) = &e {
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure
+            ) {
+                return DbError::Unavailable(format!("{DISK_REFUSED} (full or I/O error): {e}"));
+            }
+        }
         match e {
             E::FromSqlConversionFailure(..)
             | E::InvalidColumnType(..)

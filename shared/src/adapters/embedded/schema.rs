@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{certs, hints, relay, state, sweep, waiting, DbError};
+use super::{certs, hints, purge, relay, state, sweep, waiting, DbError};
 
 /// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
 /// error class, result); a version 1 file is upgraded in place on open.
@@ -75,6 +75,20 @@ pub(super) fn schema() -> String {
     )
 }
 
+/// Whether this build can open a file of schema `version` (0 = a new file; older
+/// versions are migrated; a newer one is refused: its release may store what this
+/// build would misread or lose).
+pub(super) fn check_version(version: i64) -> Result<(), DbError> {
+    if (0..=SCHEMA_VERSION).contains(&version) {
+        Ok(())
+    } else {
+        Err(DbError::Unavailable(format!(
+            "schema version {version} is newer than this build's ({SCHEMA_VERSION}): \
+             it was written by a newer einmal; run that release (or newer) on it"
+        )))
+    }
+}
+
 /// Bring the file to [`SCHEMA_VERSION`] (create, upgrade, or refuse a newer one),
 /// then the idempotent additions of later features.
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
@@ -89,10 +103,15 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
             "BEGIN IMMEDIATE; {MIGRATE_1_TO_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))?,
         other => {
-            return Err(DbError::Unavailable(format!(
-                "{} has schema version {other}, this build knows {SCHEMA_VERSION}",
-                path.display()
-            )))
+            return Err(match check_version(other) {
+                Err(DbError::Unavailable(m)) => {
+                    DbError::Unavailable(format!("{}: {m}", path.display()))
+                }
+                _ => DbError::Unavailable(format!(
+                    "{} has schema version {other}, which no release wrote",
+                    path.display()
+                )),
+            })
         }
     }
     // Idempotent: also added to files created before the sweeper existed.
@@ -107,6 +126,8 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
     conn.execute_batch(state::STATE_SCHEMA)?;
     // Idempotent too: PayPal's verified certificates.
     conn.execute_batch(certs::CERTIFICATE_SCHEMA)?;
+    // Idempotent too: the retention purge's indexes and its record of passes.
+    conn.execute_batch(purge::PURGE_SCHEMA)?;
     Ok(())
 }
 

@@ -56,6 +56,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
 use super::{schema, DbError, EmbeddedStore, BUSY_TIMEOUT};
+use crate::ports::StoreError;
 
 /// Most operations committed in one transaction.
 pub(super) const MAX_BATCH: usize = 512;
@@ -69,6 +70,10 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, DbError> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Before anything writes the file's header: a new file becomes incremental (the
+    // purge hands surplus free pages back); on an existing one this only takes effect
+    // at its next VACUUM.
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(DbError::Unavailable(format!(
@@ -148,9 +153,28 @@ pub(super) struct Counters {
     fsynced: AtomicU64,
     fsynced_effects: AtomicU64,
     operations: AtomicU64,
+    /// The last batch met a write the disk refused (full, I/O error).
+    disk_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Counters {
+    /// Record whether the last batch met a disk refusal; the first refusal and the
+    /// recovery are logged once each.
+    fn disk_refused(&self, refused: bool, error: Option<&DbError>) {
+        let was = self.disk_refused.swap(refused, Ordering::Relaxed);
+        match (was, refused) {
+            (false, true) => tracing::error!(
+                error = ?error,
+                "embedded store: the disk refuses writes (full or I/O error): webhooks are \
+                 answered 503 and processing pauses until space returns"
+            ),
+            (true, false) => {
+                tracing::warn!("embedded store: writes succeed again; intake and processing resume")
+            }
+            _ => {}
+        }
+    }
+
     pub(super) fn snapshot(&self) -> CommitStats {
         CommitStats {
             commits: self.commits.load(Ordering::Relaxed),
@@ -173,6 +197,10 @@ pub(super) trait Job: Send {
     fn effect(&self) -> bool;
     /// Answer the caller once the batch is over: `Ok` = committed.
     fn finish(self: Box<Self>, batch: Result<(), &DbError>);
+    /// Its own failure, if the disk refused its write.
+    fn disk_refused(&self) -> bool {
+        false
+    }
 }
 
 struct Op<T, F> {
@@ -214,6 +242,10 @@ where
 
     fn effect(&self) -> bool {
         self.durability == Durability::Effect
+    }
+
+    fn disk_refused(&self) -> bool {
+        matches!(&self.result, Some(Err(e)) if e.is_disk_refusal())
     }
 
     fn finish(self: Box<Self>, batch: Result<(), &DbError>) {
@@ -292,7 +324,7 @@ pub(super) fn writer_loop(
                 .operations
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
             // Counted before anyone is answered, so a caller reads its own commit.
-            run_batch(&conn, batch, || {
+            run_batch(&conn, batch, &counters, || {
                 counters.commits.fetch_add(1, Ordering::Relaxed);
                 if full {
                     counters.fsynced.fetch_add(1, Ordering::Relaxed);
@@ -310,7 +342,12 @@ pub(super) fn writer_loop(
 
 /// Run every job of `batch` in one transaction, commit once, call `committed` if it
 /// did, answer everyone.
-fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, committed: impl FnOnce()) {
+fn run_batch(
+    conn: &Connection,
+    batch: &mut Vec<Box<dyn Job>>,
+    counters: &Counters,
+    committed: impl FnOnce(),
+) {
     let outcome = match catch_unwind(AssertUnwindSafe(|| execute_batch(conn, batch))) {
         Ok(outcome) => outcome,
         Err(_) => Err(DbError::Unavailable(
@@ -328,6 +365,11 @@ fn run_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, committed: impl F
     if outcome.is_ok() {
         committed();
     }
+    let refused = match &outcome {
+        Err(e) => e.is_disk_refusal() || batch.iter().any(|job| job.disk_refused()),
+        Ok(()) => batch.iter().any(|job| job.disk_refused()),
+    };
+    counters.disk_refused(refused, outcome.as_ref().err());
     for job in batch.drain(..) {
         job.finish(outcome.as_ref().map(|_| ()));
     }
@@ -342,9 +384,15 @@ fn execute_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), Db
         } else {
             if conn.is_autocommit() {
                 // SQLite aborted the whole transaction (I/O error, disk full, ...).
-                return Err(DbError::Unavailable(
-                    "the batch transaction was aborted by a failed write".into(),
-                ));
+                let refused = job.disk_refused();
+                return Err(DbError::Unavailable(format!(
+                    "{}the batch transaction was aborted by a failed write",
+                    if refused {
+                        format!("{}: ", super::DISK_REFUSED)
+                    } else {
+                        String::new()
+                    }
+                )));
             }
             exec(conn, "ROLLBACK TO op")?;
             exec(conn, "RELEASE op")?;
@@ -410,6 +458,30 @@ impl EmbeddedStore {
     pub fn commit_stats(&self) -> CommitStats {
         self.counters.snapshot()
     }
+
+    /// Whether the last write batch met a write the disk refused (full, I/O error):
+    /// intake answers 503 meanwhile, processing pauses; cleared by the next batch that
+    /// commits without one.
+    pub fn writes_failing(&self) -> bool {
+        self.counters.disk_refused.load(Ordering::Relaxed)
+    }
+
+    /// Cap the file at `pages` pages (`PRAGMA max_page_count` of the writer's
+    /// connection); `None` lifts the cap. Writes that need more space fail as on a
+    /// full disk. For tests of a full disk, and to keep a store from filling a disk
+    /// shared with others.
+    pub async fn limit_pages(&self, pages: Option<u64>) -> Result<u64, StoreError> {
+        let pages = pages.map_or(u32::MAX as u64 - 1, |p| p.max(1));
+        Ok(self
+            .write(move |conn| {
+                Ok(
+                    conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+                        r.get::<_, u64>(0)
+                    })?,
+                )
+            })
+            .await?)
+    }
 }
 
 #[cfg(test)]
@@ -457,7 +529,7 @@ mod tests {
                 durability: Durability::Durable,
             }),
         ];
-        run_batch(&conn, &mut batch, || {});
+        run_batch(&conn, &mut batch, &Counters::default(), || {});
         assert!(batch.is_empty());
         assert_eq!(ra.await.unwrap(), Ok(PutOutcome::Inserted));
         assert_eq!(rf.await.unwrap(), Err(DbError::Unavailable("boom".into())));
@@ -502,7 +574,7 @@ mod tests {
                 durability: Durability::Durable,
             }),
         ];
-        run_batch(&conn, &mut batch, || {});
+        run_batch(&conn, &mut batch, &Counters::default(), || {});
         assert!(matches!(ra.await.unwrap(), Err(DbError::Unavailable(_))));
         assert!(matches!(rf.await.unwrap(), Err(DbError::Unavailable(_))));
         assert!(conn.is_autocommit());
