@@ -12,3 +12,4 @@ mod listen;
 mod relay_serve;
 mod serve_aws;
 mod serve_limits;
+mod store_ops;

@@ -128,7 +128,7 @@ impl Processor {
             let current = if targets.is_empty() {
                 Vec::new()
             } else {
-                self.state.load(&targets).await?
+                self.state.load(targets).await?
             };
             if current.len() != targets.len() {
                 return Err(Failure::Transient(

@@ -2,7 +2,7 @@
 //! `einmal serve` (aged with the test-only clock override), `einmal store stats`,
 //! `einmal backup` while serving, `einmal restore` refusing a running store.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::Path;
