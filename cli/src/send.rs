@@ -245,7 +245,14 @@ fn retimed(token: &str, old: i64, now: i64) -> Option<(String, usize)> {
         || (rest.starts_with('.')
             && rest.len() > 1
             && rest[1..].bytes().all(|b| b.is_ascii_digit()));
-    (fraction && whole.parse::<i64>().ok() == Some(old)).then(|| (now.to_string(), digits))
+    match whole.parse::<i64>().ok() {
+        Some(t) if fraction && t == old => Some((now.to_string(), digits)),
+        // Unix milliseconds (HubSpot's `occurredAt`): the same second, kept in ms.
+        Some(t) if rest.is_empty() && t.div_euclid(1000) == old => {
+            Some(((now * 1000 + t.rem_euclid(1000)).to_string(), digits))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]
