@@ -40,6 +40,7 @@ mod shopify_tenancy;
 mod signed_facts;
 mod state_migration;
 mod state_store;
+mod store_upgrade;
 mod sweeper;
 mod telemetry;
 mod thin_events;
