@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use einmal::adapters::aws::sinks::AwsSinks;
 use einmal::config_source::ConfigSource;
 use einmal::https::HttpsClient;
 use einmal::pipeline::relay::{Relay, RelaySettings, RelayTally, DEFAULT_RUN_LIMIT};
@@ -31,7 +32,7 @@ pub async fn build(
     let relay = Relay::reloading(
         store,
         source,
-        Arc::new(SinkContext::new(https).wrapped(wrap)),
+        Arc::new(SinkContext::with_aws(https, aws_sinks()).wrapped(wrap)),
         settings,
     )
     .await
@@ -87,4 +88,15 @@ pub fn tally_fields(tally: &RelayTally) -> (u64, u64, u64, u64) {
         sum(&tally.dead_lettered),
         sum(&tally.superseded),
     )
+}
+
+/// The AWS kinds' sinks of `serve`: the SDK's own resolution of region, credentials and
+/// `AWS_ENDPOINT_URL`, loaded when the first AWS destination is built (a store without
+/// one never reads the AWS environment).
+fn aws_sinks() -> AwsSinks {
+    AwsSinks::loaded_on_first_use(Box::new(|| {
+        Box::pin(aws_config::load_defaults(
+            aws_config::BehaviorVersion::latest(),
+        ))
+    }))
 }

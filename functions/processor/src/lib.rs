@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use einmal::adapters::aws::sinks::AwsSinks;
 use einmal::adapters::aws::{
     config_source_from_env, function_relay, AwsSetupError, AwsStore, DynamoStateStore,
 };
@@ -132,7 +133,10 @@ pub async fn engine(
         einmal::telemetry::redact::register_config(&source.snapshot());
         let https = HttpsClient::new();
         // The destinations, delivered right after each commit (the sweeper retries).
-        let sinks = Arc::new(SinkContext::with_aws(https.clone(), sdk_config));
+        let sinks = Arc::new(SinkContext::with_aws(
+            https.clone(),
+            AwsSinks::given(sdk_config),
+        ));
         let relay = function_relay(store, source.clone(), sinks, relay_settings).await?;
         engine = engine
             .with_relay(relay)

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use einmal::adapters::aws::sinks::AwsSinks;
 use einmal::adapters::aws::{
     config_source_from_env, function_relay, relay_pass, AwsSetupError, AwsStore,
 };
@@ -42,7 +43,10 @@ impl Sweep {
             // reached at start is retried per delivery, never a failed init.
             Ok(source) => {
                 einmal::telemetry::redact::register_config(&source.snapshot());
-                let sinks = Arc::new(SinkContext::with_aws(HttpsClient::new(), sdk_config));
+                let sinks = Arc::new(SinkContext::with_aws(
+                    HttpsClient::new(),
+                    AwsSinks::given(sdk_config),
+                ));
                 Some(function_relay(store, source, sinks, RelaySettings::from_env()?).await?)
             }
             Err(AwsSetupError::NoConfigSource) => None,

@@ -11,9 +11,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use aws_config::SdkConfig;
 
-use crate::adapters::aws::sinks::{self as aws, AwsSinkFactory};
+use crate::adapters::aws::sinks::{self as aws, AwsSinks};
 use crate::adapters::postgres::{self, PostgresSink};
 use crate::destinations::fields::Fields;
 use crate::destinations::http::{self, HttpSink};
@@ -69,41 +68,23 @@ pub fn kind(name: &str) -> Option<&'static Kind> {
 /// Wraps the sink of a destination (`einmal listen` prints every attempt of its own).
 pub type SinkWrap = Arc<dyn Fn(&DestinationConfig, Arc<dyn Sink>) -> Arc<dyn Sink> + Send + Sync>;
 
-/// Where the AWS kinds get their SDK configuration.
-enum AwsConfig {
-    /// The process's own (the Lambdas load it at start).
-    Given(AwsSinkFactory),
-    /// The SDK's own resolution of region, credentials and `AWS_ENDPOINT_URL`, loaded
-    /// the first time an AWS destination is built (`einmal serve`: a store without one
-    /// never reads the AWS environment).
-    FromEnvironment(tokio::sync::OnceCell<AwsSinkFactory>),
-}
-
 /// What every sink is built from: the process's one outbound HTTPS client and, for
 /// the AWS kinds, one SDK configuration (one client per service, shared by every
 /// destination of that kind). PostgreSQL sinks connect with their own pool.
 pub struct SinkContext {
     https: HttpsClient,
-    aws: AwsConfig,
+    aws: AwsSinks,
     wrap: Option<SinkWrap>,
 }
 
 impl SinkContext {
-    /// The context of `einmal serve`: the AWS configuration is loaded from the
-    /// environment when the first AWS destination is built.
-    pub fn new(https: HttpsClient) -> Self {
+    /// The sinks on `https` and, for the AWS kinds, `aws`: the SDK configuration a
+    /// Lambda already holds ([`AwsSinks::given`]), or `einmal serve`'s, loaded when its
+    /// first AWS destination is built ([`AwsSinks::loaded_on_first_use`]).
+    pub fn with_aws(https: HttpsClient, aws: AwsSinks) -> Self {
         SinkContext {
             https,
-            aws: AwsConfig::FromEnvironment(tokio::sync::OnceCell::new()),
-            wrap: None,
-        }
-    }
-
-    /// The context of the Lambdas, on the SDK configuration they already hold.
-    pub fn with_aws(https: HttpsClient, sdk: &SdkConfig) -> Self {
-        SinkContext {
-            https,
-            aws: AwsConfig::Given(AwsSinkFactory::new(sdk)),
+            aws,
             wrap: None,
         }
     }
@@ -117,20 +98,6 @@ impl SinkContext {
     /// The process's outbound client.
     pub fn https(&self) -> &HttpsClient {
         &self.https
-    }
-
-    async fn aws(&self) -> &AwsSinkFactory {
-        match &self.aws {
-            AwsConfig::Given(factory) => factory,
-            AwsConfig::FromEnvironment(cell) => {
-                cell.get_or_init(|| async {
-                    let sdk =
-                        aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                    AwsSinkFactory::new(&sdk)
-                })
-                .await
-            }
-        }
     }
 
     /// The sink of `destination`, its failure classified: a bad URL, DSN or table
@@ -147,12 +114,14 @@ impl SinkContext {
             ),
             DestinationKind::Sqs(_)
             | DestinationKind::EventBridge(_)
-            | DestinationKind::Lambda(_) => self.aws().await.build(destination).map_err(|e| {
-                RelayError::config(
-                    destination,
-                    format!("{} sink: {e}", destination.kind.name()),
-                )
-            })?,
+            | DestinationKind::Lambda(_) => {
+                self.aws.factory().await.build(destination).map_err(|e| {
+                    RelayError::config(
+                        destination,
+                        format!("{} sink: {e}", destination.kind.name()),
+                    )
+                })?
+            }
             DestinationKind::Postgres(_) => Arc::new(
                 PostgresSink::for_destination(destination)
                     .await
@@ -191,7 +160,7 @@ mod tests {
         let sdk = aws_config::SdkConfig::builder()
             .behavior_version(aws_config::BehaviorVersion::latest())
             .build();
-        let sinks = SinkContext::with_aws(HttpsClient::new(), &sdk);
+        let sinks = SinkContext::with_aws(HttpsClient::new(), AwsSinks::given(&sdk));
         let toml = r#"
 [[tenant]]
 provider = "stripe"

@@ -115,6 +115,37 @@ pub enum AwsSinkError {
         field: &'static str,
     },
 }
+/// How a process loads its SDK configuration (the binary's own loader: the library
+/// has one, `AwsStore::from_env`, for the Lambdas).
+pub type SdkLoader = Box<dyn Fn() -> futures::future::BoxFuture<'static, SdkConfig> + Send + Sync>;
+
+/// The AWS kinds' sink factory of a process: on the SDK configuration a Lambda already
+/// holds, or (`einmal serve`) on one loaded when the first AWS destination is built,
+/// so a `serve` without one never reads the AWS environment.
+pub enum AwsSinks {
+    Given(AwsSinkFactory),
+    OnFirstUse(tokio::sync::OnceCell<AwsSinkFactory>, SdkLoader),
+}
+
+impl AwsSinks {
+    pub fn given(sdk: &SdkConfig) -> Self {
+        AwsSinks::Given(AwsSinkFactory::new(sdk))
+    }
+
+    pub fn loaded_on_first_use(load: SdkLoader) -> Self {
+        AwsSinks::OnFirstUse(tokio::sync::OnceCell::new(), load)
+    }
+
+    pub async fn factory(&self) -> &AwsSinkFactory {
+        match self {
+            AwsSinks::Given(factory) => factory,
+            AwsSinks::OnFirstUse(cell, load) => {
+                cell.get_or_init(|| async { AwsSinkFactory::new(&load().await) })
+                    .await
+            }
+        }
+    }
+}
 
 /// Builds the sinks of the AWS kinds on one SDK config: one client per service, shared
 /// by every destination of that kind (and their connection pool with the rest of the
