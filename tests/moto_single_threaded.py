@@ -7,9 +7,10 @@ TransactWriteItems) runs to its end before the next one starts: atomic as on Dyn
 without any serialisation on the client side. The interleaving *between* requests,
 where the pipeline's races live, is untouched.
 
-Two of moto's costs that grow with the suite, not with what it emulates, are patched
-(see the functions): the service lookup it repeats per request, and the whole-table copy
-behind every TransactWriteItems.
+Three of moto's costs that grow with the suite or the backlog, not with what it
+emulates, are patched (see the functions): the service lookup it repeats per request,
+the whole-table copy behind every TransactWriteItems, and the queue attributes computed
+per message a ReceiveMessage looks at.
 
 Usage: python moto_single_threaded.py -H 127.0.0.1 -p PORT
 """
@@ -116,6 +117,28 @@ def roll_back_only_touched_items() -> None:
     models.DynamoDBBackend.transact_write_items = transact_write_items
 
 
+def retention_without_queue_counts() -> None:
+    """ReceiveMessage checks each message it looks at against the queue's retention
+    period by asking for the queue's attributes, and moto computes all of them for that,
+    counting every message in the queue three times: a receive from a backlog of n
+    messages costs n * n. The retention period is a stored setting; read it directly."""
+    from moto.core.utils import unix_time
+    from moto.sqs import models
+
+    check = models.SQSBackend.is_message_valid_based_on_retention_period
+    if "MessageRetentionPeriod" not in inspect.getsource(check):
+        print("moto_single_threaded: the SQS retention check left as moto has it", file=sys.stderr)
+        return
+
+    def is_message_valid_based_on_retention_period(self, queue_name, message):
+        retention = int(self.get_queue(queue_name).message_retention_period)
+        return retention + message.sent_timestamp / 1000 > unix_time()
+
+    models.SQSBackend.is_message_valid_based_on_retention_period = (
+        is_message_valid_based_on_retention_period
+    )
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("-H", "--host", default="127.0.0.1")
@@ -125,6 +148,7 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("MOTO_PORT", str(args.port))
     cache_service_names()
     roll_back_only_touched_items()
+    retention_without_queue_counts()
     app = DomainDispatcherApplication(create_backend_app)
     # Not threaded: werkzeug then also answers HTTP/1.0 and closes each connection,
     # so no idle keep-alive connection can hold the single worker.

@@ -89,7 +89,12 @@ cargo fmt --all -- --check
 # passes it) over the test build, so the dependencies are compiled once, not a second
 # time in check mode (that second pass was 9 of the suite's 32 minutes). Every target the
 # tests build is linted: libraries in both configurations, binaries, tests, benches.
-export RUSTC_WORKSPACE_WRAPPER="$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver)"
+clippy_driver="$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)"
+if [ ! -x "$clippy_driver" ]; then
+  echo "tests/run.sh: clippy-driver not found (rustup component add clippy)" >&2
+  exit 1
+fi
+export RUSTC_WORKSPACE_WRAPPER="$clippy_driver"
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 echo "== cargo test --no-run (compiled with clippy -D warnings)"
 cargo test --workspace --all-targets --no-run
