@@ -6,7 +6,8 @@ use clap::Subcommand;
 use einmal::envelope::InboxKey;
 use einmal::pipeline::relay::BACKLOG_SCAN_MAX;
 use einmal::ports::{
-    DeliveryState, DeliveryStatus, InboxFilter, InboxItem, InboxQuery, InboxRelay, InboxState,
+    DeliveryState, DeliveryStatus, Inbox, InboxFilter, InboxItem, InboxQuery, InboxRelay,
+    InboxState,
 };
 use einmal::text::{json_terminal_safe, terminal_safe as safe};
 
@@ -31,8 +32,10 @@ pub enum EventsCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Inbox items, a page at a time (newest first on the embedded store); the
-    /// next page's cursor is printed on stderr.
+    /// Inbox items (newest first on the embedded store): `--limit` of them (read
+    /// from the store a page of at most 1,000 at a time), or every match with
+    /// `--all`; printed as they are read (`--json`: one JSON array). When more match
+    /// than `--limit`, the cursor of the rest is printed on stderr.
     List {
         /// received, queued, processing, completed, ignored, retryable, waiting, dead_letter
         #[arg(long, value_parser = parse_state)]
@@ -52,6 +55,9 @@ pub enum EventsCommand {
         /// Continue where the previous page stopped (the cursor it printed).
         #[arg(long, conflicts_with = "delivery_state")]
         cursor: Option<String>,
+        /// Every matching event, page by page (no cursor to follow); instead of --limit.
+        #[arg(long, conflicts_with_all = ["limit", "delivery_state"])]
+        all: bool,
         /// Events with a delivery in this state: dead_letter (the relay gave up: the
         /// event itself is `completed`) or pending (being retried). Read from the
         /// store's index of such deliveries, newest dead letter / earliest retry
@@ -129,6 +135,7 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
             since,
             until,
             cursor,
+            all,
             delivery_state,
             destination,
             scope: ScopeArgs { provider, tenant },
@@ -168,12 +175,19 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
                 }
                 return Ok(ExitCode::SUCCESS);
             }
+            let wanted = if all {
+                None
+            } else if limit == 0 {
+                Some(DEFAULT_LIMIT)
+            } else {
+                Some(limit)
+            };
             let query = InboxQuery {
                 filter: InboxFilter {
                     state,
                     provider,
                     tenant,
-                    limit,
+                    limit: 0,
                 },
                 event_type,
                 object_id,
@@ -181,25 +195,83 @@ pub async fn run(command: EventsCommand) -> Result<ExitCode, CliError> {
                 until_ms: until,
                 cursor,
             };
-            let page = inbox.search(&query).await.map_err(|e| e.to_string())?;
-            let items = page.items;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let rest = stream_pages(inbox.as_ref(), query, wanted, json, &mut out)
+                .await
+                .map_err(|e| CliError::from(e.to_string()))?;
             // On stderr, so stdout (text or JSON) stays the items alone.
-            if let Some(next) = &page.next_cursor {
-                eprintln!("einmal: more events: --cursor {}", safe(next));
-            }
-            if json {
-                let values: Vec<_> = items.iter().map(item_json).collect();
-                let text = serde_json::to_string_pretty(&values).map_err(|e| e.to_string())?;
-                println!("{}", json_terminal_safe(&text));
-            } else {
-                for item in &items {
-                    println!("{}", line(item));
-                }
+            if let Some(next) = rest {
+                eprintln!("einmal: more events: --cursor {}", safe(&next));
             }
             Ok(ExitCode::SUCCESS)
         }
     }
 }
+
+/// `--limit`'s default (and what 0 means).
+const DEFAULT_LIMIT: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    #[error(transparent)]
+    Search(#[from] einmal::ports::SearchError),
+    #[error("writing the list: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Print the items `query` matches, at most `wanted` (all with `None`), reading the
+/// store one page at a time and writing each page before the next is read (memory:
+/// one page). Returns the cursor of the rest when `wanted` stopped the listing first.
+async fn stream_pages<S: Inbox + ?Sized>(
+    store: &S,
+    mut query: InboxQuery,
+    wanted: Option<usize>,
+    json: bool,
+    out: &mut impl std::io::Write,
+) -> Result<Option<String>, StreamError> {
+    let mut printed = 0usize;
+    let mut opened = false;
+    let rest = loop {
+        let left = wanted.map_or(PAGE_MAX, |w| w.saturating_sub(printed));
+        if left == 0 {
+            break query.cursor;
+        }
+        query.filter.limit = left.min(PAGE_MAX);
+        let page = store.search(&query).await?;
+        // Nothing on stdout before the first page is in (a bad cursor prints nothing).
+        if json && !opened {
+            out.write_all(b"[")?;
+            opened = true;
+        }
+        for item in &page.items {
+            if json {
+                let text = serde_json::to_string_pretty(&item_json(item))
+                    .map_err(std::io::Error::other)?;
+                let sep = if printed == 0 { "\n" } else { ",\n" };
+                write!(out, "{sep}{}", json_terminal_safe(&text))?;
+            } else {
+                writeln!(out, "{}", line(item))?;
+            }
+            printed += 1;
+        }
+        out.flush()?;
+        match page.next_cursor {
+            Some(next) => query.cursor = Some(next),
+            None => break None,
+        }
+    };
+    if json {
+        if !opened {
+            out.write_all(b"[")?;
+        }
+        out.write_all(if printed == 0 { b"]\n" } else { b"\n]\n" })?;
+    }
+    out.flush()?;
+    Ok(rest)
+}
+
+/// Items per store page: what both stores serve at most per search.
+const PAGE_MAX: usize = 1_000;
 
 /// The events `query` matches with a delivery in state `wanted` (to `destination`),
 /// up to the query's limit, through the store's index of such deliveries.
