@@ -13,7 +13,11 @@
 # Printed: the file (+WAL) size at the stream's start, middle and end, its largest
 # size in the first and second half, the inbox rows at the end, the probes' acks/s
 # and p99 and the first and last stream windows' p99; three runs, min / median / max.
-#   bench/retention.sh [T seconds] [R seconds] [RATE] [P] [runs]
+# The payments pay ORDERS orders in turn (einmal-loadgen --orders), as a shop's customers
+# do: the business records (state rows) stay ORDERS while the events expire. ORDERS=0 pays
+# a new order per event, so the state table grows with the stream: business records are
+# kept, by design, beyond the events' retention.
+#   bench/retention.sh [T seconds] [R seconds] [RATE] [P] [runs] [ORDERS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-120}
@@ -21,6 +25,7 @@ retention=${2:-20}
 rate=${3:-300}
 probe=${4:-3000}
 runs=${5:-3}
+orders=${6:-2000}
 bin=${CARGO_TARGET_DIR:-target}/release
 cargo build --release --quiet --bin einmal --bin einmal-loadgen
 work=$(mktemp -d)
@@ -43,7 +48,7 @@ run() {
   server=$!; pids+=("$server"); wait_port "$port"
   local url="http://127.0.0.1:$port"
   start_probe=$(figures "$("$bin/einmal-loadgen" --url "$url" --requests "$probe" --concurrency 32 \
-    --duplicates 0 --seed $((n * 1000)) 2>/dev/null)")
+    --duplicates 0 --orders "$orders" --seed $((n * 1000)) 2>/dev/null)")
   ( t0=$(date +%s); while :; do
       echo "$(( $(date +%s) - t0 )) $(size "$data/einmal.sqlite") $(size "$data/einmal.sqlite-wal")"
       sleep 5; done ) >"$work/sizes-$n" &
@@ -51,16 +56,17 @@ run() {
   local windows=$((duration / 10)) w out
   for w in $(seq "$windows"); do
     out=$("$bin/einmal-loadgen" --url "$url" --requests $((rate * 10)) --rate "$rate" \
-      --concurrency 16 --seed $((n * 1000 + w)) 2>/dev/null)
+      --concurrency 16 --orders "$orders" --seed $((n * 1000 + w)) 2>/dev/null)
     [[ $w == 1 ]] && first=$(figures "$out")
     last=$(figures "$out")
   done
   kill "$sampler"; wait "$sampler" 2>/dev/null || true
   end_probe=$(figures "$("$bin/einmal-loadgen" --url "$url" --requests "$probe" --concurrency 32 \
-    --duplicates 0 --seed $((n * 1000 + 999)) 2>/dev/null)")
+    --duplicates 0 --orders "$orders" --seed $((n * 1000 + 999)) 2>/dev/null)")
   kill -TERM "$server"; wait "$server" || true
   local rows
-  rows=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True).execute('SELECT count(*) FROM inbox').fetchone()[0])" "$data/einmal.sqlite")
+  # "inbox_rows state_rows" at the end.
+  rows=$(python3 -c "import sqlite3,sys; db=sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True); print(*(db.execute(f'SELECT count(*) FROM {t}').fetchone()[0] for t in ('inbox', 'state')))" "$data/einmal.sqlite")
   python3 - "$work/sizes-$n" "$start_probe" "$end_probe" "$first" "$last" "$rows" >>"$work/results" <<'PY'
 import sys
 samples = [tuple(map(int, l.split())) for l in open(sys.argv[1]) if len(l.split()) == 3]
@@ -68,7 +74,7 @@ mb = lambda s: (s[1] + s[2]) / 1e6
 half = len(samples) // 2
 start, middle, end = samples[0], samples[half], samples[-1]
 print(mb(start), mb(middle), mb(end), max(map(mb, samples[:half])), max(map(mb, samples[half:])),
-      *sys.argv[2].split(), *sys.argv[3].split(), sys.argv[4].split()[1], sys.argv[5].split()[1], sys.argv[6])
+      *sys.argv[2].split(), *sys.argv[3].split(), sys.argv[4].split()[1], sys.argv[5].split()[1], *sys.argv[6].split())
 PY
   cp "$work/sizes-$n" "$work/kept-sizes-$n"
 }
@@ -76,12 +82,13 @@ PY
 for n in $(seq "$runs"); do run "$n"; done
 echo "samples of run 1 (seconds into the stream, file bytes, WAL bytes):"
 paste -sd' ' "$work/kept-sizes-1" | fold -w 120
-python3 - "$work/results" "$duration" "$retention" "$rate" "$probe" <<'PY'
+python3 - "$work/results" "$duration" "$retention" "$rate" "$probe" "$orders" <<'PY'
 import sys, statistics
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
-d, r, rate, p = sys.argv[2:]
+d, r, rate, p, orders = sys.argv[2:]
 print(f"{len(rows)} runs: {rate}/s of signed ~3 KB Stripe events for {d} s, retention {r} s "
-      f"(the stream passes it {int(d) // int(r)} times), purge every 5 s; probes of {p} events over 32 connections")
+      f"(the stream passes it {int(d) // int(r)} times), purge every 5 s; probes of {p} events over 32 connections; "
+      f"paying {orders + ' orders in turn' if orders != '0' else 'a new order each'}")
 def show(name, i, unit):
     v = sorted(row[i] for row in rows)
     print(f"  {name:<44} min {v[0]:>9.2f}  median {statistics.median(v):>9.2f}  max {v[-1]:>9.2f} {unit}")
@@ -91,6 +98,7 @@ show("file + WAL at the end", 2, "MB")
 show("largest file + WAL, first half", 3, "MB")
 show("largest file + WAL, second half", 4, "MB")
 show("inbox rows at the end", 11, "")
+show("state rows (business records) at the end", 12, "")
 show("probe at the start: acks/s", 5, "webhooks/s")
 show("probe at the end: acks/s", 7, "webhooks/s")
 show("probe at the start: p99 ack latency", 6, "ms")

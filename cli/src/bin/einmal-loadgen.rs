@@ -2,7 +2,9 @@
 //! share of duplicates, several concurrent keep-alive clients, against a running
 //! `einmal serve`. Prints webhooks/s and ack latency percentiles. With `--sku`, every
 //! event is a Shopify `orders/create` of one unit of that SKU (a best-selling SKU:
-//! `bench/hot-sku.sh`).
+//! `bench/hot-sku.sh`). With `--orders N`, the Stripe payments pay N orders over and
+//! over, so the business records stay N however long the stream runs
+//! (`bench/retention.sh`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -57,6 +59,11 @@ struct Args {
     /// shopify`; the tenant's `topic` option must be `orders/create`).
     #[arg(long)]
     sku: Option<String>,
+    /// Stripe payments pay this many orders in turn (event i pays `order-{i mod N}`
+    /// through `pi_order_{i mod N}`), so the shop's records stay N rows; 0 = a new order
+    /// per event.
+    #[arg(long, default_value_t = 0)]
+    orders: usize,
 }
 
 struct Prepared {
@@ -66,15 +73,17 @@ struct Prepared {
     body: Bytes,
 }
 
-fn stripe_event(id: &str, pad: usize) -> Vec<u8> {
+/// A Stripe `payment_intent.succeeded` `id` of about `pad` bytes: payment intent
+/// `payment` paying `order`.
+fn stripe_event(id: &str, payment: &str, order: &str, pad: usize) -> Vec<u8> {
     // Stamped now, so the effect lag and the payment SLI read true figures.
     let created = einmal::time::now_millis() / 1000;
     let base = serde_json::json!({
         "id": id, "object": "event", "api_version": "2024-06-20", "created": created,
         "livemode": false, "pending_webhooks": 1, "type": "payment_intent.succeeded",
-        "data": {"object": {"id": format!("pi_{id}"), "object": "payment_intent", "amount": 4990,
+        "data": {"object": {"id": format!("pi_{payment}"), "object": "payment_intent", "amount": 4990,
             "currency": "eur", "status": "succeeded", "customer": "cus_123",
-            "metadata": {"order_id": format!("order-{id}")}, "description": ""}}
+            "metadata": {"order_id": order}, "description": ""}}
     });
     let len = base.to_string().len();
     let mut value = base;
@@ -100,6 +109,9 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
     if args.sku.is_some() && args.provider != "shopify" {
         return Err("--sku sends Shopify orders: use --provider shopify".into());
     }
+    if args.sku.is_some() && args.orders > 0 {
+        return Err("--orders shapes Stripe payments: it does not go with --sku".into());
+    }
     let config = Config::load(&args.config).map_err(|e| e.to_string())?;
     let provider = providers::lookup(&args.provider).ok_or("unknown provider")?;
     let tenant = config
@@ -123,7 +135,17 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
             let body = match &args.sku {
                 // Order ids unique per run (run's low bits above the index).
                 Some(sku) => shopify_order(u64::from(run >> 8) * 1_000_000_000 + i as u64, sku),
-                None => stripe_event(&event_id, args.body_bytes),
+                None if args.orders > 0 => {
+                    let k = i % args.orders;
+                    let (payment, order) = (format!("order_{k}"), format!("order-{k}"));
+                    stripe_event(&event_id, &payment, &order, args.body_bytes)
+                }
+                None => stripe_event(
+                    &event_id,
+                    &event_id,
+                    &format!("order-{event_id}"),
+                    args.body_bytes,
+                ),
             };
             let (headers, body) = provider
                 .signed_request(&body, tenant, &event_id, now)

@@ -1390,3 +1390,72 @@ async fn config_check_resolves_ssm_secret_references() {
         !stdout(&invalid).contains("NEVER_PRINTED") && !stderr(&invalid).contains("NEVER_PRINTED")
     );
 }
+
+/// `events list` past one store page (1,000) on DynamoDB: `--all` streams every event
+/// once, `--limit` over a page gives that many and the cursor of the rest, and `--all
+/// --cursor` continues there to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_list_pages_past_a_page_with_backend_aws() {
+    use std::collections::BTreeSet;
+    const EVENTS: usize = 1_050;
+    let aws = Arc::new(Aws::new().await);
+    // Eight senders at a time, as a provider's retries overlap.
+    let mut sends = tokio::task::JoinSet::new();
+    for sender in 0..8 {
+        let aws = aws.clone();
+        sends.spawn(async move {
+            for i in (sender..EVENTS).step_by(8) {
+                let event =
+                    pi_succeeded(&format!("order-page-{i}"), &format!("pi_page_{i}"), 100, 1);
+                aws.send(&event).await;
+            }
+        });
+    }
+    while let Some(sent) = sends.join_next().await {
+        sent.expect("sender");
+    }
+    let keys = |out: &Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", stderr(out));
+        let items: Vec<Value> = serde_json::from_str(&stdout(out)).expect("a JSON list");
+        items
+            .iter()
+            .map(|i| i["key"].as_str().expect("a key").to_string())
+            .collect()
+    };
+
+    let all = keys(&aws.einmal(&["events", "list", "--all", "--json"]).await);
+    assert_eq!(all.len(), EVENTS);
+    let distinct: BTreeSet<_> = all.iter().cloned().collect();
+    assert_eq!(distinct.len(), EVENTS, "no event twice across pages");
+    let sent: BTreeSet<String> = (0..EVENTS).map(|i| format!("evt_ps_pi_page_{i}")).collect();
+    let listed: BTreeSet<String> = all
+        .iter()
+        .map(|k| k.rsplit('#').next().expect("an event id").to_string())
+        .collect();
+    assert_eq!(listed, sent, "every sent event is listed");
+
+    let limited = aws
+        .einmal(&["events", "list", "--limit", "1020", "--json"])
+        .await;
+    let first = keys(&limited);
+    assert_eq!(first.len(), 1020);
+    let said = stderr(&limited);
+    let cursor = said
+        .split("--cursor ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no cursor: {said}"))
+        .trim()
+        .to_string();
+    let rest = keys(
+        &aws.einmal(&["events", "list", "--all", "--cursor", &cursor, "--json"])
+            .await,
+    );
+    let mut both: Vec<String> = first.into_iter().chain(rest).collect();
+    both.sort();
+    let mut everything = all.clone();
+    everything.sort();
+    assert_eq!(
+        both, everything,
+        "the limit and its cursor's rest are every event once"
+    );
+}
