@@ -60,8 +60,8 @@ struct Args {
     #[arg(long)]
     sku: Option<String>,
     /// Stripe payments pay this many orders in turn (event i pays `order-{i mod N}`
-    /// through `pi_order_{i mod N}`), so the shop's records stay N rows; 0 = a new order
-    /// per event.
+    /// through `pi_{i mod N}`), so the shop's records stay N rows; 0 = a new order per
+    /// event.
     #[arg(long, default_value_t = 0)]
     orders: usize,
 }
@@ -74,16 +74,16 @@ struct Prepared {
 }
 
 /// A Stripe `payment_intent.succeeded` `id` of about `pad` bytes: payment intent
-/// `payment` paying `order`.
-fn stripe_event(id: &str, payment: &str, order: &str, pad: usize) -> Vec<u8> {
+/// `pi_{payer}` paying order `order-{payer}`.
+fn stripe_event(id: &str, payer: &str, pad: usize) -> Vec<u8> {
     // Stamped now, so the effect lag and the payment SLI read true figures.
     let created = einmal::time::now_millis() / 1000;
     let base = serde_json::json!({
         "id": id, "object": "event", "api_version": "2024-06-20", "created": created,
         "livemode": false, "pending_webhooks": 1, "type": "payment_intent.succeeded",
-        "data": {"object": {"id": format!("pi_{payment}"), "object": "payment_intent", "amount": 4990,
+        "data": {"object": {"id": format!("pi_{payer}"), "object": "payment_intent", "amount": 4990,
             "currency": "eur", "status": "succeeded", "customer": "cus_123",
-            "metadata": {"order_id": order}, "description": ""}}
+            "metadata": {"order_id": format!("order-{payer}")}, "description": ""}}
     });
     let len = base.to_string().len();
     let mut value = base;
@@ -136,16 +136,9 @@ fn prepare(args: &Args) -> Result<Vec<Prepared>, String> {
                 // Order ids unique per run (run's low bits above the index).
                 Some(sku) => shopify_order(u64::from(run >> 8) * 1_000_000_000 + i as u64, sku),
                 None if args.orders > 0 => {
-                    let k = i % args.orders;
-                    let (payment, order) = (format!("order_{k}"), format!("order-{k}"));
-                    stripe_event(&event_id, &payment, &order, args.body_bytes)
+                    stripe_event(&event_id, &(i % args.orders).to_string(), args.body_bytes)
                 }
-                None => stripe_event(
-                    &event_id,
-                    &event_id,
-                    &format!("order-{event_id}"),
-                    args.body_bytes,
-                ),
+                None => stripe_event(&event_id, &event_id, args.body_bytes),
             };
             let (headers, body) = provider
                 .signed_request(&body, tenant, &event_id, now)
