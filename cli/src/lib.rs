@@ -10,6 +10,7 @@ pub mod error;
 pub mod metrics;
 pub mod relay;
 pub mod serve;
+pub mod serve_args;
 pub mod serve_aws;
 pub mod serve_http;
 pub mod store_cmd;

@@ -6,7 +6,6 @@
 //! (counts, retries by cause, processing time and effect lag as avg/max, the payment
 //! SLI share); the final intake counters are also printed at shutdown.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -18,7 +17,6 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
-use clap::Args;
 use einmal::adapters::embedded::EmbeddedStateStore;
 use einmal::adapters::embedded::{EmbeddedOptions, EmbeddedStore};
 use einmal::config::Config;
@@ -35,53 +33,14 @@ use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{Samples, WorkerTally};
 use einmal::telemetry::IngestCounts;
 
-use crate::serve_http::{self, BodyBudget, ClientLimits};
+use crate::serve_http::{self, BodyBudget};
 
 /// How often the local sweeper runs.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 /// How often the figures are logged (when something happened).
 const METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub addr: SocketAddr,
-    /// Directory of the embedded store (created if missing).
-    #[arg(long, default_value = ".einmal")]
-    pub data_dir: PathBuf,
-    /// Tenant configuration (TOML).
-    #[arg(long, default_value_os_t = crate::default_config_path())]
-    pub config: PathBuf,
-    /// The token of the console at /console; required to serve it on an address that
-    /// is not loopback (without one the console is off there).
-    #[arg(long, env = "EINMAL_CONSOLE_TOKEN", hide_env_values = true)]
-    pub console_token: Option<String>,
-    /// A host name the console at /console answers to besides the bound address
-    /// (127.0.0.1, localhost, [::1] on its port): the name a reverse proxy forwards
-    /// as `Host`, optionally with :port. Repeatable; any other Host is refused (421).
-    #[arg(long = "console-host", value_name = "NAME")]
-    pub console_hosts: Vec<String>,
-    /// Mark the console's session cookie `Secure` (the console is behind a TLS proxy;
-    /// a login from an https origin sets it anyway).
-    #[arg(long)]
-    pub console_secure_cookie: bool,
-    /// Serve `/metrics` on this address of its own (with small connection limits)
-    /// instead of on `--addr`; e.g. 127.0.0.1:9464.
-    #[arg(long)]
-    pub metrics_addr: Option<SocketAddr>,
-    /// The bearer token every `/metrics` scrape must present (`Authorization: Bearer
-    /// …`); without it and without --metrics-addr, `/metrics` is served on a loopback
-    /// --addr only.
-    #[arg(long, env = "EINMAL_METRICS_TOKEN", hide_env_values = true)]
-    pub metrics_token: Option<String>,
-    #[command(flatten)]
-    pub limits: ClientLimits,
-    #[command(flatten)]
-    pub purge: crate::store_cmd::PurgeArgs,
-    #[command(flatten)]
-    pub aws: crate::serve_aws::AwsServeArgs,
-}
+pub use crate::serve_args::ServeArgs;
 
 /// `einmal serve` with `domain` deciding: a user's binary passes its own domain. The
 /// `--config` file is read again on SIGHUP: tenants, secrets and destinations move to

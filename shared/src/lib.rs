@@ -26,6 +26,7 @@ pub mod reconcile;
 pub mod request;
 pub mod retention;
 pub mod secret;
+pub mod store_error;
 pub mod telemetry;
 pub mod text;
 pub mod time;

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::envelope::{Envelope, InboxKey};
+pub use crate::providers::paypal::CertificateCache;
 use crate::providers::{self, Provider};
+pub use crate::store_error::StoreError;
 
 /// Where an inbox item is in the pipeline.
 ///
@@ -254,21 +256,6 @@ pub enum SearchError {
     InvalidCursor(String),
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-#[derive(Debug, Error)]
-pub enum StoreError {
-    /// The store could not be reached or refused the call (throttling, I/O, timeouts):
-    /// the provider should retry.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// A stored item could not be decoded.
-    #[error("stored item is corrupt: {0}")]
-    Corrupt(String),
-    /// The store refused this write and always will (an item over the size limit,
-    /// a request it validates as invalid): retrying cannot help.
-    #[error("store rejected the write: {0}")]
-    Rejected(String),
 }
 
 /// Error classes stored in [`InboxItem::last_error_class`].
@@ -941,30 +928,6 @@ pub trait DeadLetterQueue: Send + Sync {
     async fn delete_dead_letter(&self, receipt: &str) -> Result<(), QueueError>;
     /// Make a received dead letter visible again at once.
     async fn release_dead_letter(&self, receipt: &str) -> Result<(), QueueError>;
-}
-
-/// PayPal's certificates that verified a genuine delivery, kept in the store so that a
-/// restart, a new Lambda instance or an outage of PayPal's host does not need a fetch
-/// (`providers::paypal`). Keyed by the certificate URL. Only the verifier writes, and
-/// only a chain whose key verified a signature: unauthenticated requests never write,
-/// so the entries are as many as the certificates PayPal signs with. Each expires at
-/// `expires_at` (Unix seconds; the chain's earliest notAfter), after which it is never
-/// returned and the store deletes it (DynamoDB TTL; SQLite on the next put).
-#[async_trait]
-pub trait CertificateCache: Send + Sync {
-    /// The PEM chain kept for `url`, unless it expired at `now_secs`.
-    async fn get_certificate(
-        &self,
-        url: &str,
-        now_secs: i64,
-    ) -> Result<Option<Vec<u8>>, StoreError>;
-    /// Keep (or replace) `url`'s PEM chain until `expires_at`.
-    async fn put_certificate(
-        &self,
-        url: &str,
-        pem: &[u8],
-        expires_at: i64,
-    ) -> Result<(), StoreError>;
 }
 
 /// Every inbox port at once: what one backend's store (DynamoDB + SQS, or SQLite)

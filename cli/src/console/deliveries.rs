@@ -21,7 +21,7 @@ use einmal::pipeline::relay::{backlog_of, excerpt, EXCERPT_CHARS};
 use einmal::ports::{DeliveryState, DeliveryStatus, InboxItem};
 use einmal::time::now_millis;
 
-use super::pages::{event_link, operator_of, render, report_markup, Page};
+use super::page::{event_link, operator_of, render, report_markup, Page};
 use super::view::{age, at, ConsoleError, Params};
 use super::{Console, BASE};
 

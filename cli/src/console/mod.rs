@@ -18,6 +18,7 @@
 mod auth;
 mod deliveries;
 mod guard;
+mod page;
 mod pages;
 mod view;
 

@@ -10,22 +10,13 @@ use maud::{html, Markup};
 
 use einmal::audit::AuditRecord;
 use einmal::envelope::InboxKey;
-use einmal::pipeline::replay::{BulkSelector, Operator, ReplayReport};
+use einmal::pipeline::replay::BulkSelector;
 use einmal::ports::{InboxFilter, InboxItem, InboxQuery, InboxState, SearchError};
 use einmal::time::now_millis;
 
+use super::page::{event_link, operator_of, render, report_markup, Page};
 use super::view::{self, age, at, bars, ConsoleError, Params};
-use super::{auth, Console, BASE, MAX_SAMPLES, SAMPLE_EVERY_MS};
-
-pub(super) type Page = Result<(String, Markup), ConsoleError>;
-
-/// The response of a page: its markup in the layout, or the error.
-pub(super) fn render(console: &Console, headers: &HeaderMap, page: Page) -> Response {
-    match page {
-        Ok((title, body)) => view::page(console, &title, body).into_response(),
-        Err(e) => e.respond(console, headers),
-    }
-}
+use super::{Console, BASE, MAX_SAMPLES, SAMPLE_EVERY_MS};
 
 /// Outside the access rule: the answer says nothing about the store.
 pub(super) async fn not_found(headers: HeaderMap) -> Response {
@@ -202,12 +193,6 @@ fn next_link(page: &str, raw_query: &str, cursor: &str) -> String {
     }
     out.append_pair("cursor", cursor);
     format!("{BASE}/{page}?{}", out.finish())
-}
-
-pub(super) fn event_link(item: &InboxItem) -> String {
-    let mut q = form_urlencoded::Serializer::new(String::new());
-    q.append_pair("id", item.key.as_str());
-    format!("{BASE}/event?{}", q.finish())
 }
 
 pub(super) async fn events(
@@ -438,44 +423,6 @@ async fn dead_letters_page(console: &Console, raw: &str) -> Page {
         }
     };
     Ok(("Dead letters".into(), body))
-}
-
-/// The form's CSRF token, reason and operator, all required.
-pub(super) fn operator_of(console: &Console, p: &Params) -> Result<Operator, ConsoleError> {
-    let csrf = p.get("csrf").unwrap_or_default();
-    if !auth::same(&csrf, &console.csrf) {
-        return Err(ConsoleError::Csrf);
-    }
-    Ok(Operator {
-        reason: p.required("reason", "a reason (recorded in the audit log)")?,
-        actor: p.required(
-            "operator",
-            "the operator's name (recorded in the audit log)",
-        )?,
-    })
-}
-
-pub(super) fn report_markup(report: &ReplayReport) -> Markup {
-    let s = &report.summary;
-    html! {
-        p id="replay-summary" {
-            @if s.dry_run { "Would replay " (s.matched) " event(s): nothing changed, nothing audited." }
-            @else {
-                span.ok { "Replayed " (s.replayed) " of " (s.matched) "." }
-                " already done " (s.already_done) ", busy " (s.busy) ", missing " (s.missing)
-                ", failed " (s.failed) ", redelivered " (s.redelivered) "."
-            }
-        }
-        @if let Some(id) = &report.audit_id {
-            p { "Audit record " a href={ (BASE) "/audit" } { code id="audit-id" { (id) } } }
-        }
-        table {
-            tr { th { "Event" } th { "Outcome" } }
-            @for (key, outcome) in &report.outcomes {
-                tr { td { (key.as_str()) } td.outcome { (outcome.as_str()) } }
-            }
-        }
-    }
 }
 
 pub(super) async fn replay_one(

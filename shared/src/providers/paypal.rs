@@ -114,10 +114,34 @@ use super::{Provider, ProviderError, VerifiedEvent};
 use crate::config::TenantConfig;
 use crate::envelope::Envelope;
 use crate::https::HttpsClient;
-use crate::ports::CertificateCache;
 use crate::request::WebhookRequest;
+use crate::store_error::StoreError;
 
 pub struct PayPal;
+
+/// PayPal's certificates that verified a genuine delivery, kept in the store so that a
+/// restart, a new Lambda instance or an outage of PayPal's host does not need a fetch
+/// (this module). Keyed by the certificate URL. Only the verifier writes, and
+/// only a chain whose key verified a signature: unauthenticated requests never write,
+/// so the entries are as many as the certificates PayPal signs with. Each expires at
+/// `expires_at` (Unix seconds; the chain's earliest notAfter), after which it is never
+/// returned and the store deletes it (DynamoDB TTL; SQLite on the next put).
+#[async_trait::async_trait]
+pub trait CertificateCache: Send + Sync {
+    /// The PEM chain kept for `url`, unless it expired at `now_secs`.
+    async fn get_certificate(
+        &self,
+        url: &str,
+        now_secs: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Keep (or replace) `url`'s PEM chain until `expires_at`.
+    async fn put_certificate(
+        &self,
+        url: &str,
+        pem: &[u8],
+        expires_at: i64,
+    ) -> Result<(), StoreError>;
+}
 
 const ID: &str = "paypal-transmission-id";
 const TIME: &str = "paypal-transmission-time";
@@ -2095,7 +2119,7 @@ mod tests {
             &self,
             url: &str,
             now_secs: i64,
-        ) -> Result<Option<Vec<u8>>, crate::ports::StoreError> {
+        ) -> Result<Option<Vec<u8>>, StoreError> {
             Ok(self
                 .kept
                 .lock()
@@ -2110,7 +2134,7 @@ mod tests {
             url: &str,
             pem: &[u8],
             expires_at: i64,
-        ) -> Result<(), crate::ports::StoreError> {
+        ) -> Result<(), StoreError> {
             *self.puts.lock().unwrap() += 1;
             self.kept
                 .lock()

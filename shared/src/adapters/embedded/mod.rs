@@ -16,6 +16,7 @@ mod backup;
 mod certs;
 mod hints;
 mod inbox;
+mod item_row;
 mod purge;
 mod queue;
 mod relay;

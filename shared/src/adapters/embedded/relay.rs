@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use super::inbox::{item_from_row, ITEM_COLUMNS};
+use super::item_row::{encode_deliveries, item_from_row, ITEM_COLUMNS};
 use super::{DbError, EmbeddedStore};
 use crate::envelope::InboxKey;
 use crate::order::{Cursor, Entry, Holder};
@@ -56,27 +56,6 @@ pub(super) fn ensure_relay_schema(conn: &Connection) -> Result<(), DbError> {
          );",
     )?;
     Ok(())
-}
-
-/// The stored deliveries column: `NULL` when there are none.
-pub(super) fn encode_deliveries(deliveries: &[DeliveryStatus]) -> Result<Option<String>, DbError> {
-    if deliveries.is_empty() {
-        return Ok(None);
-    }
-    serde_json::to_string(deliveries)
-        .map(Some)
-        .map_err(|e| DbError::Malformed(format!("deliveries do not encode: {e}")))
-}
-
-pub(super) fn decode_deliveries(
-    pk: &str,
-    raw: Option<String>,
-) -> Result<Vec<DeliveryStatus>, DbError> {
-    match raw {
-        None => Ok(Vec::new()),
-        Some(raw) => serde_json::from_str(&raw)
-            .map_err(|e| DbError::Corrupt(format!("inbox item {pk}: deliveries: {e}"))),
-    }
 }
 
 /// A relay may take the item: finished processing and no live relay lease.

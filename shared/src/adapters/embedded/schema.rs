@@ -5,11 +5,28 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::{certs, hints, purge, relay, state, sweep, waiting, DbError};
+use super::{certs, hints, purge, relay, sweep, waiting, DbError};
 
 /// Stored in `PRAGMA user_version`. Version 2 added the processing columns (lease,
 /// error class, result); a version 1 file is upgraded in place on open.
 pub(super) const SCHEMA_VERSION: i64 = 2;
+
+/// `WITHOUT ROWID`: the table is clustered on `pk`, and the `(tenant, kind)` index
+/// carries `pk`, so `list` reads the index in key order. Idempotent: run on every
+/// open by the schema migration (the same table the legacy file had).
+pub(super) const STATE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS state (
+    pk            TEXT PRIMARY KEY NOT NULL,
+    tenant        TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    id            TEXT NOT NULL,
+    version       INTEGER NOT NULL,
+    data          TEXT NOT NULL,
+    applied       TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS state_by_tenant_kind ON state(tenant, kind);
+";
 
 /// Version 1 -> 2.
 const MIGRATE_1_TO_2: &str = "
@@ -123,7 +140,7 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), DbError> {
     // Idempotent too: the relay's columns, its partial index and the order cursors.
     relay::ensure_relay_schema(conn)?;
     // Idempotent too: the business records (in their own file before).
-    conn.execute_batch(state::STATE_SCHEMA)?;
+    conn.execute_batch(STATE_SCHEMA)?;
     // Idempotent too: PayPal's verified certificates.
     conn.execute_batch(certs::CERTIFICATE_SCHEMA)?;
     // Idempotent too: the retention purge's indexes and its record of passes.

@@ -9,7 +9,7 @@ use base64::Engine;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
-use super::inbox::{item_from_row, ITEM_COLUMNS};
+use super::item_row::{item_from_row, ITEM_COLUMNS};
 use super::DbError;
 use crate::ports::{InboxFilter, InboxPage, InboxQuery, InboxState, SearchError, StateCounts};
 

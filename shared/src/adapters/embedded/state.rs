@@ -70,23 +70,6 @@ pub const DEFAULT_LIST_LIMIT: usize = 100;
 /// The `user_version` of the legacy file this build can import.
 const LEGACY_SCHEMA_VERSION: i64 = 1;
 
-/// `WITHOUT ROWID`: the table is clustered on `pk`, and the `(tenant, kind)` index
-/// carries `pk`, so `list` reads the index in key order. Idempotent: run on every
-/// open by the schema migration (the same table the legacy file had).
-pub(super) const STATE_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS state (
-    pk            TEXT PRIMARY KEY NOT NULL,
-    tenant        TEXT NOT NULL,
-    kind          TEXT NOT NULL,
-    id            TEXT NOT NULL,
-    version       INTEGER NOT NULL,
-    data          TEXT NOT NULL,
-    applied       TEXT NOT NULL,
-    updated_at_ms INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS state_by_tenant_kind ON state(tenant, kind);
-";
-
 /// Insert or replace a record; the import keeps a row already here when it is at
 /// least as new (only a crash between an import's commit and its rename can bring
 /// the same rows twice).
@@ -530,6 +513,7 @@ impl StateStore for EmbeddedStateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::embedded::schema::STATE_SCHEMA;
     use crate::adapters::embedded::DB_FILE;
     use crate::domain::state::CommitOne;
     use serde_json::json;

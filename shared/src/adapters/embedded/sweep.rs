@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use rusqlite::{params, Connection};
 
-use super::inbox::{item_from_row, ITEM_COLUMNS};
+use super::item_row::{item_from_row, ITEM_COLUMNS};
 use super::queue::send_message;
 use super::{waiting, DbError, EmbeddedStore};
 use crate::envelope::InboxKey;

@@ -489,7 +489,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::adapters::embedded::inbox::{get_item, put_item};
+    use crate::adapters::embedded::inbox::put_item;
+    use crate::adapters::embedded::item_row::get_item;
     use crate::adapters::embedded::tests::{item, msg, open};
     use crate::adapters::embedded::DB_FILE;
     use crate::ports::{Inbox, PutOutcome, Queue};

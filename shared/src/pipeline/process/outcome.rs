@@ -19,7 +19,6 @@
 
 use std::time::Duration;
 
-use super::report::human_duration;
 use super::{retry_number, ProcessSettings};
 use crate::destinations::Output;
 use crate::domain::state::StateKey;
@@ -30,6 +29,7 @@ use crate::ports::{
     ERROR_CLASS_PERMANENT, ERROR_CLASS_TRANSIENT, NO_RECORD,
 };
 use crate::telemetry::emf::RetryCause;
+use crate::time::human_duration;
 
 /// Result recorded when every change of a decision had already been applied.
 pub const ALREADY_APPLIED: &str = "already applied";

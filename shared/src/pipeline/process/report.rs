@@ -92,29 +92,3 @@ pub(super) fn log_attempt(
         emit!(Level::INFO)
     }
 }
-
-/// `90s`, `45m`, `26h`, `3d`: the largest whole unit (for dead-letter reasons).
-pub(super) fn human_duration(ms: i64) -> String {
-    let secs = ms.max(0) / 1000;
-    match secs {
-        s if s >= 2 * 86_400 => format!("{}d", s / 86_400),
-        s if s >= 2 * 3_600 => format!("{}h", s / 3_600),
-        s if s >= 2 * 60 => format!("{}m", s / 60),
-        s => format!("{s}s"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wait_durations_read_in_their_largest_unit() {
-        assert_eq!(human_duration(45_000), "45s");
-        assert_eq!(human_duration(119_000), "119s");
-        assert_eq!(human_duration(31 * 60_000), "31m");
-        assert_eq!(human_duration(86_460_000), "24h");
-        assert_eq!(human_duration(3 * 86_400_000 + 1), "3d");
-        assert_eq!(human_duration(-1), "0s");
-    }
-}
