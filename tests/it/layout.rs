@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 /// The workspace root (the tests crate sits one level below it).
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")
@@ -13,7 +13,7 @@ fn workspace() -> PathBuf {
 }
 
 /// Every `.rs` file below `dir`, as paths relative to the workspace.
-fn rust_files(dir: &str) -> Vec<String> {
+pub(crate) fn rust_files(dir: &str) -> Vec<String> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).expect("source folder is readable") {
             let path = entry.expect("directory entry").path();

@@ -21,6 +21,7 @@ mod destinations;
 mod disk_full;
 mod hint_limits;
 mod hot_record;
+mod import_graph;
 mod inbox_fences;
 mod infra;
 mod lambda_events;
