@@ -23,6 +23,7 @@ const TIMESTAMPED: &[&str] = &[
     "mailgun",
     "paddle",
     "resend",
+    "sendgrid",
     "slack",
     "standard-webhooks",
     "stripe",

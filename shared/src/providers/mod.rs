@@ -35,6 +35,7 @@ pub mod plain_json;
 pub mod razorpay;
 pub mod reconcile_source;
 pub mod resend;
+pub mod sendgrid;
 pub mod shopify;
 pub mod sig;
 pub mod slack;
@@ -275,6 +276,7 @@ static ALL: &[&dyn Provider] = &[
     &coinbase_commerce::CoinbaseCommerce,
     &resend::Resend,
     &hubspot::HubSpot,
+    &sendgrid::SendGrid,
     // Thin-event providers (hints; the processor fetches the state):
     &gopay::GoPay,
     &klarna_push::KlarnaPush,
