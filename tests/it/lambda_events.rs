@@ -27,6 +27,7 @@ const TIMESTAMPED: &[&str] = &[
     "slack",
     "standard-webhooks",
     "stripe",
+    "zendesk",
 ];
 
 fn root() -> PathBuf {

@@ -46,6 +46,7 @@ pub mod thin;
 pub mod twilio;
 pub mod woocommerce;
 pub mod worldline;
+pub mod zendesk;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ProviderError {
@@ -277,6 +278,7 @@ static ALL: &[&dyn Provider] = &[
     &resend::Resend,
     &hubspot::HubSpot,
     &sendgrid::SendGrid,
+    &zendesk::Zendesk,
     // Thin-event providers (hints; the processor fetches the state):
     &gopay::GoPay,
     &klarna_push::KlarnaPush,
