@@ -52,11 +52,11 @@ export EINMAL_REQUIRE_CHROMIUM=1
 # library a user's app verifies with), and the providers' official SDKs check einmal's
 # provider schemes (tests/it/provider_sdks.rs), all in the venv's Python: one pip command,
 # skipped when every package is there.
-if ! .venv/bin/python -c 'import standardwebhooks, razorpay, coinbase_commerce, onlinepayments.sdk, svix, hubspot' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import standardwebhooks, razorpay, coinbase_commerce, onlinepayments.sdk, svix, hubspot, sendgrid' >/dev/null 2>&1; then
   echo "== installing standardwebhooks and the provider SDKs into .venv"
   .venv/bin/pip install --quiet 'standardwebhooks>=1.0.1,<2' 'razorpay>=1.4,<3' \
     'coinbase-commerce==1.0.1' 'onlinepayments-sdk-python3>=7,<11' 'svix>=1.80,<3' \
-    'hubspot-api-client>=11,<13'
+    'hubspot-api-client>=11,<13' 'sendgrid>=6.12,<7'
 fi
 export EINMAL_REQUIRE_PYTHON_VERIFIER=1
 export EINMAL_REQUIRE_PROVIDER_SDKS=1

@@ -23,9 +23,11 @@ const TIMESTAMPED: &[&str] = &[
     "mailgun",
     "paddle",
     "resend",
+    "sendgrid",
     "slack",
     "standard-webhooks",
     "stripe",
+    "zendesk",
 ];
 
 fn root() -> PathBuf {

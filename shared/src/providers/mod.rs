@@ -35,6 +35,7 @@ pub mod plain_json;
 pub mod razorpay;
 pub mod reconcile_source;
 pub mod resend;
+pub mod sendgrid;
 pub mod shopify;
 pub mod sig;
 pub mod slack;
@@ -45,6 +46,7 @@ pub mod thin;
 pub mod twilio;
 pub mod woocommerce;
 pub mod worldline;
+pub mod zendesk;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ProviderError {
@@ -275,6 +277,8 @@ static ALL: &[&dyn Provider] = &[
     &coinbase_commerce::CoinbaseCommerce,
     &resend::Resend,
     &hubspot::HubSpot,
+    &sendgrid::SendGrid,
+    &zendesk::Zendesk,
     // Thin-event providers (hints; the processor fetches the state):
     &gopay::GoPay,
     &klarna_push::KlarnaPush,
