@@ -29,6 +29,17 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_MAX_STORED_BODY_BYTES: usize = 350 * 1024;
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
+/// How much of a configuration a process reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigScope {
+    /// Tenants, defaults and destinations, all checked.
+    Whole,
+    /// Tenants and defaults; the destinations are not read (nor their secrets
+    /// checked). The receiver acts on nothing else, so a destination's problem never
+    /// stops intake, and the receiver links no destination kind.
+    TenantsOnly,
+}
+
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]

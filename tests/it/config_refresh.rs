@@ -7,6 +7,7 @@ use std::time::Duration;
 use einmal::adapters::aws::SsmConfigLoader;
 use einmal::adapters::embedded::EmbeddedStore;
 use einmal::config::Config;
+use einmal::config::ConfigScope;
 use einmal::config_source::{ConfigLoader, ConfigSource};
 use einmal::pipeline::ingest::Ingestor;
 use einmal_tests::fixtures::{signed, stripe_body};
@@ -44,6 +45,7 @@ async fn a_secret_rotated_in_ssm_takes_effect_after_the_ttl() {
     let loader = Arc::new(SsmConfigLoader {
         client: ssm.clone(),
         name: name.clone(),
+        scope: ConfigScope::Whole,
     });
     let initial = loader.load().await.expect("initial config from SSM");
     let source = ConfigSource::refreshing(initial, loader, Duration::from_millis(200));
@@ -112,7 +114,11 @@ async fn an_unreadable_parameter_keeps_the_last_good_configuration() {
     let sdk = moto::shared().sdk_config().await;
     let ssm = aws_sdk_ssm::Client::new(&sdk);
     let name = format!("/einmal/{}/missing", moto::unique_name("cfg"));
-    let loader = Arc::new(SsmConfigLoader { client: ssm, name });
+    let loader = Arc::new(SsmConfigLoader {
+        client: ssm,
+        name,
+        scope: ConfigScope::Whole,
+    });
     let initial = Config::from_toml(&toml(&["whsec_kept"])).unwrap();
     let source = ConfigSource::refreshing(initial.clone(), loader, Duration::ZERO);
     let dir = tempfile::tempdir().unwrap();
@@ -141,6 +147,7 @@ async fn an_invalid_parameter_is_refused_at_start_and_a_reload_keeps_the_last_go
     let loader = Arc::new(SsmConfigLoader {
         client: ssm,
         name: name.clone(),
+        scope: ConfigScope::Whole,
     });
     // What a function's init does: an invalid configuration is an error, naming the
     // parameter, the line and the nearest option.

@@ -13,6 +13,7 @@ mod capacity;
 mod config_refresh;
 mod conformance;
 mod control_characters;
+mod crate_seams;
 mod custom_domain;
 mod destination_aws;
 mod destination_http;

@@ -93,7 +93,8 @@ pub async fn engine_from_env(
     // Thin webhooks (Mollie classic, GoPay, Klarna push) need the tenants' API
     // credentials: the same configuration as the receiver (EINMAL_CONFIG_PARAMETER or
     // EINMAL_CONFIG). Without one, hints are dead-lettered with a clear reason.
-    let source = match config_source_from_env(sdk_config).await {
+    let source = match config_source_from_env(sdk_config, einmal::config::ConfigScope::Whole).await
+    {
         Ok(source) => Some(source),
         Err(AwsSetupError::NoConfigSource) => {
             tracing::warn!("no tenant configuration: thin webhooks cannot be looked up");

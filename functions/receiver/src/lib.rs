@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use einmal::adapters::aws::{config_source_from_env, AwsSetupError, AwsStore};
+use einmal::config::ConfigScope;
 use einmal::pipeline::ingest::{IngestResponse, Ingestor};
 use einmal::request::WebhookRequest;
 use einmal::telemetry::emf::{self, IntakeRecord, IntakeResult, UNKNOWN_PROVIDER};
@@ -27,7 +28,8 @@ impl Receiver {
         sdk_config: &aws_config::SdkConfig,
         store: Arc<AwsStore>,
     ) -> Result<Self, AwsSetupError> {
-        let source = config_source_from_env(sdk_config).await?;
+        // The receiver acts on the tenants alone: a destination never stops intake.
+        let source = config_source_from_env(sdk_config, ConfigScope::TenantsOnly).await?;
         // PayPal's certificates that verified a delivery are kept in the inbox table
         // (`cert#…` items): a new execution environment needs no fetch for them.
         if !einmal::providers::paypal::persist_verified_to(store.clone()) {

@@ -54,7 +54,7 @@ impl Reconcile {
         store: Arc<AwsStore>,
     ) -> Result<Self, Error> {
         let state = Arc::new(DynamoStateStore::from_sdk_config(sdk_config)?);
-        let source = config_source_from_env(sdk_config).await?;
+        let source = config_source_from_env(sdk_config, einmal::config::ConfigScope::Whole).await?;
         let ingestor = Arc::new(Ingestor::from_store(source, store.clone()));
         // Audited when the audit table is configured.
         let audit: Option<Arc<dyn AuditLog>> =

@@ -38,20 +38,21 @@ impl Sweep {
         let settings = SweepSettings::from_env()?;
         let batch = settings.batch;
         let sweeper = Sweeper::from_store(store.clone()).with_settings(settings);
-        let relay = match config_source_from_env(sdk_config).await {
-            // It follows the configuration's reloads; a destination that cannot be
-            // reached at start is retried per delivery, never a failed init.
-            Ok(source) => {
-                einmal::telemetry::redact::register_config(&source.snapshot());
-                let sinks = Arc::new(SinkContext::with_aws(
-                    HttpsClient::new(),
-                    AwsSinks::given(sdk_config),
-                ));
-                Some(function_relay(store, source, sinks, RelaySettings::from_env()?).await?)
-            }
-            Err(AwsSetupError::NoConfigSource) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let relay =
+            match config_source_from_env(sdk_config, einmal::config::ConfigScope::Whole).await {
+                // It follows the configuration's reloads; a destination that cannot be
+                // reached at start is retried per delivery, never a failed init.
+                Ok(source) => {
+                    einmal::telemetry::redact::register_config(&source.snapshot());
+                    let sinks = Arc::new(SinkContext::with_aws(
+                        HttpsClient::new(),
+                        AwsSinks::given(sdk_config),
+                    ));
+                    Some(function_relay(store, source, sinks, RelaySettings::from_env()?).await?)
+                }
+                Err(AwsSetupError::NoConfigSource) => None,
+                Err(e) => return Err(e.into()),
+            };
         Ok(Sweep {
             sweeper,
             relay,

@@ -2,5 +2,7 @@
 //! PostgreSQL, the destination sink into the user's own database.
 
 pub mod aws;
+#[cfg(feature = "embedded")]
 pub mod embedded;
+#[cfg(feature = "postgres")]
 pub mod postgres;

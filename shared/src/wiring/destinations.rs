@@ -168,11 +168,13 @@ fn parse_one(
     let (kind_line, kind_name) = f.required_string("kind")?;
     let Some(kind) = kinds::kind(&kind_name) else {
         let kinds = KINDS.iter().map(|k| k.name);
+        let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
         f.problem(
             kind_line,
             format!(
-                "unknown kind `{kind_name}`{} (kinds: http, sqs, eventbridge, lambda, postgres)",
-                did_you_mean(nearest(&kind_name, kinds))
+                "unknown kind `{kind_name}`{} (kinds: {})",
+                did_you_mean(nearest(&kind_name, kinds)),
+                known.join(", ")
             ),
         );
         return None;

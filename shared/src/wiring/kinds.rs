@@ -13,6 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::adapters::aws::sinks::{self as aws, AwsSinks};
+#[cfg(feature = "postgres")]
 use crate::adapters::postgres::{self, PostgresSink};
 use crate::destinations::fields::Fields;
 use crate::destinations::http::{self, HttpSink};
@@ -29,7 +30,7 @@ pub struct Kind {
     pub(crate) parse: fn(&mut Fields, SecretLookup<'_>) -> Option<DestinationKind>,
 }
 
-/// Every destination kind, one line each. A new kind is its home (options, their
+/// Every destination kind, one line each (a kind behind a feature only when it is built). A new kind is its home (options, their
 /// check, its sink), its variant of [`DestinationKind`], a line here, and its arm in
 /// [`SinkContext::build_sink`] (which the compiler asks for).
 pub const KINDS: &[Kind] = &[
@@ -43,16 +44,19 @@ pub const KINDS: &[Kind] = &[
         fields: aws::SQS_FIELDS,
         parse: |f, _| aws::parse_sqs(f).map(DestinationKind::Sqs),
     },
+    #[cfg(feature = "eventbridge")]
     Kind {
         name: "eventbridge",
         fields: aws::EVENTBRIDGE_FIELDS,
         parse: |f, _| aws::parse_eventbridge(f).map(DestinationKind::EventBridge),
     },
+    #[cfg(feature = "lambda")]
     Kind {
         name: "lambda",
         fields: aws::LAMBDA_FIELDS,
         parse: |f, _| aws::parse_lambda(f).map(DestinationKind::Lambda),
     },
+    #[cfg(feature = "postgres")]
     Kind {
         name: "postgres",
         fields: postgres::parse::FIELDS,
@@ -122,6 +126,7 @@ impl SinkContext {
                     )
                 })?
             }
+            #[cfg(feature = "postgres")]
             DestinationKind::Postgres(_) => Arc::new(
                 PostgresSink::for_destination(destination)
                     .await
@@ -130,6 +135,14 @@ impl SinkContext {
                         false => RelayError::unavailable(destination, e.to_string()),
                     })?,
             ),
+            // A binary built without the kind never parses one (its line above is absent).
+            #[cfg(not(feature = "postgres"))]
+            DestinationKind::Postgres(_) => {
+                return Err(RelayError::config(
+                    destination,
+                    "kind postgres is not built into this binary (feature `postgres`)",
+                ))
+            }
         };
         Ok(match &self.wrap {
             Some(wrap) => wrap(destination, sink),

@@ -8,18 +8,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::config::{
-    env_only, parse_raw, Config, ConfigError, IngestSettings, TenantConfig, DEFAULT_TOLERANCE_SECS,
+    env_only, parse_raw, Config, ConfigError, ConfigScope as Scope, IngestSettings, TenantConfig,
+    DEFAULT_TOLERANCE_SECS,
 };
 use crate::problems::{did_you_mean, is_valid_name, line_of, nearest, Problem};
 use crate::providers;
 use crate::secret::{Secret, SecretLookup};
-
-/// How much of a configuration a command reads.
-#[derive(Debug, Clone, Copy)]
-enum Scope {
-    Whole,
-    TenantsOnly,
-}
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -79,6 +73,16 @@ impl Config {
         lookup: SecretLookup<'_>,
     ) -> Result<Self, ConfigError> {
         Self::parse(text, origin, lookup, Scope::TenantsOnly)
+    }
+
+    /// [`Config::from_toml_resolved`] reading `scope` of the text.
+    pub fn from_toml_scoped(
+        text: &str,
+        origin: &str,
+        lookup: SecretLookup<'_>,
+        scope: Scope,
+    ) -> Result<Self, ConfigError> {
+        Self::parse(text, origin, lookup, scope)
     }
 
     fn parse(

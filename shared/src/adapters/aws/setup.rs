@@ -19,7 +19,7 @@ use thiserror::Error;
 use super::error::describe;
 use super::item;
 use crate::config::{
-    env_and_fetched, ssm_references, Config, ConfigError, Problem, MAX_SSM_REFERENCES,
+    env_and_fetched, ssm_references, Config, ConfigError, ConfigScope, Problem, MAX_SSM_REFERENCES,
 };
 
 /// Inbox table name.
@@ -90,8 +90,17 @@ pub async fn load_config_from_ssm(
     client: &aws_sdk_ssm::Client,
     name: &str,
 ) -> Result<Config, AwsSetupError> {
+    load_config_from_ssm_scoped(client, name, ConfigScope::Whole).await
+}
+
+/// [`load_config_from_ssm`] reading `scope` of the configuration.
+pub async fn load_config_from_ssm_scoped(
+    client: &aws_sdk_ssm::Client,
+    name: &str,
+    scope: ConfigScope,
+) -> Result<Config, AwsSetupError> {
     if name.ends_with('/') {
-        return load_config_from_ssm_path(client, name).await;
+        return load_config_from_ssm_path(client, name, scope).await;
     }
     let out = client
         .get_parameter()
@@ -113,7 +122,7 @@ pub async fn load_config_from_ssm(
             name: name.to_string(),
             reason: "parameter has no value".to_string(),
         })?;
-    parse_resolving(client, text, &format!("SSM parameter {name}")).await
+    parse_resolving_scoped(client, text, &format!("SSM parameter {name}"), scope).await
 }
 
 /// Parse a configuration with its `{ ssm = "…" }` secret references fetched first
@@ -125,9 +134,18 @@ pub async fn parse_resolving(
     text: &str,
     origin: &str,
 ) -> Result<Config, AwsSetupError> {
+    parse_resolving_scoped(client, text, origin, ConfigScope::Whole).await
+}
+
+async fn parse_resolving_scoped(
+    client: &aws_sdk_ssm::Client,
+    text: &str,
+    origin: &str,
+    scope: ConfigScope,
+) -> Result<Config, AwsSetupError> {
     let values = fetch_ssm_references(client, text).await?;
     let lookup = env_and_fetched(&values);
-    Config::from_toml_resolved(text, origin, &lookup).map_err(|source| AwsSetupError::Config {
+    Config::from_toml_scoped(text, origin, &lookup, scope).map_err(|source| AwsSetupError::Config {
         origin: origin.to_string(),
         source,
     })
@@ -175,6 +193,7 @@ pub async fn fetch_ssm_references(
 async fn load_config_from_ssm_path(
     client: &aws_sdk_ssm::Client,
     path: &str,
+    scope: ConfigScope,
 ) -> Result<Config, AwsSetupError> {
     let ssm_error = |reason: String| AwsSetupError::Ssm {
         name: path.to_string(),
@@ -235,7 +254,7 @@ async fn load_config_from_ssm_path(
     };
     let values = fetch_ssm_references(client, &text).await?;
     let lookup = env_and_fetched(&values);
-    Config::from_toml_resolved(&text, path, &lookup).map_err(|source| {
+    Config::from_toml_scoped(&text, path, &lookup, scope).map_err(|source| {
         // Each part parsed alone above; what is left are problems across the whole.
         let source = match source {
             ConfigError::Invalid { problems, .. } => ConfigError::Invalid {
@@ -275,12 +294,13 @@ pub async fn load_config_from_env(
 pub struct SsmConfigLoader {
     pub client: aws_sdk_ssm::Client,
     pub name: String,
+    pub scope: ConfigScope,
 }
 
 #[async_trait::async_trait]
 impl crate::config_source::ConfigLoader for SsmConfigLoader {
     async fn load(&self) -> Result<Config, String> {
-        load_config_from_ssm(&self.client, &self.name)
+        load_config_from_ssm_scoped(&self.client, &self.name, self.scope)
             .await
             .map_err(|e| e.to_string())
     }
@@ -291,9 +311,11 @@ pub const CONFIG_TTL_ENV: &str = "EINMAL_CONFIG_TTL_SECS";
 const DEFAULT_CONFIG_TTL: Duration = Duration::from_secs(60);
 
 /// The functions' configuration: from SSM (reloaded every `EINMAL_CONFIG_TTL_SECS`,
-/// default 60 s) when `EINMAL_CONFIG_PARAMETER` is set, else the inline `EINMAL_CONFIG`.
+/// default 60 s) when `EINMAL_CONFIG_PARAMETER` is set, else the inline `EINMAL_CONFIG`;
+/// `scope` of it (the receiver reads only the tenants).
 pub async fn config_source_from_env(
     sdk_config: &aws_config::SdkConfig,
+    scope: ConfigScope,
 ) -> Result<crate::config_source::ConfigSource, AwsSetupError> {
     use crate::config_source::ConfigSource;
     let ttl = std::env::var(CONFIG_TTL_ENV)
@@ -301,12 +323,13 @@ pub async fn config_source_from_env(
         .and_then(|v| v.trim().parse().ok())
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_CONFIG_TTL);
-    let initial = load_config_from_env(sdk_config).await?;
+    let initial = load_config_scoped(sdk_config, |name| std::env::var(name).ok(), scope).await?;
     match std::env::var(CONFIG_PARAMETER_ENV) {
         Ok(name) if !name.trim().is_empty() => {
             let loader = SsmConfigLoader {
                 client: aws_sdk_ssm::Client::new(sdk_config),
                 name: name.trim().to_string(),
+                scope,
             };
             Ok(ConfigSource::refreshing(
                 initial,
@@ -323,14 +346,22 @@ pub async fn load_config_with(
     sdk_config: &aws_config::SdkConfig,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Config, AwsSetupError> {
+    load_config_scoped(sdk_config, env, ConfigScope::Whole).await
+}
+
+async fn load_config_scoped(
+    sdk_config: &aws_config::SdkConfig,
+    env: impl Fn(&str) -> Option<String>,
+    scope: ConfigScope,
+) -> Result<Config, AwsSetupError> {
     let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
     if let Some(parameter) = get(CONFIG_PARAMETER_ENV) {
         let ssm = aws_sdk_ssm::Client::new(sdk_config);
-        return load_config_from_ssm(&ssm, parameter.trim()).await;
+        return load_config_from_ssm_scoped(&ssm, parameter.trim(), scope).await;
     }
     if let Some(text) = get(CONFIG_ENV) {
         let ssm = aws_sdk_ssm::Client::new(sdk_config);
-        return parse_resolving(&ssm, &text, CONFIG_ENV).await;
+        return parse_resolving_scoped(&ssm, &text, CONFIG_ENV, scope).await;
     }
     Err(AwsSetupError::NoConfigSource)
 }

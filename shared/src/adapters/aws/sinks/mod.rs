@@ -23,12 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+#[cfg(feature = "lambda")]
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::SdkConfig;
-use aws_sdk_lambda::operation::invoke::InvokeError;
-use aws_sdk_lambda::primitives::Blob;
-use aws_sdk_lambda::types::InvocationType;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
@@ -39,11 +37,25 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use super::error::{classify, describe, Failure};
-use crate::destinations::config::{EventBridgeDestination, LambdaDestination, SqsDestination};
+use crate::destinations::config::SqsDestination;
 use crate::destinations::fields::Fields;
 use crate::destinations::http::config::shown_url;
 use crate::destinations::{Delivered, Message, Sink, SinkError};
 use crate::destinations::{DestinationConfig, DestinationKind};
+
+// Each AWS kind beyond SQS in its file, behind its feature (a binary without it links no SDK of it).
+#[cfg(feature = "eventbridge")]
+mod eventbridge;
+#[cfg(feature = "eventbridge")]
+pub use eventbridge::{eventbridge_source, EventBridgeSink};
+#[cfg(feature = "eventbridge")]
+pub(crate) use eventbridge::{parse_eventbridge, EVENTBRIDGE_FIELDS};
+#[cfg(feature = "lambda")]
+mod lambda;
+#[cfg(feature = "lambda")]
+pub use lambda::LambdaSink;
+#[cfg(feature = "lambda")]
+pub(crate) use lambda::{parse_lambda, LAMBDA_FIELDS};
 
 /// The IAM action of each AWS sink kind, by [`DestinationKind::name`]: the one call it
 /// makes. The SAM template's destination statements grant exactly these.
@@ -153,7 +165,9 @@ impl AwsSinks {
 #[derive(Debug, Clone)]
 pub struct AwsSinkFactory {
     sqs: aws_sdk_sqs::Client,
+    #[cfg(feature = "eventbridge")]
     eventbridge: aws_sdk_eventbridge::Client,
+    #[cfg(feature = "lambda")]
     lambda: aws_sdk_lambda::Client,
 }
 
@@ -170,18 +184,24 @@ impl AwsSinkFactory {
         let sqs = aws_sdk_sqs::config::Builder::from(sdk)
             .timeout_config(bounded(aws))
             .build();
+        #[cfg(feature = "eventbridge")]
         let eventbridge = aws_sdk_eventbridge::config::Builder::from(sdk)
             .timeout_config(bounded(aws))
             .build();
         // Every attempt runs the user's function: the relay decides about another one
         // (with its backoff and its record), never the SDK behind its back.
+        #[cfg(feature = "lambda")]
         let lambda = aws_sdk_lambda::config::Builder::from(sdk)
             .timeout_config(bounded(lambda))
             .retry_config(RetryConfig::disabled())
             .build();
+        #[cfg(not(feature = "lambda"))]
+        let _ = lambda;
         AwsSinkFactory {
             sqs: aws_sdk_sqs::Client::from_conf(sqs),
+            #[cfg(feature = "eventbridge")]
             eventbridge: aws_sdk_eventbridge::Client::from_conf(eventbridge),
+            #[cfg(feature = "lambda")]
             lambda: aws_sdk_lambda::Client::from_conf(lambda),
         }
     }
@@ -198,6 +218,7 @@ impl AwsSinkFactory {
     /// queue or function shows on the first delivery, as a permanent failure.
     pub fn build(&self, destination: &DestinationConfig) -> Result<Arc<dyn Sink>, AwsSinkError> {
         let name = &destination.name;
+        #[cfg(any(feature = "eventbridge", feature = "lambda"))]
         let empty = |field| AwsSinkError::Empty {
             destination: name.clone(),
             field,
@@ -212,6 +233,7 @@ impl AwsSinkFactory {
                 }
                 Ok(Arc::new(SqsSink::new(self.sqs.clone(), &sqs.queue_url)))
             }
+            #[cfg(feature = "eventbridge")]
             DestinationKind::EventBridge(eb) => {
                 if eb.bus.trim().is_empty() {
                     return Err(empty("bus"));
@@ -221,6 +243,7 @@ impl AwsSinkFactory {
                     &eb.bus,
                 )))
             }
+            #[cfg(feature = "lambda")]
             DestinationKind::Lambda(lambda) => {
                 if lambda.function.trim().is_empty() {
                     return Err(empty("function"));
@@ -240,10 +263,6 @@ impl AwsSinkFactory {
 
 /// The options of kind `sqs`.
 pub(crate) const SQS_FIELDS: &[&str] = &["queue_url"];
-/// The options of kind `eventbridge`.
-pub(crate) const EVENTBRIDGE_FIELDS: &[&str] = &["bus"];
-/// The options of kind `lambda`.
-pub(crate) const LAMBDA_FIELDS: &[&str] = &["function"];
 
 /// The options of kind `sqs`: the queue's URL.
 pub(crate) fn parse_sqs(f: &mut Fields) -> Option<SqsDestination> {
@@ -255,32 +274,6 @@ pub(crate) fn parse_sqs(f: &mut Fields) -> Option<SqsDestination> {
         return None;
     }
     Some(SqsDestination { queue_url })
-}
-
-/// The options of kind `eventbridge`: the bus (`default` unless named).
-pub(crate) fn parse_eventbridge(f: &mut Fields) -> Option<EventBridgeDestination> {
-    let bus = match f.string("bus") {
-        None => "default".to_string(),
-        Some((line, bus)) if bus.trim().is_empty() => {
-            f.problem(
-                line,
-                "`bus` is empty (use \"default\" for the account's default bus)",
-            );
-            return None;
-        }
-        Some((_, bus)) => bus,
-    };
-    Some(EventBridgeDestination { bus })
-}
-
-/// The options of kind `lambda`: the function.
-pub(crate) fn parse_lambda(f: &mut Fields) -> Option<LambdaDestination> {
-    let (line, function) = f.required_string("function")?;
-    if function.trim().is_empty() {
-        f.problem(line, "`function` is empty");
-        return None;
-    }
-    Some(LambdaDestination { function })
 }
 
 /// `http(s)://host/ACCOUNT/NAME`: the SDK sends the URL as a parameter, the service
@@ -434,172 +427,6 @@ fn group_id_ok(id: &str) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------
-// EventBridge
-
-/// `PutEvents` of one entry to one bus (name or ARN).
-#[derive(Debug, Clone)]
-pub struct EventBridgeSink {
-    client: aws_sdk_eventbridge::Client,
-    bus: String,
-}
-
-impl EventBridgeSink {
-    pub fn new(client: aws_sdk_eventbridge::Client, bus: &str) -> Self {
-        EventBridgeSink {
-            client,
-            bus: bus.to_string(),
-        }
-    }
-}
-
-/// `einmal.{provider}`.
-pub fn eventbridge_source(message: &Message) -> String {
-    format!("einmal.{}", message.provider)
-}
-
-#[async_trait]
-impl Sink for EventBridgeSink {
-    async fn deliver(&self, message: &Message) -> Result<Delivered, SinkError> {
-        let source = eventbridge_source(message);
-        let detail = detail_json(message, false);
-        let time = message
-            .occurred_at
-            .map(aws_sdk_eventbridge::primitives::DateTime::from_secs);
-        let size = time.map_or(0, |_| 14) + source.len() + message.event_type.len() + detail.len();
-        if size > EVENTBRIDGE_MAX_ENTRY_BYTES {
-            return Err(SinkError::Permanent {
-                status: None,
-                detail: format!(
-                    "EventBridge PutEvents: the event is {size} bytes, over the \
-                     {EVENTBRIDGE_MAX_ENTRY_BYTES}-byte limit of PutEvents"
-                ),
-            });
-        }
-        let entry = aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
-            .event_bus_name(&self.bus)
-            .source(source)
-            .detail_type(&message.event_type)
-            .detail(detail)
-            .set_time(time)
-            .build();
-        let answer = self
-            .client
-            .put_events()
-            .entries(entry)
-            .send()
-            .await
-            .map_err(|err| sink_error("EventBridge PutEvents", &err, None))?;
-        let result = answer.entries().first();
-        let failed =
-            answer.failed_entry_count() > 0 || result.is_some_and(|r| r.error_code().is_some());
-        if !failed {
-            let event_id = result.and_then(|r| r.event_id());
-            return Ok(Delivered {
-                status: None,
-                note: event_id.map(|id| format!("event {id}")),
-            });
-        }
-        let code = result
-            .and_then(|r| r.error_code())
-            .unwrap_or("unknown error");
-        let detail = match result
-            .and_then(|r| r.error_message())
-            .filter(|m| !m.is_empty())
-        {
-            Some(text) => format!(
-                "EventBridge PutEvents: entry failed ({code}): {}",
-                short(text)
-            ),
-            None => format!("EventBridge PutEvents: entry failed ({code})"),
-        };
-        // The two retryable per-entry codes (PutEventsResultEntry docs).
-        if matches!(code, "InternalFailure" | "ThrottlingException") {
-            Err(SinkError::Retry {
-                status: None,
-                retry_after: None,
-                detail,
-            })
-        } else {
-            Err(SinkError::Permanent {
-                status: None,
-                detail,
-            })
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Lambda
-
-/// Synchronous `Invoke` of one function (name, ARN or qualified ARN).
-#[derive(Debug, Clone)]
-pub struct LambdaSink {
-    client: aws_sdk_lambda::Client,
-    function: String,
-}
-
-impl LambdaSink {
-    pub fn new(client: aws_sdk_lambda::Client, function: &str) -> Self {
-        LambdaSink {
-            client,
-            function: function.to_string(),
-        }
-    }
-}
-
-#[async_trait]
-impl Sink for LambdaSink {
-    async fn deliver(&self, message: &Message) -> Result<Delivered, SinkError> {
-        let payload = detail_json(message, true);
-        let answer = self
-            .client
-            .invoke()
-            .function_name(&self.function)
-            .invocation_type(InvocationType::RequestResponse)
-            .payload(Blob::new(payload.into_bytes()))
-            .send()
-            .await;
-        let answer = match answer {
-            Ok(answer) => answer,
-            Err(err) => {
-                let retry_after = match &err {
-                    SdkError::ServiceError(se) => match se.err() {
-                        InvokeError::TooManyRequestsException(e) => {
-                            e.retry_after_seconds().and_then(seconds)
-                        }
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                return Err(sink_error("Lambda Invoke", &err, retry_after));
-            }
-        };
-        let status = u16::try_from(answer.status_code()).ok();
-        if let Some(kind) = answer.function_error() {
-            // The function ran and failed (a 200 with `X-Amz-Function-Error`): its own
-            // error type names the cause; its message may carry the payload, so not it.
-            let error_type = answer
-                .payload()
-                .and_then(|p| serde_json::from_slice::<serde_json::Value>(p.as_ref()).ok())
-                .and_then(|v| v.get("errorType").and_then(|t| t.as_str()).map(short));
-            let detail = match error_type {
-                Some(t) => format!("Lambda Invoke: function error ({kind}, {t})"),
-                None => format!("Lambda Invoke: function error ({kind})"),
-            };
-            return Err(SinkError::Retry {
-                status,
-                retry_after: None,
-                detail,
-            });
-        }
-        Ok(Delivered {
-            status,
-            note: answer.executed_version().map(|v| format!("version {v}")),
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // Shared parts
 
 /// The body inside the JSON of EventBridge and Lambda: the provider's JSON as it is
@@ -707,6 +534,7 @@ fn seconds(value: &str) -> Option<Duration> {
     value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
+#[cfg(any(feature = "eventbridge", feature = "lambda"))]
 fn short(text: &str) -> String {
     const MAX: usize = 120;
     match text.char_indices().nth(MAX) {
