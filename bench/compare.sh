@@ -27,6 +27,9 @@ rounds=${3:-3}
 hot=${HOT:-12000}
 peers=bench/peers
 bin=${CARGO_TARGET_DIR:-target}/release
+# All the loadgen's connections come from one address; `einmal serve` admits 32 per peer
+# by default (503 beyond), so allow the whole load generator as one peer.
+per_peer=$(( concurrency > 32 ? concurrency : 32 ))
 
 # Dependencies into the bench folder (gitignored), then the release binaries.
 for p in node-full node-ack; do (cd "$peers/$p" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); done
@@ -125,6 +128,7 @@ run_einmal() {
   local n=$1 data port server out before after
   data="$work/einmal-$n"; port=$(free_port)
   RUST_LOG=warn "$bin/einmal" serve --addr "127.0.0.1:$port" --data-dir "$data" \
+    --max-connections-per-peer "$per_peer" \
     >/dev/null 2>"$work/einmal-$n.err" &
   server=$!; pids+=("$server"); wait_port "$port"
   before=$(tree "$server" | cut -d' ' -f1)
@@ -209,6 +213,7 @@ run_hot() {
     "$bin/einmal" setup --data-dir "$data" >/dev/null
     "$bin/einmal" inventory set --data-dir "$data" --tenant demo SKU-HOT --on-hand 1000000 >/dev/null
     RUST_LOG=warn "$bin/einmal" serve --addr "127.0.0.1:$port" --data-dir "$data" \
+      --max-connections-per-peer "$per_peer" \
       >/dev/null 2>"$work/hot-$n.err" &
   else
     sql "TRUNCATE events, notifications, invoices, orders, stock; INSERT INTO stock VALUES ('SKU-HOT', 1000000); CHECKPOINT"
@@ -257,11 +262,13 @@ PY
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for n in $(seq "$rounds"); do
-  run_einmal "$n"
-  for peer in node-full node-ack python-full; do run_peer "$peer" "$n"; done
+  echo "round $n: einmal" >&2; run_einmal "$n"
+  for peer in node-full node-ack python-full; do echo "round $n: $peer" >&2; run_peer "$peer" "$n"; done
 done
 if [ "$hot" -gt 0 ]; then
-  for n in $(seq "$rounds"); do run_hot einmal "$n"; run_hot node-full "$n"; done
+  for n in $(seq "$rounds"); do
+    echo "hot round $n" >&2; run_hot einmal "$n"; run_hot node-full "$n"
+  done
 fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
