@@ -10,6 +10,8 @@
 # Three runs of each; min/median/max printed.
 #   bench/destination.sh [requests] [concurrency] [runs]
 set -euo pipefail
+# Every loadgen connection comes from 127.0.0.1: admit them all as one peer (serve's default is 32).
+peer_limit=1024
 cd "$(dirname "$0")/.."
 requests=${1:-20000}
 concurrency=${2:-32}
@@ -45,7 +47,7 @@ url = "http://127.0.0.1:$sink_port/hook"
 secrets = ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"]
 TOML
   fi
-  RUST_LOG=warn target/release/einmal serve --addr "127.0.0.1:$port" --data-dir "$data" --config "$config" 2>/dev/null &
+  RUST_LOG=warn target/release/einmal serve --addr "127.0.0.1:$port" --data-dir "$data" --config "$config" --max-connections-per-peer "$peer_limit" 2>/dev/null &
   local server=$!; pids+=("$server"); wait_port "$port"
   local out
   out=$(target/release/einmal-loadgen --url "http://127.0.0.1:$port" --config "$config" --requests "$requests" \

@@ -18,6 +18,8 @@
 # Three runs of each (the third argument); min / median / max printed.
 #   bench/end-to-end.sh [requests] [concurrency] [runs]
 set -euo pipefail
+# Every loadgen connection comes from 127.0.0.1: admit them all as one peer (serve's default is 32).
+peer_limit=1024
 cd "$(dirname "$0")/.."
 requests=${1:-20000}
 concurrency=${2:-64}
@@ -35,6 +37,7 @@ run() {
   local mode=$1 n=$2 rate=$3 data port server out
   data="$work/data-$mode-$n"; port=$(free_port)
   RUST_LOG=warn target/release/einmal serve --addr "127.0.0.1:$port" --data-dir "$data" \
+    --max-connections-per-peer "$peer_limit" \
     >/dev/null 2>"$work/serve-$mode-$n.err" &
   server=$!; pids+=("$server"); wait_port "$port"
   out=$(target/release/einmal-loadgen --url "http://127.0.0.1:$port" --requests "$requests" \

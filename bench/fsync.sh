@@ -21,6 +21,8 @@
 #   bench/fsync.sh [seconds] [runs] [dir]   (dir: default a fresh temp dir, like the
 #                                             benchmarks' data dirs)
 set -euo pipefail
+# Every loadgen connection comes from 127.0.0.1: admit them all as one peer (serve's default is 32).
+peer_limit=1024
 seconds=${1:-3}
 runs=${2:-3}
 base=${3:-}
@@ -97,7 +99,7 @@ for run in $(seq "$runs"); do
   data="$work/data-$run"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   RUST_LOG=warn strace -f -qq --seccomp-bpf -e trace=fsync,fdatasync -e signal=none -y \
-    -o "$work/trace-$run" target/release/einmal serve --addr "127.0.0.1:$port" --data-dir "$data" 2>/dev/null &
+    -o "$work/trace-$run" target/release/einmal serve --addr "127.0.0.1:$port" --data-dir "$data" --max-connections-per-peer "$peer_limit" 2>/dev/null &
   server=$!
   for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
   before=$(grep -c 'einmal.sqlite-wal>' "$work/trace-$run" || true)

@@ -9,6 +9,8 @@
 # Three runs per concurrency (the third argument); min / median / max printed.
 #   bench/hot-sku.sh [orders] [concurrencies, comma-separated] [runs]
 set -euo pipefail
+# Every loadgen connection comes from 127.0.0.1: admit them all as one peer (serve's default is 32).
+peer_limit=1024
 cd "$(dirname "$0")/.."
 orders=${1:-12000}
 concurrencies=${2:-8,64}
@@ -29,7 +31,7 @@ run() {
   target/release/einmal setup --data-dir "$data" >/dev/null
   target/release/einmal inventory set --data-dir "$data" --tenant demo SKU-HOT --on-hand "$stock" >/dev/null
   RUST_LOG=warn,einmal_cli::serve=info target/release/einmal serve --addr "127.0.0.1:$port" \
-    --data-dir "$data" >/dev/null 2>"$work/serve-$c-$n.err" &
+    --max-connections-per-peer "$peer_limit" --data-dir "$data" >/dev/null 2>"$work/serve-$c-$n.err" &
   server=$!; pids+=("$server"); wait_port "$port"
   out=$(target/release/einmal-loadgen --url "http://127.0.0.1:$port" --provider shopify \
     --sku SKU-HOT --requests "$orders" --concurrency "$c" --duplicates 0 --seed "$n" 2>/dev/null)
