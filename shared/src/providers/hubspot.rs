@@ -104,13 +104,7 @@ impl Provider for HubSpot {
             .ok_or(ProviderError::MissingHeader("x-hubspot-request-timestamp"))?;
         let ms = sig::parse_unix("x-hubspot-request-timestamp", ts)?;
         sig::check_timestamp(ms.div_euclid(1000), now_secs, tenant.tolerance_secs, false)?;
-        let mut candidates = Vec::with_capacity(1);
-        for value in sig::header_values(request, &SIGNATURE) {
-            candidates.push(sig::decode_base64(HEADER, value?)?);
-        }
-        if candidates.is_empty() {
-            return Err(ProviderError::MissingHeader(HEADER));
-        }
+        let candidates = sig::base64_signatures(request, &SIGNATURE)?;
         let body = &request.body;
         sig::verify_any(secrets, &candidates, |s| {
             Some(mac(s.expose(), url, body, ts))

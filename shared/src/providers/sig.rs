@@ -464,6 +464,20 @@ pub fn hex_signatures(
     Ok(out)
 }
 
+/// Every value of the header `name`, each one base64 signature (HubSpot, Zendesk). An
+/// absent header is `MissingHeader`; a value that is not base64 is `MalformedHeader`.
+pub fn base64_signatures(req: &WebhookRequest, name: Name) -> Result<Vec<Vec<u8>>, ProviderError> {
+    let header = name.as_str();
+    let mut out = Vec::with_capacity(1);
+    for value in header_values(req, name) {
+        out.push(decode_base64(header, value?)?);
+    }
+    if out.is_empty() {
+        return Err(ProviderError::MissingHeader(header));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

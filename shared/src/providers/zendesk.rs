@@ -71,13 +71,7 @@ impl Provider for Zendesk {
             TIMESTAMP_NAME,
             "timestamp is not an RFC 3339 time",
         ))?;
-        let mut candidates = Vec::with_capacity(1);
-        for value in sig::header_values(request, &SIGNATURE) {
-            candidates.push(sig::decode_base64(SIGNATURE_NAME, value?)?);
-        }
-        if candidates.is_empty() {
-            return Err(ProviderError::MissingHeader(SIGNATURE_NAME));
-        }
+        let candidates = sig::base64_signatures(request, &SIGNATURE)?;
         sig::check_timestamp(at, now_secs, tenant.tolerance_secs, false)?;
         let body = &request.body;
         sig::verify_any(secrets, &candidates, |s| Some(mac(s.expose(), ts, body)))?;

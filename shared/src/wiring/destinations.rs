@@ -167,13 +167,12 @@ fn parse_one(
         Duration::from_secs(f.number("max_age_secs", DEFAULT_MAX_AGE_SECS, 1, 365 * 24 * 3600));
     let (kind_line, kind_name) = f.required_string("kind")?;
     let Some(kind) = kinds::kind(&kind_name) else {
-        let kinds = KINDS.iter().map(|k| k.name);
         let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
         f.problem(
             kind_line,
             format!(
                 "unknown kind `{kind_name}`{} (kinds: {})",
-                did_you_mean(nearest(&kind_name, kinds)),
+                did_you_mean(nearest(&kind_name, known.iter().copied())),
                 known.join(", ")
             ),
         );

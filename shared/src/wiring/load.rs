@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::config::{
-    env_only, parse_raw, Config, ConfigError, ConfigScope as Scope, IngestSettings, TenantConfig,
+    env_only, parse_raw, Config, ConfigError, ConfigScope, IngestSettings, TenantConfig,
     DEFAULT_TOLERANCE_SECS,
 };
 use crate::problems::{did_you_mean, is_valid_name, line_of, nearest, Problem};
@@ -62,7 +62,7 @@ impl Config {
         origin: &str,
         lookup: SecretLookup<'_>,
     ) -> Result<Self, ConfigError> {
-        Self::parse(text, origin, lookup, Scope::Whole)
+        Self::parse(text, origin, lookup, ConfigScope::Whole)
     }
 
     /// Only the tenants, for a command that signs as a provider (`einmal send`): the
@@ -72,7 +72,7 @@ impl Config {
         origin: &str,
         lookup: SecretLookup<'_>,
     ) -> Result<Self, ConfigError> {
-        Self::parse(text, origin, lookup, Scope::TenantsOnly)
+        Self::parse(text, origin, lookup, ConfigScope::TenantsOnly)
     }
 
     /// [`Config::from_toml_resolved`] reading `scope` of the text.
@@ -80,7 +80,7 @@ impl Config {
         text: &str,
         origin: &str,
         lookup: SecretLookup<'_>,
-        scope: Scope,
+        scope: ConfigScope,
     ) -> Result<Self, ConfigError> {
         Self::parse(text, origin, lookup, scope)
     }
@@ -89,7 +89,7 @@ impl Config {
         text: &str,
         origin: &str,
         lookup: SecretLookup<'_>,
-        scope: Scope,
+        scope: ConfigScope,
     ) -> Result<Self, ConfigError> {
         let raw = parse_raw(text, origin)?;
         let defaults = IngestSettings::default();
@@ -209,14 +209,14 @@ impl Config {
         }
         shopify_shared_secrets(&mut tenants, &lines, &mut problems);
         let destinations = match scope {
-            Scope::Whole => super::destinations::parse_destinations(
+            ConfigScope::Whole => super::destinations::parse_destinations(
                 text,
                 raw.destinations,
                 &written,
                 lookup,
                 &mut problems,
             ),
-            Scope::TenantsOnly => Vec::new(),
+            ConfigScope::TenantsOnly => Vec::new(),
         };
         if !problems.is_empty() {
             problems.sort_by_key(|p| p.line);

@@ -51,9 +51,9 @@ pub use queue::{decode_message_body, MAX_CARRIED_BYTES};
 pub use relay_setup::{function_relay, relay_pass, RelayPass};
 pub use setup::{
     config_source_from_env, create_all, create_queues, create_tables, fetch_ssm_references,
-    load_config_from_env, load_config_from_ssm, load_config_from_ssm_scoped, load_config_with,
-    parse_resolving, AwsNames, AwsSetupError, SsmConfigLoader, CONFIG_ENV, CONFIG_PARAMETER_ENV,
-    DLQ_URL_ENV, QUEUE_URL_ENV, TABLE_ENV,
+    load_config_from_ssm, load_config_from_ssm_scoped, load_config_with, parse_resolving, AwsNames,
+    AwsSetupError, SsmConfigLoader, CONFIG_ENV, CONFIG_PARAMETER_ENV, DLQ_URL_ENV, QUEUE_URL_ENV,
+    TABLE_ENV,
 };
 #[cfg(feature = "eventbridge")]
 pub use sinks::EventBridgeSink;

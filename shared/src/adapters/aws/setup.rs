@@ -122,22 +122,14 @@ pub async fn load_config_from_ssm_scoped(
             name: name.to_string(),
             reason: "parameter has no value".to_string(),
         })?;
-    parse_resolving_scoped(client, text, &format!("SSM parameter {name}"), scope).await
+    parse_resolving(client, text, &format!("SSM parameter {name}"), scope).await
 }
 
 /// Parse a configuration with its `{ ssm = "…" }` secret references fetched first
 /// (decrypted, 10 names a GetParameters call; at most [`MAX_SSM_REFERENCES`]). A name SSM
 /// does not have is reported by the parse at its line; any other SSM failure is an error
-/// of the whole load (a reload keeps the previous configuration).
+/// of the whole load (a reload keeps the previous configuration). `scope` says what is read.
 pub async fn parse_resolving(
-    client: &aws_sdk_ssm::Client,
-    text: &str,
-    origin: &str,
-) -> Result<Config, AwsSetupError> {
-    parse_resolving_scoped(client, text, origin, ConfigScope::Whole).await
-}
-
-async fn parse_resolving_scoped(
     client: &aws_sdk_ssm::Client,
     text: &str,
     origin: &str,
@@ -279,14 +271,6 @@ async fn load_config_from_ssm_path(
 /// Bounds what one reload reads (10 parameters per GetParametersByPath page).
 const MAX_CONFIG_PARTS: usize = 200;
 
-/// The config for a Lambda: `EINMAL_CONFIG_PARAMETER` (SSM name) wins over
-/// `EINMAL_CONFIG` (inline TOML); neither set is an error.
-pub async fn load_config_from_env(
-    sdk_config: &aws_config::SdkConfig,
-) -> Result<Config, AwsSetupError> {
-    load_config_with(sdk_config, |name| std::env::var(name).ok()).await
-}
-
 /// Reloads the tenant TOML from one SSM SecureString, for [`ConfigSource::refreshing`]:
 /// a rotated secret takes effect within the TTL, without a redeploy.
 ///
@@ -341,7 +325,8 @@ pub async fn config_source_from_env(
     }
 }
 
-/// [`load_config_from_env`] with an injectable lookup (tests).
+/// The whole config for a Lambda, with an injectable lookup (tests): see
+/// [`load_config_scoped`].
 pub async fn load_config_with(
     sdk_config: &aws_config::SdkConfig,
     env: impl Fn(&str) -> Option<String>,
@@ -349,6 +334,8 @@ pub async fn load_config_with(
     load_config_scoped(sdk_config, env, ConfigScope::Whole).await
 }
 
+/// The config for a Lambda: `EINMAL_CONFIG_PARAMETER` (SSM name) wins over
+/// `EINMAL_CONFIG` (inline TOML); neither set is an error.
 async fn load_config_scoped(
     sdk_config: &aws_config::SdkConfig,
     env: impl Fn(&str) -> Option<String>,
@@ -361,7 +348,7 @@ async fn load_config_scoped(
     }
     if let Some(text) = get(CONFIG_ENV) {
         let ssm = aws_sdk_ssm::Client::new(sdk_config);
-        return parse_resolving_scoped(&ssm, &text, CONFIG_ENV, scope).await;
+        return parse_resolving(&ssm, &text, CONFIG_ENV, scope).await;
     }
     Err(AwsSetupError::NoConfigSource)
 }
